@@ -1,0 +1,3 @@
+from kratos_admit.cli import run
+
+run()

@@ -1,0 +1,204 @@
+"""``kratos-admit``: main(argv, stdout=, stderr=) -> ExitStatus, so tests call it directly (httpie style)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import enum
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import Any, TextIO
+
+import yaml
+
+from kratos_admit import __version__
+from kratos_admit.admission import AdmissionEngine
+from kratos_admit.catalog import CatalogError, load_catalog
+from kratos_admit.certs import CertsError, generate
+from kratos_admit.config import Config, ConfigError, load_config
+from kratos_admit.policy import PolicyContext
+from kratos_admit.review import InputError, load_documents, review_document
+from kratos_admit.server import serve
+from kratos_admit.signing import DEVELOPMENT_KEY, SigningKeyError, load_signing_key
+from kratos_admit.stores import FileNodeStore, FileProfileStore, StoreError
+from kratos_admit.tls import CertificateError
+
+log = logging.getLogger("kratos")
+
+
+class ExitStatus(enum.IntEnum):
+    OK = 0
+    DENIED = 1
+    UNUSABLE = 2
+
+
+class UsageError(Exception):
+    """Unusable input or start-up configuration: one line on stderr, exit status 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> Any:  # argparse would call sys.exit itself
+        raise UsageError(f"{self.prog}: {message}")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="kratos-admit", description="Application-aware GPU admission for Kubernetes.")
+    parser.add_argument("--version", action="version", version=f"kratos-admit {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    webhook = commands.add_parser("webhook", help="serve the HTTPS admission webhooks")
+    webhook.add_argument("--config", type=Path)
+    webhook.add_argument("--listen", help="HOST:PORT (default 0.0.0.0:8443)")
+    webhook.add_argument("--metrics-listen", help="HOST:PORT for plain-HTTP /metrics")
+    webhook.add_argument("--tls-cert", type=Path)
+    webhook.add_argument("--tls-key", type=Path)
+    webhook.add_argument("--signing-key", type=Path)
+    webhook.add_argument("--kubeconfig", type=Path)
+    webhook.add_argument("--profiles", type=Path, help="directory of WorkloadProfile YAML (no cluster)")
+    webhook.add_argument("--nodes", type=Path, help="YAML file of Nodes (no cluster)")
+
+    review = commands.add_parser("review", help="run both webhooks offline on a manifest")
+    review.add_argument("-f", "--filename", required=True, help="manifest file, or - for stdin")
+    review.add_argument("--config", type=Path)
+    review.add_argument("--profiles", type=Path)
+    review.add_argument("--nodes", type=Path)
+    review.add_argument("--namespace")
+    review.add_argument("--user", default="kratos-review")
+    review.add_argument("--signing-key", type=Path)
+    review.add_argument("-o", "--output", choices=("yaml", "json", "patch"), default="yaml")
+
+    certs = commands.add_parser("certs", help="certificates for the webhook")
+    certs_commands = certs.add_subparsers(dest="certs_command", required=True, parser_class=_Parser)
+    gen = certs_commands.add_parser("generate", help="CA, serving certificate and signing key")
+    gen.add_argument("--service", required=True)
+    gen.add_argument("--namespace", required=True)
+    gen.add_argument("--out", type=Path, required=True)
+    gen.add_argument("--days", type=int, default=365)
+    gen.add_argument("--force", action="store_true", help="overwrite existing files")
+    return parser
+
+
+def _config(args: argparse.Namespace, **overrides: Any) -> Config:
+    return load_config(args.config, overrides=overrides)
+
+
+def _signing_key(path: Path | None, *, allow_development: bool, stderr: TextIO) -> bytes:
+    if path is not None:
+        return load_signing_key(path)
+    if not allow_development:
+        raise UsageError("no signing key: pass --signing-key FILE (kratos-admit certs generate writes one)")
+    print(
+        "warning: no --signing-key given; using the fixed development key (never in a cluster)",
+        file=stderr,
+    )
+    return DEVELOPMENT_KEY
+
+
+def _engine(config: Config, key: bytes, profiles: Path | None, nodes: Path | None) -> AdmissionEngine:
+    ctx = PolicyContext(config=config, catalog=load_catalog(config.catalog_file), signing_key=key)
+    return AdmissionEngine(ctx=ctx, profiles=FileProfileStore(profiles), nodes=FileNodeStore(nodes))
+
+
+def cmd_review(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> ExitStatus:
+    config = _config(args, profilesDir=args.profiles, nodesFile=args.nodes, source="files")
+    key = _signing_key(args.signing_key or config.signing_key_file, allow_development=True, stderr=stderr)
+    engine = _engine(config, key, config.profiles_dir, config.nodes_file)
+    try:
+        text = sys.stdin.read() if args.filename == "-" else Path(args.filename).read_text("utf-8")
+    except OSError as exc:
+        raise UsageError(f"{args.filename}: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise UsageError(f"{args.filename}: not UTF-8 text") from None
+    docs = _load(text, args.filename)
+    results = [
+        review_document(doc, index=i, engine=engine, namespace=args.namespace, user=args.user)
+        for i, doc in enumerate(docs)
+    ]
+    for r in results:
+        for warning in r.warnings:
+            print(f"warning: {r.kind}/{r.name}: {warning}", file=stderr)
+        for error in r.violations:
+            print(f"denied: {r.kind}/{r.name}: {error}", file=stderr)
+    if args.output == "yaml":
+        stdout.write(yaml.safe_dump_all([r.object for r in results], sort_keys=False))
+    else:
+        items: list[Any] = [r.as_dict() if args.output == "json" else r.patch for r in results]
+        stdout.write(json.dumps(items[0] if len(items) == 1 else items, indent=2) + "\n")
+    return ExitStatus.OK if all(r.allowed for r in results) else ExitStatus.DENIED
+
+
+def _load(text: str, filename: str) -> list[dict[str, Any]]:
+    try:
+        return load_documents(text)
+    except InputError as exc:
+        raise UsageError(f"{filename}: {exc}") from None
+
+
+def cmd_webhook(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> ExitStatus:
+    files = args.profiles is not None or args.nodes is not None
+    config = _config(
+        args,
+        listen=args.listen,
+        metricsListen=args.metrics_listen,
+        tlsCertFile=args.tls_cert,
+        tlsKeyFile=args.tls_key,
+        signingKeyFile=args.signing_key,
+        profilesDir=args.profiles,
+        nodesFile=args.nodes,
+        source="files" if files else None,
+    )
+    if config.tls_cert_file is None or config.tls_key_file is None:
+        raise UsageError(
+            "--tls-cert and --tls-key are required (HTTPS only); kratos-admit certs generate makes them"
+        )
+    if config.source != "files":
+        raise UsageError(
+            "watching a cluster needs the live stores, which this build does not have; "
+            "pass --profiles DIR and/or --nodes FILE to serve from files"
+        )
+    key = _signing_key(config.signing_key_file, allow_development=True, stderr=stderr)
+    engine = _engine(config, key, config.profiles_dir, config.nodes_file)
+    asyncio.run(serve(engine, config=config))
+    return ExitStatus.OK
+
+
+def cmd_certs(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> ExitStatus:
+    result = generate(
+        service=args.service, namespace=args.namespace, out=args.out, days=args.days, force=args.force
+    )
+    print(
+        f"wrote ca.crt, ca.key, tls.crt, tls.key, signing.key to {result.directory} "
+        f"(SANs: {', '.join(result.dns_names)}; valid until {result.not_after:%Y-%m-%d})",
+        file=stdout,
+    )
+    return ExitStatus.OK
+
+
+COMMANDS = {"review": cmd_review, "webhook": cmd_webhook, "certs": cmd_certs}
+
+
+def main(
+    argv: list[str] | None = None, *, stdout: TextIO | None = None, stderr: TextIO | None = None
+) -> ExitStatus:
+    stdout = stdout or sys.stdout
+    stderr = stderr or sys.stderr
+    try:
+        args = build_parser().parse_args(argv)
+        return COMMANDS[args.command](args, stdout, stderr)
+    except (
+        UsageError,
+        ConfigError,
+        CatalogError,
+        StoreError,
+        SigningKeyError,
+        CertificateError,
+        CertsError,
+    ) as exc:
+        print(f"kratos-admit: {exc}", file=stderr)
+        return ExitStatus.UNUSABLE
+
+
+def run() -> None:
+    sys.exit(main())

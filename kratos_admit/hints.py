@@ -1,0 +1,217 @@
+"""Hints from a Ready WorkloadProfile. Each applier adds only what is missing and never overrides the user.
+
+Appliers work on the caller's deep copy of the raw object and return the name of what they added.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any
+
+from kratos_admit import vocabulary as v
+from kratos_admit.catalog import Catalog
+from kratos_admit.config import Config
+from kratos_admit.profile import WorkloadProfile
+from kratos_admit.quantity import parse_quantity
+from kratos_admit.ranking import RankedProduct, rank_gpu_products
+from kratos_admit.signing import sign_block
+from kratos_admit.workload import Kind, as_list, as_mapping
+
+Expression = dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class HintResult:
+    injected: tuple[str, ...]
+    ranked: tuple[RankedProduct, ...]
+    warnings: tuple[str, ...]
+
+
+def min_compute_capability(annotations: dict[str, str]) -> tuple[int, int] | None:
+    raw = annotations.get(v.MIN_CC_ANNOTATION)
+    if raw is None:
+        return None
+    major, _, minor = raw.partition(".")
+    return int(major), int(minor)
+
+
+def min_memory_mib(annotations: dict[str, str]) -> int | None:
+    raw = annotations.get(v.MIN_MEMORY_ANNOTATION)
+    quantity = parse_quantity(raw) if raw is not None else None
+    if quantity is None:
+        return None
+    return int((quantity / Decimal(2**20)).to_integral_value(rounding="ROUND_CEILING"))
+
+
+def required_variants(cc: tuple[int, int] | None, memory_mib: int | None) -> list[list[Expression]]:
+    """Alternatives (ORed terms) of ANDed requirements. "cc >= M.m" needs two terms when m > 0."""
+    base: list[Expression] = [{"key": v.GPU_PRESENT_LABEL, "operator": "In", "values": ["true"]}]
+    if memory_mib is not None:
+        base.append({"key": v.GPU_MEMORY_LABEL, "operator": "Gt", "values": [str(memory_mib - 1)]})
+    if cc is None:
+        return [base]
+    major, minor = cc
+    if minor == 0:
+        return [[*base, {"key": v.GPU_CC_MAJOR_LABEL, "operator": "Gt", "values": [str(major - 1)]}]]
+    return [
+        [*base, {"key": v.GPU_CC_MAJOR_LABEL, "operator": "Gt", "values": [str(major)]}],
+        [
+            *base,
+            {"key": v.GPU_CC_MAJOR_LABEL, "operator": "In", "values": [str(major)]},
+            {"key": v.GPU_CC_MINOR_LABEL, "operator": "Gt", "values": [str(minor - 1)]},
+        ],
+    ]
+
+
+def _and_into_terms(pod_spec: dict[str, Any], variants: list[list[Expression]]) -> bool:
+    affinity = pod_spec.setdefault("affinity", {})
+    node_affinity = affinity.setdefault("nodeAffinity", {})
+    required = node_affinity.setdefault("requiredDuringSchedulingIgnoredDuringExecution", {})
+    existing = [t for t in as_list(required.get("nodeSelectorTerms")) if isinstance(t, dict)] or [{}]
+    terms: list[dict[str, Any]] = []
+    for term in existing:
+        for variant in variants:
+            new_term = json.loads(json.dumps(term))
+            expressions = new_term.setdefault("matchExpressions", [])
+            for expression in variant:
+                if expression not in expressions:
+                    expressions.append(expression)
+            terms.append(new_term)
+    changed: bool = terms != required.get("nodeSelectorTerms")
+    required["nodeSelectorTerms"] = terms
+    return changed
+
+
+def _prefer_products(pod_spec: dict[str, Any], ranked: list[RankedProduct]) -> bool:
+    node_affinity = pod_spec.setdefault("affinity", {}).setdefault("nodeAffinity", {})
+    preferred = node_affinity.get("preferredDuringSchedulingIgnoredDuringExecution")
+    for term in as_list(preferred):
+        expressions = as_list(as_mapping(as_mapping(term).get("preference")).get("matchExpressions"))
+        if any(as_mapping(e).get("key") == v.GPU_PRODUCT_LABEL for e in expressions):
+            return False  # the user already states a product preference: theirs wins
+    if not ranked:
+        return False
+    terms = [
+        {
+            "weight": r.weight,
+            "preference": {
+                "matchExpressions": [{"key": v.GPU_PRODUCT_LABEL, "operator": "In", "values": list(r.labels)}]
+            },
+        }
+        for r in ranked
+    ]
+    node_affinity["preferredDuringSchedulingIgnoredDuringExecution"] = [*as_list(preferred), *terms]
+    return True
+
+
+def _tolerate_gpu_taint(pod_spec: dict[str, Any]) -> bool:
+    tolerations = as_list(pod_spec.get("tolerations"))
+    for toleration in tolerations:
+        t = as_mapping(toleration)
+        key, operator = t.get("key"), t.get("operator", "Equal")
+        if key == v.GPU_TAINT_KEY or (not key and operator == "Exists"):
+            return False
+    pod_spec["tolerations"] = [
+        *tolerations,
+        {"key": v.GPU_TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"},
+    ]
+    return True
+
+
+def _set_missing(mapping: dict[str, Any], key: str, value: object) -> bool:
+    if mapping.get(key):
+        return False
+    mapping[key] = value
+    return True
+
+
+def _pod_parts(obj: dict[str, Any], kind: Kind) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(pod metadata, pod spec) of the deep copy, created where absent."""
+    if kind == "Pod":
+        return obj.setdefault("metadata", {}), obj.setdefault("spec", {})
+    template = obj.setdefault("spec", {}).setdefault("template", {})
+    pod_meta = template.setdefault("metadata", {})
+    return pod_meta, template.setdefault("spec", {})
+
+
+def apply_hints(
+    obj: dict[str, Any],
+    kind: Kind,
+    *,
+    profile: WorkloadProfile,
+    node_products: frozenset[str],
+    namespace: str,
+    config: Config,
+    catalog: Catalog,
+    signing_key: bytes,
+) -> HintResult:
+    """Inject every hint DESIGN lists into ``obj`` (a deep copy), record them, sign what was written."""
+    metadata = obj.setdefault("metadata", {})
+    annotations = as_mapping(metadata.get("annotations"))
+    user_annotations = {k: val for k, val in annotations.items() if isinstance(val, str)}
+    pod_meta, pod_spec = _pod_parts(obj, kind)
+    cc = min_compute_capability(user_annotations)
+    memory = min_memory_mib(user_annotations)
+    ranked = rank_gpu_products(
+        profile,
+        node_products,
+        catalog=catalog,
+        strategy=config.hint_strategy,
+        reference_product=config.reference_product,
+        min_compute_capability=cc,
+        min_memory_mib=memory,
+    )
+    injected: list[str] = []
+    warnings: list[str] = []
+    runtime_class = (profile.spec.runtime_class_name or config.runtime_class_name) or None
+    if runtime_class and _set_missing(pod_spec, "runtimeClassName", runtime_class):
+        injected.append("runtimeClassName")
+    if _and_into_terms(pod_spec, required_variants(cc, memory)):
+        injected.append("affinity.nodeAffinity.required")
+    if _prefer_products(pod_spec, ranked):
+        injected.append("affinity.nodeAffinity.preferred")
+    if _tolerate_gpu_taint(pod_spec):
+        injected.append("tolerations")
+    if config.scheduler == "kai":
+        if _set_missing(pod_spec, "schedulerName", v.KAI_SCHEDULER_NAME):
+            injected.append("schedulerName")
+        blocks = [pod_meta] if kind == "Pod" else [metadata, pod_meta]
+        for block in blocks:
+            if _set_missing(block.setdefault("labels", {}), v.KAI_QUEUE_LABEL, config.kai_queue):
+                injected.append(f"labels[{v.KAI_QUEUE_LABEL}]")
+    elif config.scheduler == "volcano" and _set_missing(pod_spec, "schedulerName", v.VOLCANO_SCHEDULER_NAME):
+        injected.append("schedulerName")
+    priority = user_annotations.get(v.PRIORITY_ANNOTATION)
+    priority_class = next((c for p, c in config.priority_classes.items() if p == priority), None)
+    if priority_class:
+        if kind == "Pod":
+            # The Priority admission plugin resolves priorityClassName before webhooks run, so a
+            # class set here on a bare Pod would not take effect; Jobs' pods resolve it later.
+            warnings.append(
+                f"priority class {priority_class!r} is applied to Jobs only; set it on the Pod yourself"
+            )
+        elif _set_missing(pod_spec, "priorityClassName", priority_class):
+            injected.append("priorityClassName")
+    record = json.dumps(
+        {
+            "profile": profile.metadata.name,
+            "boundType": profile.status.bound_type if profile.status else "unknown",
+            "strategy": config.hint_strategy,
+            "injected": injected,
+            "ranked": [r.as_dict() for r in ranked],
+        },
+        separators=(",", ":"),
+    )
+    blocks = [metadata] if kind == "Pod" else [metadata, pod_meta]
+    for block in blocks:
+        block_annotations = block.setdefault("annotations", {})
+        block_annotations[v.HINTS_ANNOTATION] = record
+        block_annotations[v.PROFILE_ANNOTATION] = profile.reference
+        sign_block(block, namespace=namespace, key=signing_key)
+    if not ranked:
+        warnings.append(
+            f"no GPU product preference: profile {profile.metadata.name} gives nothing to rank by"
+        )
+    return HintResult(tuple(injected), tuple(ranked), tuple(warnings))

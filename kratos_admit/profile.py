@@ -1,0 +1,90 @@
+"""The WorkloadProfile custom resource (DESIGN "WorkloadProfile"): our own type, so extra keys are refused."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from kratos_admit import vocabulary as v
+
+Phase = Literal["Ready", "Failed"]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+
+class ObjectMeta(BaseModel):
+    """Kubernetes metadata is not ours: unknown fields (uid, managedFields, ...) are kept, not refused."""
+
+    model_config = ConfigDict(extra="allow", populate_by_name=True)
+
+    name: str
+    namespace: str = "default"
+    resource_version: str = Field(default="", alias="resourceVersion")
+
+
+class ProfileSpec(_Strict):
+    workload: str = Field(pattern=v.DNS1123_LABEL.pattern, max_length=v.DNS1123_LABEL_MAX)
+    runtime_class_name: str | None = Field(default=None, alias="runtimeClassName")
+
+
+class ProfileMetrics(_Strict):
+    """Strings, as the CRD stores them; percent of peak unless the name says otherwise."""
+
+    achieved_occupancy: str | None = Field(default=None, alias="achievedOccupancy")
+    sm_throughput: str | None = Field(default=None, alias="smThroughput")
+    memory_throughput: str | None = Field(default=None, alias="memoryThroughput")
+    l2_throughput: str | None = Field(default=None, alias="l2Throughput")
+    dram_throughput: str | None = Field(default=None, alias="dramThroughput")
+    kernel_count: str | None = Field(default=None, alias="kernelCount")
+    gpu_time_ns: str | None = Field(default=None, alias="gpuTimeNs")
+
+    def percent(self, name: str) -> float | None:
+        raw = getattr(self, name)
+        try:
+            return None if raw is None else float(raw)
+        except ValueError:
+            return None
+
+
+class ProfileGpu(_Strict):
+    product: str | None = None
+    compute_capability: str | None = Field(default=None, alias="computeCapability")
+
+
+class ProfileStatus(_Strict):
+    phase: Phase
+    bound_type: v.BoundType = Field(default="unknown", alias="boundType")
+    metrics: ProfileMetrics = Field(default_factory=ProfileMetrics)
+    gpu: ProfileGpu = Field(default_factory=ProfileGpu)
+    profiled_at: str | None = Field(default=None, alias="profiledAt")
+    source_job: str | None = Field(default=None, alias="sourceJob")
+    message: str = ""
+
+
+class WorkloadProfile(_Strict):
+    api_version: Literal["gpu.scheduler.io/v1alpha1"] = Field(
+        default="gpu.scheduler.io/v1alpha1", alias="apiVersion"
+    )
+    kind: Literal["WorkloadProfile"] = "WorkloadProfile"
+    metadata: ObjectMeta
+    spec: ProfileSpec
+    status: ProfileStatus | None = None
+
+    @property
+    def ready(self) -> bool:
+        return self.status is not None and self.status.phase == "Ready"
+
+    @property
+    def failed(self) -> bool:
+        return self.status is not None and self.status.phase == "Failed"
+
+    @property
+    def reference(self) -> str:
+        """The value of the ``gpu.scheduler.io/profile`` annotation: ``<name>@<resourceVersion>``."""
+        return f"{self.metadata.name}@{self.metadata.resource_version or '0'}"
+
+    def to_manifest(self) -> dict[str, Any]:
+        return self.model_dump(by_alias=True, exclude_none=True, mode="json")

@@ -1,0 +1,179 @@
+"""The profiling rewrite of a Job (DESIGN "Profiling rewrite") and the original-template round trip."""
+
+from __future__ import annotations
+
+import base64
+import copy
+import gzip
+import json
+import posixpath
+from collections.abc import Mapping
+from typing import Any
+
+from kratos_admit import vocabulary as v
+from kratos_admit.config import Config
+from kratos_admit.gpu_requests import ContainerGpus
+from kratos_admit.signing import sign_block, signature_valid
+from kratos_admit.workload import as_list, as_mapping
+
+# Job fields that name containers or indexes the profiling run no longer has.
+_DROPPED_JOB_FIELDS = (
+    "podFailurePolicy",
+    "successPolicy",
+    "backoffLimitPerIndex",
+    "maxFailedIndexes",
+    "completionMode",
+)
+_USER_CONTAINER_FIELDS = ("env", "envFrom", "workingDir", "resources", "securityContext")
+
+STAGE_SCRIPT = (
+    'set -eu; src="$1"; '
+    'if [ ! -e "$src" ]; then echo "kratos: executable $src does not exist in this image; '
+    'set the gpu.scheduler.io/executable annotation to its absolute path" >&2; exit 66; fi; '
+    f'cp -L "$src" {v.STAGE_MOUNT_PATH}/; chmod a+rx "{v.STAGE_MOUNT_PATH}/$(basename "$src")"'
+)
+
+
+class OriginalTemplateError(ValueError):
+    """The original-template annotation is missing, unsigned or unreadable."""
+
+
+def encode_original_template(job: Mapping[str, Any]) -> str:
+    """gzip+base64 JSON of what is needed to recreate the user's Job exactly."""
+    meta = as_mapping(job.get("metadata"))
+    kept_meta: dict[str, Any] = {}
+    for key in ("name", "generateName"):
+        if key in meta:
+            kept_meta[key] = meta[key]
+    labels = {k: val for k, val in as_mapping(meta.get("labels")).items() if k not in v.RESERVED_LABELS}
+    annotations = {
+        k: val for k, val in as_mapping(meta.get("annotations")).items() if k not in v.RESERVED_ANNOTATIONS
+    }
+    if labels:
+        kept_meta["labels"] = labels
+    if annotations:
+        kept_meta["annotations"] = annotations
+    document = {"metadata": kept_meta, "spec": job.get("spec", {})}
+    raw = json.dumps(document, separators=(",", ":"), sort_keys=True).encode()
+    return base64.b64encode(gzip.compress(raw, mtime=0)).decode()
+
+
+def decode_original_template(job: Mapping[str, Any], *, namespace: str, signing_key: bytes) -> dict[str, Any]:
+    """The user's Job metadata and spec, after checking KRATOS signed them."""
+    meta = as_mapping(job.get("metadata"))
+    encoded = as_mapping(meta.get("annotations")).get(v.ORIGINAL_TEMPLATE_ANNOTATION)
+    if not isinstance(encoded, str):
+        raise OriginalTemplateError(f"annotation {v.ORIGINAL_TEMPLATE_ANNOTATION} is missing")
+    if not signature_valid(meta, namespace=namespace, key=signing_key):
+        raise OriginalTemplateError(f"annotation {v.ORIGINAL_TEMPLATE_ANNOTATION} has no valid signature")
+    try:
+        document = json.loads(gzip.decompress(base64.b64decode(encoded, validate=True)))
+    except (ValueError, OSError, EOFError) as exc:
+        raise OriginalTemplateError(
+            f"annotation {v.ORIGINAL_TEMPLATE_ANNOTATION} is unreadable: {exc}"
+        ) from None
+    if not isinstance(document, dict) or not isinstance(document.get("spec"), dict):
+        raise OriginalTemplateError(f"annotation {v.ORIGINAL_TEMPLATE_ANNOTATION} holds no Job spec")
+    return document
+
+
+def profiling_wanted(annotations: Mapping[str, str], config: Config) -> bool:
+    value = annotations.get(v.PROFILING_ANNOTATION)
+    return config.profiling_default if value is None else value == "true"
+
+
+def staged_path(executable: str) -> str:
+    return posixpath.join(v.STAGE_MOUNT_PATH, posixpath.basename(executable.rstrip("/")))
+
+
+def _stage_container(user: Mapping[str, Any], executable: str) -> dict[str, Any]:
+    mounts = [m for m in as_list(user.get("volumeMounts")) if isinstance(m, Mapping)]
+    container: dict[str, Any] = {
+        "name": v.STAGE_CONTAINER,
+        "image": user.get("image"),
+        "command": ["sh", "-c", STAGE_SCRIPT, v.STAGE_CONTAINER, executable],
+        "volumeMounts": [*copy.deepcopy(mounts), {"name": v.STAGE_VOLUME, "mountPath": v.STAGE_MOUNT_PATH}],
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+    }
+    if "imagePullPolicy" in user:
+        container["imagePullPolicy"] = user["imagePullPolicy"]
+    return container
+
+
+def _runner_container(user: Mapping[str, Any], executable: str, config: Config) -> dict[str, Any]:
+    command = [c for c in as_list(user.get("command")) if isinstance(c, str)]
+    args = [a for a in as_list(user.get("args")) if isinstance(a, str)]
+    workload_args = [*command[1:], *args]
+    runner: dict[str, Any] = {
+        "name": v.RUNNER_CONTAINER,
+        "image": config.nsight_compute_image,
+        "command": [
+            "python3",
+            "-m",
+            "kratos_runner",
+            "--set",
+            config.ncu_set,
+            "--launch-count",
+            str(config.ncu_launch_count),
+            "--",
+            staged_path(executable),
+            *workload_args,
+        ],
+        "terminationMessagePolicy": "File",
+    }
+    for key in _USER_CONTAINER_FIELDS:
+        if key in user:
+            runner[key] = copy.deepcopy(user[key])
+    mounts = [m for m in as_list(user.get("volumeMounts")) if isinstance(m, Mapping)]
+    runner["volumeMounts"] = [
+        *copy.deepcopy(mounts),
+        {"name": v.STAGE_VOLUME, "mountPath": v.STAGE_MOUNT_PATH, "readOnly": True},
+    ]
+    if config.profiling_capabilities:
+        security = runner.setdefault("securityContext", {})
+        capabilities = security.setdefault("capabilities", {})
+        added = [c for c in as_list(capabilities.get("add")) if isinstance(c, str)]
+        capabilities["add"] = [*added, *(c for c in config.profiling_capabilities if c not in added)]
+    return runner
+
+
+def rewrite_for_profiling(
+    job: dict[str, Any],
+    *,
+    target: ContainerGpus,
+    executable: str,
+    namespace: str,
+    config: Config,
+    signing_key: bytes,
+) -> None:
+    """Turn the Job (a deep copy) into its profiling form, in place; the Job keeps its name."""
+    original = encode_original_template(job)
+    spec = job.setdefault("spec", {})
+    template = spec.setdefault("template", {})
+    pod_spec = template.setdefault("spec", {})
+    user = target.container.raw
+    pod_spec["initContainers"] = [
+        *as_list(pod_spec.get("initContainers")),
+        _stage_container(user, executable),
+    ]
+    pod_spec["containers"] = [_runner_container(user, executable, config)]
+    volumes = [
+        vol for vol in as_list(pod_spec.get("volumes")) if as_mapping(vol).get("name") != v.STAGE_VOLUME
+    ]
+    pod_spec["volumes"] = [*volumes, {"name": v.STAGE_VOLUME, "emptyDir": {}}]
+    pod_spec["restartPolicy"] = "Never"
+    for field in _DROPPED_JOB_FIELDS:
+        spec.pop(field, None)
+    spec.update(
+        parallelism=1,
+        completions=1,
+        backoffLimit=0,
+        activeDeadlineSeconds=config.profiling_deadline_seconds,
+    )
+    metadata = job.setdefault("metadata", {})
+    metadata.setdefault("labels", {})[v.ROLE_LABEL] = "profiling"
+    metadata.setdefault("annotations", {})[v.ORIGINAL_TEMPLATE_ANNOTATION] = original
+    pod_meta = template.setdefault("metadata", {})
+    pod_meta.setdefault("labels", {})[v.ROLE_LABEL] = "profiling"
+    sign_block(metadata, namespace=namespace, key=signing_key)
+    sign_block(pod_meta, namespace=namespace, key=signing_key)

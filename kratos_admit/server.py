@@ -1,0 +1,207 @@
+"""The HTTPS webhook server: decode, call the admission layer, encode. Nothing else happens here."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import signal
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from kratos_admit.admission import AdmissionEngine, AdmissionRequestError, Webhook, error_body, review
+from kratos_admit.config import Config, split_host_port
+from kratos_admit.metrics import AdmissionMetrics
+from kratos_admit.tls import ServingCertificate
+
+log = logging.getLogger("kratos.webhook")
+
+
+@dataclass(slots=True)
+class WebhookState:
+    engine: AdmissionEngine
+    metrics: AdmissionMetrics
+    ready: Callable[[], bool]
+    max_body_bytes: int = 0
+
+
+STATE = web.AppKey("state", WebhookState)
+
+
+def _json(status: int, body: object) -> web.Response:
+    return web.Response(
+        status=status, body=json.dumps(body, separators=(",", ":")), content_type="application/json"
+    )
+
+
+def _handler(webhook: Webhook) -> Callable[[web.Request], Awaitable[web.Response]]:
+    async def handle(request: web.Request) -> web.Response:
+        state = request.app[STATE]
+        started = time.perf_counter()
+        if request.content_type != "application/json":
+            state.metrics.requests.labels(webhook, "unknown", "unknown", "error").inc()
+            return _json(
+                415, error_body(f"content type must be application/json, got {request.content_type}")
+            )
+        try:
+            body = await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            state.metrics.requests.labels(webhook, "unknown", "unknown", "error").inc()
+            return _json(413, error_body(f"body larger than the limit of {state.max_body_bytes} bytes"))
+        try:
+            result = review(body, webhook=webhook, engine=state.engine)
+        except AdmissionRequestError as exc:
+            state.metrics.requests.labels(webhook, "unknown", "unknown", "error").inc()
+            log.warning("bad admission request", extra={"webhook": webhook, "reason": str(exc)})
+            return _json(400, error_body(str(exc)))
+        elapsed = time.perf_counter() - started
+        m = state.metrics
+        m.duration.labels(webhook).observe(elapsed)
+        m.requests.labels(webhook, result.kind, result.operation, result.outcome).inc()
+        for error in result.decision.violations:
+            m.violations.labels(error.rule).inc()
+        if webhook == "mutate":
+            m.mutations.labels(result.decision.action).inc()
+        log.info(
+            "admission",
+            extra={
+                "uid": result.uid,
+                "webhook": webhook,
+                "kind": result.kind,
+                "namespace": result.namespace,
+                "name": result.name,
+                "operation": result.operation,
+                "outcome": result.outcome,
+                "action": result.decision.action,
+                "violations": [str(e) for e in result.decision.violations],
+                "durationMs": round(elapsed * 1000, 3),
+            },
+        )
+        return _json(200, result.body)
+
+    return handle
+
+
+async def healthz(_: web.Request) -> web.Response:
+    return web.Response(text="ok\n")
+
+
+async def readyz(request: web.Request) -> web.Response:
+    if request.app[STATE].ready():
+        return web.Response(text="ok\n")
+    return web.Response(status=503, text="caches not synced or certificate not loaded\n")
+
+
+async def metrics_handler(request: web.Request) -> web.Response:
+    payload = generate_latest(request.app[STATE].metrics.registry)
+    response = web.Response(body=payload)
+    response.headers["Content-Type"] = CONTENT_TYPE_LATEST
+    return response
+
+
+def create_app(
+    engine: AdmissionEngine,
+    *,
+    metrics: AdmissionMetrics,
+    max_body_bytes: int,
+    ready: Callable[[], bool] = lambda: True,
+) -> web.Application:
+    app = web.Application(client_max_size=max_body_bytes)
+    app[STATE] = WebhookState(engine, metrics, ready, max_body_bytes)
+    app.router.add_post("/mutate", _handler("mutate"))
+    app.router.add_post("/validate", _handler("validate"))
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    app.router.add_get("/metrics", metrics_handler)
+    return app
+
+
+def create_metrics_app(metrics: AdmissionMetrics, ready: Callable[[], bool]) -> web.Application:
+    """/metrics (and probes) on a plain-HTTP port, for scrapers that do not speak the webhook's TLS."""
+    app = web.Application()
+    app[STATE] = WebhookState(engine=None, metrics=metrics, ready=ready)  # type: ignore[arg-type]
+    app.router.add_get("/metrics", metrics_handler)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    return app
+
+
+@contextlib.asynccontextmanager
+async def running_site(
+    app: web.Application,
+    host: str,
+    port: int,
+    *,
+    certificate: ServingCertificate | None,
+    shutdown_timeout: float,
+    reuse_port: bool = False,
+) -> AsyncIterator[web.AppRunner]:
+    runner = web.AppRunner(app, access_log=None, shutdown_timeout=shutdown_timeout)
+    await runner.setup()
+    site = web.TCPSite(
+        runner,
+        host,
+        port,
+        ssl_context=certificate.context if certificate else None,
+        reuse_port=reuse_port or None,
+    )
+    await site.start()
+    try:
+        yield runner
+    finally:
+        await runner.cleanup()  # stops accepting, lets in-flight requests finish
+
+
+async def wait_for_termination() -> None:
+    """Return on SIGTERM or SIGINT."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+
+
+async def serve(engine: AdmissionEngine, *, config: Config) -> None:
+    """Serve until SIGTERM/SIGINT, then finish in-flight requests and return."""
+    assert config.tls_cert_file is not None and config.tls_key_file is not None
+    metrics = AdmissionMetrics()
+    metrics.watch_profile_count(lambda: len(engine.profiles))
+    certificate = ServingCertificate(
+        config.tls_cert_file, config.tls_key_file, on_load=metrics.certificate_expiry.set
+    )
+
+    def ready() -> bool:
+        return certificate.loaded and engine.profiles.ready() and engine.nodes.ready()
+
+    app = create_app(engine, metrics=metrics, max_body_bytes=config.max_body_bytes, ready=ready)
+    host, port = split_host_port(config.listen)
+    async with contextlib.AsyncExitStack() as stack:
+        await stack.enter_async_context(
+            running_site(
+                app, host, port, certificate=certificate, shutdown_timeout=config.shutdown_grace_seconds
+            )
+        )
+        if config.metrics_listen:
+            m_host, m_port = split_host_port(config.metrics_listen)
+            await stack.enter_async_context(
+                running_site(
+                    create_metrics_app(metrics, ready),
+                    m_host,
+                    m_port,
+                    certificate=None,
+                    shutdown_timeout=config.shutdown_grace_seconds,
+                )
+            )
+        watcher = asyncio.create_task(certificate.watch())
+        log.info("serving", extra={"listen": config.listen, "metricsListen": config.metrics_listen})
+        try:
+            await wait_for_termination()
+            log.info("SIGTERM: finishing in-flight requests")
+        finally:
+            watcher.cancel()
+    log.info("stopped")

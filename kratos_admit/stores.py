@@ -1,0 +1,154 @@
+"""Where WorkloadProfiles and GPU Nodes come from. The admission path only ever reads memory.
+
+``ProfileStore`` and ``NodeStore`` are the interface; the file stores here load once at start, the
+cluster stores (``kratos_admit.cluster``) keep the same memory current with list+watch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping
+from pathlib import Path
+from typing import Any, Protocol
+
+import yaml
+from pydantic import ValidationError
+
+from kratos_admit import vocabulary as v
+from kratos_admit.profile import WorkloadProfile
+
+
+class StoreError(ValueError):
+    """A profile or node file that cannot be used; the message names the file and the field."""
+
+
+class ProfileStore(Protocol):
+    def get(self, namespace: str, workload: str) -> WorkloadProfile | None: ...
+    def ready(self) -> bool: ...
+    def __len__(self) -> int: ...
+
+
+class NodeStore(Protocol):
+    def gpu_products(self) -> frozenset[str]: ...
+    def ready(self) -> bool: ...
+
+
+class ProfileIndex:
+    """Profiles by (namespace, spec.workload): the in-memory map every profile store serves from."""
+
+    def __init__(self, profiles: Iterable[WorkloadProfile] = ()) -> None:
+        self._by_key: dict[tuple[str, str], WorkloadProfile] = {}
+        self._key_by_name: dict[tuple[str, str], tuple[str, str]] = {}
+        for profile in profiles:
+            self.put(profile)
+
+    def put(self, profile: WorkloadProfile) -> None:
+        self.remove(profile.metadata.namespace, profile.metadata.name)
+        key = (profile.metadata.namespace, profile.spec.workload)
+        self._by_key[key] = profile
+        self._key_by_name[(profile.metadata.namespace, profile.metadata.name)] = key
+
+    def remove(self, namespace: str, name: str) -> None:
+        key = self._key_by_name.pop((namespace, name), None)
+        if key is not None:
+            self._by_key.pop(key, None)
+
+    def replace(self, profiles: Iterable[WorkloadProfile]) -> None:
+        self._by_key.clear()
+        self._key_by_name.clear()
+        for profile in profiles:
+            self.put(profile)
+
+    def get(self, namespace: str, workload: str) -> WorkloadProfile | None:
+        return self._by_key.get((namespace, workload))
+
+    def __len__(self) -> int:
+        return len(self._by_key)
+
+
+def gpu_products_of(nodes: Iterable[Mapping[str, Any]]) -> frozenset[str]:
+    """The nvidia.com/gpu.product values of the nodes that have a GPU."""
+    products = set()
+    for node in nodes:
+        labels = node.get("metadata", {}).get("labels") or {}
+        product = labels.get(v.GPU_PRODUCT_LABEL)
+        if isinstance(product, str) and product and labels.get(v.GPU_PRESENT_LABEL, "true") == "true":
+            products.add(product)
+    return frozenset(products)
+
+
+def _documents(path: Path) -> Iterator[tuple[int, Any]]:
+    try:
+        text = path.read_text("utf-8")
+    except OSError as exc:
+        raise StoreError(f"{path}: cannot read: {exc.strerror}") from None
+    try:
+        for i, doc in enumerate(yaml.safe_load_all(text)):
+            if doc is None:
+                continue
+            if (
+                isinstance(doc, dict)
+                and doc.get("kind", "").endswith("List")
+                and isinstance(doc.get("items"), list)
+            ):
+                for item in doc["items"]:
+                    yield i, item
+            else:
+                yield i, doc
+    except yaml.YAMLError as exc:
+        raise StoreError(f"{path}: not valid YAML: {' '.join(str(exc).split())}") from None
+
+
+def load_profiles(paths: Iterable[Path]) -> list[WorkloadProfile]:
+    profiles = []
+    for path in paths:
+        for i, doc in _documents(path):
+            if not isinstance(doc, dict) or doc.get("kind") != v.PROFILE_KIND:
+                continue
+            try:
+                profiles.append(WorkloadProfile.model_validate(doc))
+            except ValidationError as exc:
+                err = exc.errors()[0]
+                where = ".".join(str(p) for p in err["loc"])
+                raise StoreError(f"{path} (document {i + 1}): {where}: {err['msg']}") from None
+    return profiles
+
+
+def load_nodes(path: Path) -> list[dict[str, Any]]:
+    return [doc for _, doc in _documents(path) if isinstance(doc, dict) and doc.get("kind") == "Node"]
+
+
+def profile_files(directory: Path) -> list[Path]:
+    if directory.is_file():
+        return [directory]
+    if not directory.is_dir():
+        raise StoreError(f"{directory}: no such profile directory")
+    return sorted(p for p in directory.iterdir() if p.suffix in (".yaml", ".yml", ".json") and p.is_file())
+
+
+class FileProfileStore:
+    """WorkloadProfiles from a directory of YAML files, read once at start."""
+
+    def __init__(self, directory: Path | None) -> None:
+        self._index = ProfileIndex(load_profiles(profile_files(directory)) if directory else ())
+
+    def get(self, namespace: str, workload: str) -> WorkloadProfile | None:
+        return self._index.get(namespace, workload)
+
+    def ready(self) -> bool:
+        return True
+
+    def __len__(self) -> int:
+        return len(self._index)
+
+
+class FileNodeStore:
+    """Nodes from a (multi-document) YAML file, read once at start."""
+
+    def __init__(self, path: Path | None) -> None:
+        self._products = gpu_products_of(load_nodes(path)) if path else frozenset()
+
+    def gpu_products(self) -> frozenset[str]:
+        return self._products
+
+    def ready(self) -> bool:
+        return True

@@ -1,0 +1,81 @@
+"""Every label, annotation and resource name KRATOS reads or writes, in one place (DESIGN "Vocabulary")."""
+
+from __future__ import annotations
+
+import re
+from typing import Final, Literal
+
+GROUP: Final = "gpu.scheduler.io"
+VERSION: Final = "v1alpha1"
+API_VERSION: Final = f"{GROUP}/{VERSION}"
+PROFILE_KIND: Final = "WorkloadProfile"
+PROFILE_PLURAL: Final = "workloadprofiles"
+
+NAMESPACE_LABEL: Final = f"{GROUP}/kratos"
+NAMESPACE_LABEL_VALUE: Final = "enabled"
+
+# user vocabulary
+WORKLOAD_LABEL: Final = f"{GROUP}/workload"
+PROFILING_ANNOTATION: Final = f"{GROUP}/profiling"
+EXECUTABLE_ANNOTATION: Final = f"{GROUP}/executable"
+MIN_CC_ANNOTATION: Final = f"{GROUP}/min-compute-capability"
+MIN_MEMORY_ANNOTATION: Final = f"{GROUP}/min-gpu-memory"
+PRIORITY_ANNOTATION: Final = f"{GROUP}/priority"
+
+# KRATOS-only vocabulary: written by the webhook or the controller, always signed
+ROLE_LABEL: Final = f"{GROUP}/role"
+ORIGINAL_TEMPLATE_ANNOTATION: Final = f"{GROUP}/original-template"
+HINTS_ANNOTATION: Final = f"{GROUP}/hints"
+PROFILE_ANNOTATION: Final = f"{GROUP}/profile"
+SIGNATURE_ANNOTATION: Final = f"{GROUP}/signature"
+
+RESERVED_LABELS: Final = frozenset({ROLE_LABEL})
+RESERVED_ANNOTATIONS: Final = frozenset(
+    {ORIGINAL_TEMPLATE_ANNOTATION, HINTS_ANNOTATION, PROFILE_ANNOTATION, SIGNATURE_ANNOTATION}
+)
+
+Role = Literal["profiling", "execution"]
+ROLES: Final = ("profiling", "execution")
+Priority = Literal["high", "normal", "low"]
+PRIORITIES: Final = ("high", "normal", "low")
+BoundType = Literal["compute", "memory", "balanced", "latency", "unknown"]
+
+# NVIDIA device plugin, MIG and GPU Feature Discovery
+GPU_RESOURCE: Final = "nvidia.com/gpu"
+MIG_RESOURCE_PREFIX: Final = "nvidia.com/mig-"
+GPU_PRESENT_LABEL: Final = "nvidia.com/gpu.present"
+GPU_PRODUCT_LABEL: Final = "nvidia.com/gpu.product"
+GPU_MEMORY_LABEL: Final = "nvidia.com/gpu.memory"
+GPU_CC_MAJOR_LABEL: Final = "nvidia.com/gpu.compute.major"
+GPU_CC_MINOR_LABEL: Final = "nvidia.com/gpu.compute.minor"
+GPU_TAINT_KEY: Final = "nvidia.com/gpu"
+
+# NVIDIA KAI Scheduler GPU sharing (pod annotations) and queue label
+KAI_FRACTION_ANNOTATION: Final = "gpu-fraction"
+KAI_MEMORY_ANNOTATION: Final = "gpu-memory"
+KAI_NUM_DEVICES_ANNOTATION: Final = "gpu-fraction-num-devices"
+KAI_CONTAINER_NAME_ANNOTATION: Final = "gpu-fraction-container-name"
+KAI_QUEUE_LABEL: Final = "kai.scheduler/queue"
+KAI_SCHEDULER_NAME: Final = "kai-scheduler"
+VOLCANO_SCHEDULER_NAME: Final = "volcano"
+
+# profiling rewrite
+STAGE_CONTAINER: Final = "stage-workload"
+RUNNER_CONTAINER: Final = "profiling-runner"
+STAGE_VOLUME: Final = "kratos-stage"
+STAGE_MOUNT_PATH: Final = "/kratos/stage"
+
+DNS1123_LABEL: Final = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+DNS1123_LABEL_MAX: Final = 63
+
+
+def is_dns1123_label(value: str) -> bool:
+    return len(value) <= DNS1123_LABEL_MAX and DNS1123_LABEL.match(value) is not None
+
+
+def profile_name(workload: str) -> str:
+    return f"{workload}-profile"
+
+
+def summary_configmap_name(workload: str) -> str:
+    return f"{workload}-profile-summary"

@@ -1,0 +1,144 @@
+"""Partial, read-only views over the raw Job or Pod dict: where its pod spec and metadata blocks live.
+
+The raw dict stays the truth (as in lightkube/kr8s): nothing here copies or re-serialises the object,
+so fields this code does not know are never lost.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from kratos_admit import vocabulary as v
+from kratos_admit.fields import METADATA, ROOT, TEMPLATE, Path
+
+Kind = Literal["Job", "Pod"]
+JsonObject = dict[str, Any]
+
+
+def as_mapping(value: object) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def as_list(value: object) -> list[Any]:
+    return value if isinstance(value, list) else []
+
+
+def string_map(value: object) -> dict[str, str]:
+    """Labels or annotations as str -> str, ignoring entries the API server would have rejected."""
+    return {k: val for k, val in as_mapping(value).items() if isinstance(k, str) and isinstance(val, str)}
+
+
+@dataclass(frozen=True, slots=True)
+class MetadataBlock:
+    """One metadata block that carries labels and annotations: the Job's, its pod template's, a Pod's."""
+
+    path: Path
+    raw: Mapping[str, Any]
+
+    @property
+    def labels(self) -> dict[str, str]:
+        return string_map(self.raw.get("labels"))
+
+    @property
+    def annotations(self) -> dict[str, str]:
+        return string_map(self.raw.get("annotations"))
+
+
+@dataclass(frozen=True, slots=True)
+class Container:
+    """A container or init container, with its index in its list."""
+
+    path: Path
+    raw: Mapping[str, Any]
+    index: int
+    init: bool
+
+    @property
+    def name(self) -> str:
+        name = self.raw.get("name")
+        return name if isinstance(name, str) else ""
+
+    @property
+    def command(self) -> list[str]:
+        return [c for c in as_list(self.raw.get("command")) if isinstance(c, str)]
+
+    @property
+    def args(self) -> list[str]:
+        return [a for a in as_list(self.raw.get("args")) if isinstance(a, str)]
+
+
+@dataclass(frozen=True, slots=True)
+class Workload:
+    """A Job or a Pod, with the paths of the parts KRATOS reads."""
+
+    kind: Kind
+    raw: Mapping[str, Any]
+
+    @property
+    def metadata(self) -> MetadataBlock:
+        return MetadataBlock(METADATA, as_mapping(self.raw.get("metadata")))
+
+    @property
+    def pod_metadata(self) -> MetadataBlock:
+        if self.kind == "Pod":
+            return self.metadata
+        template = as_mapping(as_mapping(self.raw.get("spec")).get("template"))
+        return MetadataBlock(TEMPLATE.child("metadata"), as_mapping(template.get("metadata")))
+
+    @property
+    def blocks(self) -> tuple[MetadataBlock, ...]:
+        """Every metadata block that may carry KRATOS-only keys."""
+        return (self.metadata,) if self.kind == "Pod" else (self.metadata, self.pod_metadata)
+
+    @property
+    def pod_spec_path(self) -> Path:
+        return ROOT.child("spec") if self.kind == "Pod" else TEMPLATE.child("spec")
+
+    @property
+    def pod_spec(self) -> Mapping[str, Any]:
+        spec = as_mapping(self.raw.get("spec"))
+        if self.kind == "Pod":
+            return spec
+        return as_mapping(as_mapping(spec.get("template")).get("spec"))
+
+    @property
+    def name(self) -> str:
+        meta = self.metadata.raw
+        for key in ("name", "generateName"):
+            value = meta.get(key)
+            if isinstance(value, str) and value:
+                return value
+        return ""
+
+    @property
+    def workload_label(self) -> str | None:
+        return self.metadata.labels.get(v.WORKLOAD_LABEL)
+
+    @property
+    def role(self) -> str | None:
+        return self.metadata.labels.get(v.ROLE_LABEL)
+
+    def containers(self, *, init: bool) -> Iterator[Container]:
+        key = "initContainers" if init else "containers"
+        base = self.pod_spec_path.child(key)
+        for i, raw in enumerate(as_list(self.pod_spec.get(key))):
+            yield Container(base.index(i), as_mapping(raw), i, init)
+
+    def all_containers(self) -> Iterator[Container]:
+        yield from self.containers(init=True)
+        yield from self.containers(init=False)
+
+
+def workload_kind(api_version: object, kind: object) -> Kind | None:
+    """Only batch/v1 Jobs and v1 Pods are KRATOS workloads (a Volcano or Kubeflow "Job" is not)."""
+    if kind == "Job" and api_version == "batch/v1":
+        return "Job"
+    if kind == "Pod" and api_version == "v1":
+        return "Pod"
+    return None
+
+
+def view(obj: Mapping[str, Any], kind: Kind) -> Workload:
+    return Workload(kind, obj)
