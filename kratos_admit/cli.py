@@ -18,6 +18,7 @@ from kratos_admit.admission import AdmissionEngine
 from kratos_admit.catalog import CatalogError, load_catalog
 from kratos_admit.certs import CertsError, generate
 from kratos_admit.config import Config, ConfigError, load_config
+from kratos_admit.logs import configure_logging
 from kratos_admit.policy import PolicyContext
 from kratos_admit.review import InputError, load_documents, review_document
 from kratos_admit.server import serve
@@ -158,6 +159,7 @@ def cmd_webhook(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> Exi
             "watching a cluster needs the live stores, which this build does not have; "
             "pass --profiles DIR and/or --nodes FILE to serve from files"
         )
+    configure_logging(config.log_level, stderr)
     key = _signing_key(config.signing_key_file, allow_development=True, stderr=stderr)
     engine = _engine(config, key, config.profiles_dir, config.nodes_file)
     asyncio.run(serve(engine, config=config))

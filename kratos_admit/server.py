@@ -28,6 +28,8 @@ class WebhookState:
     metrics: AdmissionMetrics
     ready: Callable[[], bool]
     max_body_bytes: int = 0
+    inflight: int = 0
+    draining: bool = False
 
 
 STATE = web.AppKey("state", WebhookState)
@@ -42,6 +44,13 @@ def _json(status: int, body: object) -> web.Response:
 def _handler(webhook: Webhook) -> Callable[[web.Request], Awaitable[web.Response]]:
     async def handle(request: web.Request) -> web.Response:
         state = request.app[STATE]
+        state.inflight += 1
+        try:
+            return await _handle(request, state)
+        finally:
+            state.inflight -= 1
+
+    async def _handle(request: web.Request, state: WebhookState) -> web.Response:
         started = time.perf_counter()
         if request.content_type != "application/json":
             state.metrics.requests.labels(webhook, "unknown", "unknown", "error").inc()
@@ -74,7 +83,7 @@ def _handler(webhook: Webhook) -> Callable[[web.Request], Awaitable[web.Response
                 "webhook": webhook,
                 "kind": result.kind,
                 "namespace": result.namespace,
-                "name": result.name,
+                "objectName": result.name,
                 "operation": result.operation,
                 "outcome": result.outcome,
                 "action": result.decision.action,
@@ -92,7 +101,8 @@ async def healthz(_: web.Request) -> web.Response:
 
 
 async def readyz(request: web.Request) -> web.Response:
-    if request.app[STATE].ready():
+    state = request.app[STATE]
+    if not state.draining and state.ready():
         return web.Response(text="ok\n")
     return web.Response(status=503, text="caches not synced or certificate not loaded\n")
 
@@ -154,7 +164,22 @@ async def running_site(
     try:
         yield runner
     finally:
-        await runner.cleanup()  # stops accepting, lets in-flight requests finish
+        await drain(runner, app[STATE], shutdown_timeout)
+        await runner.cleanup()
+
+
+async def drain(runner: web.AppRunner, state: WebhookState, timeout: float) -> None:
+    """Stop accepting connections, then wait for requests already in a handler to finish.
+
+    aiohttp's own cleanup drops body bytes that arrive after shutdown starts, so a request whose
+    body was still on the wire at SIGTERM would be lost; waiting here first finishes it.
+    """
+    state.draining = True
+    for site in list(runner.sites):
+        await site.stop()
+    deadline = time.monotonic() + timeout
+    while state.inflight and time.monotonic() < deadline:
+        await asyncio.sleep(0.02)
 
 
 async def wait_for_termination() -> None:

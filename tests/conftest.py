@@ -44,3 +44,11 @@ def require_fixtures() -> Path:
     if not FIXTURES.is_dir():
         pytest.fail(f"shared fixtures not found at {FIXTURES}: the repo must sit beside shared/")
     return FIXTURES
+
+
+@pytest.fixture(autouse=True)
+def _log_everything() -> None:
+    """Build every log record in tests, so a bad log call fails here and not in production."""
+    import logging
+
+    logging.getLogger("kratos").setLevel(logging.DEBUG)

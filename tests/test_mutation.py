@@ -1,0 +1,314 @@
+"""The mutating path: hints, the profiling rewrite, idempotency, and its output passing validation."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+
+from kratos_admit import vocabulary as v
+from kratos_admit.profiling import decode_original_template
+from kratos_admit.signing import sign_block
+from tests.builders import make_job, make_pod, make_profile
+from tests.conftest import TEST_KEY, apply_patch, assert_valid_kubernetes, make_ctx
+from tests.helpers import admit, engine
+
+GPU = v.GPU_RESOURCE
+PROFILE = make_profile()
+
+
+def mutate_and_check(obj, eng):
+    """Run the mutating webhook and check every property DESIGN asks of its output."""
+    result = admit(obj, eng)
+    assert result.decision.allowed, result.decision.violations
+    mutated = result.decision.mutated
+    assert mutated is not None
+    assert apply_patch(obj, result.patch) == mutated, "the patch applied to the input gives the returned object"
+    assert_valid_kubernetes(mutated)
+    again = admit(mutated, eng)
+    assert again.patch == [] and again.outcome == "allowed", "mutating its own output yields no patch"
+    validated = admit(mutated, eng, webhook="validate")
+    assert validated.decision.allowed, validated.decision.violations
+    return result, mutated
+
+
+WORKLOADS = [
+    pytest.param(make_job(), id="job"),
+    pytest.param(make_pod(), id="pod"),
+    pytest.param(make_job().annotate(v.MIN_CC_ANNOTATION, "8.6").annotate(v.MIN_MEMORY_ANNOTATION, "40Gi"), id="job-with-requirements"),
+    pytest.param(make_job().spec(affinity={"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+        {"matchExpressions": [{"key": "topology.kubernetes.io/zone", "operator": "In", "values": ["a"]}]},
+        {"matchExpressions": [{"key": "topology.kubernetes.io/zone", "operator": "In", "values": ["b"]}]},
+    ]}}}), id="job-with-two-required-terms"),
+    pytest.param(make_job().spec(runtimeClassName="nvidia-cdi", tolerations=[{"operator": "Exists"}]), id="job-with-user-runtime-class"),
+]
+
+
+@pytest.mark.parametrize("builder", WORKLOADS)
+def test_hints_are_valid_idempotent_and_pass_validation(builder):
+    result, mutated = mutate_and_check(builder.build(), engine(make_ctx(), [PROFILE]))
+    assert result.decision.action == "hints"
+    meta = mutated["metadata"]
+    assert meta["annotations"][v.PROFILE_ANNOTATION] == "vector-add-profile@7"
+    hints = json.loads(meta["annotations"][v.HINTS_ANNOTATION])
+    assert hints["boundType"] == "memory" and hints["profile"] == "vector-add-profile"
+
+
+def _pod_spec(obj):
+    return obj["spec"]["template"]["spec"] if obj["kind"] == "Job" else obj["spec"]
+
+
+def test_hints_inject_runtime_class_affinity_and_toleration():
+    _, mutated = mutate_and_check(make_job().build(), engine(make_ctx(), [PROFILE]))
+    spec = _pod_spec(mutated)
+    assert spec["runtimeClassName"] == "nvidia"
+    terms = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    assert terms == [{"matchExpressions": [{"key": v.GPU_PRESENT_LABEL, "operator": "In", "values": ["true"]}]}]
+    preferred = spec["affinity"]["nodeAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+    products = [p["preference"]["matchExpressions"][0]["values"][0] for p in preferred]
+    assert products[0] == "NVIDIA-H100-80GB-HBM3" and products.index("NVIDIA-A100-SXM4-80GB") < products.index("NVIDIA-L40S")
+    assert preferred[0]["weight"] == 100 and all(1 <= p["weight"] <= 100 for p in preferred)
+    assert spec["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    template_annotations = mutated["spec"]["template"]["metadata"]["annotations"]
+    assert v.HINTS_ANNOTATION in template_annotations and v.SIGNATURE_ANNOTATION in template_annotations
+
+
+def test_required_requirements_are_anded_into_every_existing_term():
+    obj = WORKLOADS[3].values[0].build()
+    obj["metadata"]["annotations"] = {v.MIN_CC_ANNOTATION: "8.6", v.MIN_MEMORY_ANNOTATION: "40Gi"}
+    _, mutated = mutate_and_check(obj, engine(make_ctx(), [PROFILE]))
+    terms = _pod_spec(mutated)["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    assert len(terms) == 4  # two user terms x (major > 8 | major == 8 and minor > 5)
+    for term in terms:
+        keys = [e["key"] for e in term["matchExpressions"]]
+        assert keys[0] == "topology.kubernetes.io/zone"
+        assert v.GPU_PRESENT_LABEL in keys
+        assert {"key": v.GPU_MEMORY_LABEL, "operator": "Gt", "values": ["40959"]} in term["matchExpressions"]
+    assert {"key": v.GPU_CC_MAJOR_LABEL, "operator": "Gt", "values": ["8"]} in terms[0]["matchExpressions"]
+    assert {"key": v.GPU_CC_MINOR_LABEL, "operator": "Gt", "values": ["5"]} in terms[1]["matchExpressions"]
+    preferred = _pod_spec(mutated)["affinity"]["nodeAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+    assert "NVIDIA-A100-SXM4-80GB" not in json.dumps(preferred), "cc 8.0 cannot meet 8.6: no preference for it"
+
+
+def test_hints_never_override_what_the_user_set():
+    user_pref = {"weight": 5, "preference": {"matchExpressions": [{"key": v.GPU_PRODUCT_LABEL, "operator": "In", "values": ["NVIDIA-L4"]}]}}
+    obj = make_job().spec(
+        runtimeClassName="nvidia-cdi",
+        schedulerName="my-scheduler",
+        priorityClassName="mine",
+        tolerations=[{"key": "nvidia.com/gpu", "operator": "Equal", "value": "x", "effect": "NoSchedule"}],
+        affinity={"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [user_pref]}},
+    ).annotate(v.PRIORITY_ANNOTATION, "high").build()
+    eng = engine(make_ctx(scheduler="kai", priorityClasses={"high": "gpu-high"}), [PROFILE])
+    _, mutated = mutate_and_check(obj, eng)
+    spec = _pod_spec(mutated)
+    assert spec["runtimeClassName"] == "nvidia-cdi"
+    assert spec["schedulerName"] == "my-scheduler"
+    assert spec["priorityClassName"] == "mine"
+    assert spec["tolerations"] == obj["spec"]["template"]["spec"]["tolerations"]
+    assert spec["affinity"]["nodeAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"] == [user_pref]
+
+
+@pytest.mark.parametrize(
+    ("config", "scheduler", "queue"),
+    [
+        pytest.param({"scheduler": "default"}, None, None, id="default"),
+        pytest.param({"scheduler": "kai", "kaiQueue": "research"}, "kai-scheduler", "research", id="kai"),
+        pytest.param({"scheduler": "volcano"}, "volcano", None, id="volcano"),
+    ],
+)
+def test_scheduler_backend_from_config(config, scheduler, queue):
+    _, mutated = mutate_and_check(make_job().build(), engine(make_ctx(**config), [PROFILE]))
+    assert _pod_spec(mutated).get("schedulerName") == scheduler
+    labels = mutated["spec"]["template"]["metadata"].get("labels", {})
+    assert labels.get(v.KAI_QUEUE_LABEL) == queue
+
+
+def test_priority_annotation_maps_to_priority_class_on_jobs():
+    eng = engine(make_ctx(priorityClasses={"high": "gpu-high", "low": "gpu-low"}), [PROFILE])
+    _, mutated = mutate_and_check(make_job().annotate(v.PRIORITY_ANNOTATION, "low").build(), eng)
+    assert _pod_spec(mutated)["priorityClassName"] == "gpu-low"
+    result, mutated = mutate_and_check(make_pod().annotate(v.PRIORITY_ANNOTATION, "low").build(), eng)
+    assert "priorityClassName" not in _pod_spec(mutated)
+    assert any("applied to Jobs only" in w for w in result.decision.warnings)
+
+
+def test_profile_runtime_class_overrides_the_configured_default():
+    profile = make_profile(runtime_class="nvidia-legacy")
+    _, mutated = mutate_and_check(make_job().build(), engine(make_ctx(), [profile]))
+    assert _pod_spec(mutated)["runtimeClassName"] == "nvidia-legacy"
+
+
+def test_pods_created_by_a_hinted_job_are_left_alone():
+    eng = engine(make_ctx(), [PROFILE])
+    _, job = mutate_and_check(make_job().build(), eng)
+    template = job["spec"]["template"]
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": copy.deepcopy(template["metadata"]), "spec": copy.deepcopy(template["spec"])}
+    pod["metadata"].update(name="vector-add-x7k2p", namespace="team-a")
+    pod["metadata"].setdefault("labels", {}).update({v.WORKLOAD_LABEL: "vector-add", "batch.kubernetes.io/job-name": "vector-add"})
+    result = admit(pod, eng)
+    assert result.outcome == "allowed" and result.patch == []
+    assert admit(pod, eng, webhook="validate").decision.allowed
+
+
+# --- the profiling rewrite ---------------------------------------------------------------------
+
+
+def test_profiling_rewrite_shape():
+    obj = (
+        make_job("matrix-mul")
+        .command("/opt/app/matrixMul", "-wA=2048")
+        .args("--check")
+        .add_container("fetch", init=True)
+        .add_container("sidecar")
+        .job_spec(backoffLimit=6, completions=4, parallelism=2, completionMode="Indexed")
+        .build()
+    )
+    obj["spec"]["template"]["spec"]["containers"][0]["env"] = [{"name": "A", "value": "1"}]
+    obj["spec"]["template"]["spec"]["containers"][0]["volumeMounts"] = [{"name": "data", "mountPath": "/data"}]
+    obj["spec"]["template"]["spec"]["volumes"] = [{"name": "data", "emptyDir": {}}]
+    eng = engine(make_ctx(profilingCapabilities=["PERFMON"], nsightComputeImage="registry.example/ncu:1"))
+    result, mutated = mutate_and_check(obj, eng)
+    assert result.decision.action == "profiling"
+    assert mutated["metadata"]["name"] == "matrix-mul"
+    spec = mutated["spec"]
+    assert (spec["parallelism"], spec["completions"], spec["backoffLimit"]) == (1, 1, 0)
+    assert spec["activeDeadlineSeconds"] == 3600 and "completionMode" not in spec
+    pod = spec["template"]["spec"]
+    assert [c["name"] for c in pod["initContainers"]] == ["fetch", "stage-workload"]
+    stage = pod["initContainers"][1]
+    assert stage["image"] == obj["spec"]["template"]["spec"]["containers"][0]["image"]
+    assert stage["command"][:2] == ["sh", "-c"] and stage["command"][-1] == "/opt/app/matrixMul"
+    assert "cp -L" in stage["command"][2]
+    [runner] = pod["containers"]
+    assert runner["name"] == "profiling-runner" and runner["image"] == "registry.example/ncu:1"
+    assert runner["command"] == [
+        "python3", "-m", "kratos_runner", "--set", "basic", "--launch-count", "20", "--",
+        "/kratos/stage/matrixMul", "-wA=2048", "--check",
+    ]
+    assert runner["env"] == [{"name": "A", "value": "1"}]
+    assert runner["resources"] == {"limits": {GPU: 1}}
+    assert runner["terminationMessagePolicy"] == "File"
+    assert runner["securityContext"]["capabilities"]["add"] == ["PERFMON"]
+    assert {"name": "kratos-stage", "mountPath": "/kratos/stage", "readOnly": True} in runner["volumeMounts"]
+    assert {"name": "data", "mountPath": "/data"} in runner["volumeMounts"]
+    assert {"name": "kratos-stage", "emptyDir": {}} in pod["volumes"]
+    assert pod["restartPolicy"] == "Never"
+    assert mutated["metadata"]["labels"][v.ROLE_LABEL] == "profiling"
+    assert spec["template"]["metadata"]["labels"][v.ROLE_LABEL] == "profiling"
+    original = decode_original_template(mutated, namespace="team-a", signing_key=TEST_KEY)
+    assert original["spec"] == obj["spec"], "the original Job spec is kept exactly"
+    assert original["metadata"]["labels"] == obj["metadata"]["labels"]
+
+
+def test_profiling_uses_the_executable_annotation_when_there_is_no_command():
+    obj = make_job().command().args("--size", "1024").annotate(v.EXECUTABLE_ANNOTATION, "/usr/local/bin/app").build()
+    _, mutated = mutate_and_check(obj, engine(make_ctx()))
+    runner = mutated["spec"]["template"]["spec"]["containers"][0]
+    assert runner["command"][-3:] == ["/kratos/stage/app", "--size", "1024"]
+
+
+def test_pods_of_a_profiling_job_are_left_alone():
+    eng = engine(make_ctx())
+    _, job = mutate_and_check(make_job().build(), eng)
+    template = job["spec"]["template"]
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": copy.deepcopy(template["metadata"]), "spec": copy.deepcopy(template["spec"])}
+    pod["metadata"]["labels"][v.WORKLOAD_LABEL] = "vector-add"
+    result = admit(pod, eng)
+    assert result.patch == [] and result.decision.warnings == []
+
+
+# --- tampering: the validating path denies what a user changes by hand ---------------------------
+
+
+@pytest.mark.parametrize(
+    "edit",
+    [
+        pytest.param(lambda o: o["metadata"]["annotations"].update({v.PROFILE_ANNOTATION: "other-profile@1"}), id="edit-profile-reference"),
+        pytest.param(lambda o: o["metadata"]["annotations"].update({v.HINTS_ANNOTATION: "{}"}), id="edit-hints"),
+        pytest.param(lambda o: o["spec"]["template"]["metadata"]["annotations"].pop(v.SIGNATURE_ANNOTATION), id="drop-template-signature"),
+        pytest.param(lambda o: o["metadata"].setdefault("labels", {}).update({v.ROLE_LABEL: "execution"}), id="add-role-label"),
+    ],
+)
+def test_editing_a_kratos_key_of_a_hinted_job_is_denied(edit):
+    eng = engine(make_ctx(), [PROFILE])
+    _, mutated = mutate_and_check(make_job().build(), eng)
+    stored = copy.deepcopy(mutated)
+    edit(mutated)
+    for operation, old in (("CREATE", None), ("UPDATE", stored)):
+        result = admit(mutated, eng, webhook="validate", operation=operation, old=old)
+        assert not result.decision.allowed
+        assert {e.rule for e in result.decision.violations} == {"reserved-key"}
+
+
+def test_editing_the_original_template_of_a_profiling_job_is_denied():
+    eng = engine(make_ctx())
+    _, mutated = mutate_and_check(make_job().build(), eng)
+    forged = copy.deepcopy(mutated)
+    forged["metadata"]["annotations"][v.ORIGINAL_TEMPLATE_ANNOTATION] = "H4sIAAAAAAAA/6uuBQBDv6ajAgAAAA=="
+    result = admit(forged, eng, webhook="validate", operation="UPDATE", old=mutated)
+    assert {e.rule for e in result.decision.violations} == {"reserved-key"}
+    assert f"metadata.annotations[{v.ORIGINAL_TEMPLATE_ANNOTATION}]" in {e.field for e in result.decision.violations}
+
+
+def test_a_signature_from_another_namespace_is_not_valid():
+    eng = engine(make_ctx(), [PROFILE])
+    _, mutated = mutate_and_check(make_job().build(), eng)
+    mutated["metadata"]["namespace"] = "team-b"
+    result = admit(mutated, eng, webhook="validate")
+    assert not result.decision.allowed
+
+
+def test_execution_job_from_the_controller_gets_hints_and_is_re_signed():
+    job = make_job("vector-add-execution").label(v.WORKLOAD_LABEL, "vector-add").label(v.ROLE_LABEL, "execution").build()
+    sign_block(job["metadata"], namespace="team-a", key=TEST_KEY)
+    eng = engine(make_ctx(), [PROFILE])
+    result, mutated = mutate_and_check(job, eng)
+    assert result.decision.action == "hints"
+    assert mutated["metadata"]["labels"][v.ROLE_LABEL] == "execution"
+
+
+def test_execution_job_without_a_profile_is_never_profiled_again():
+    job = make_job("vector-add-execution").label(v.WORKLOAD_LABEL, "vector-add").label(v.ROLE_LABEL, "execution").build()
+    sign_block(job["metadata"], namespace="team-a", key=TEST_KEY)
+    result = admit(job, engine(make_ctx()))
+    assert result.outcome == "allowed" and result.patch == []
+    assert "execution Job admitted without hints" in result.decision.warnings[0]
+
+
+# --- no hints: admitted unchanged, with a warning that says why -----------------------------------
+
+
+@pytest.mark.parametrize(
+    ("builder", "profiles", "warning"),
+    [
+        pytest.param(make_job().annotate(v.PROFILING_ANNOTATION, "false"), [], "profiling is off", id="profiling-off"),
+        pytest.param(make_job(), [make_profile(phase="Failed", message="ncu: ERR_NVGPUCTRPERM")], "is Failed (ncu: ERR_NVGPUCTRPERM)", id="failed-profile"),
+        pytest.param(make_pod(), [], "Pods are never rewritten", id="bare-pod"),
+    ],
+)
+def test_no_hints_admits_unchanged_with_a_reason(builder, profiles, warning):
+    result = admit(builder.build(), engine(make_ctx(), profiles))
+    assert result.decision.allowed and result.patch == [] and result.decision.action == "none"
+    assert any(warning in w for w in result.decision.warnings), result.decision.warnings
+
+
+def test_unlabelled_objects_are_never_touched():
+    result = admit(make_job().unlabelled().build(), engine(make_ctx(), [PROFILE]))
+    assert result.outcome == "allowed" and result.patch == [] and not result.decision.warnings
+
+
+def test_mutating_denies_a_broken_object_with_every_reason():
+    obj = make_job().limits({GPU: "1.5"}).annotate(v.PRIORITY_ANNOTATION, "urgent").build()
+    result = admit(obj, engine(make_ctx(), [PROFILE]))
+    assert not result.decision.allowed
+    message = result.body["response"]["status"]["message"]
+    assert f"spec.template.spec.containers[0].resources.limits[{GPU}]: must be a positive integer" in message
+    assert "(gpu-count)" in message and "(hint-format)" in message
+    assert result.body["response"]["status"]["code"] == 403
+
+
+def test_profile_in_another_namespace_does_not_apply():
+    result = admit(make_job(namespace="team-b").build(), engine(make_ctx(), [PROFILE]))
+    assert result.decision.action == "profiling"

@@ -1,0 +1,56 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from kratos_admit.stores import FileNodeStore, FileProfileStore, StoreError
+from tests.conftest import EXAMPLES
+
+
+def test_example_profiles_and_nodes_load():
+    profiles = FileProfileStore(EXAMPLES / "profiles")
+    assert len(profiles) == 2 and profiles.ready()
+    profile = profiles.get("team-a", "vector-add")
+    assert profile is not None and profile.ready and profile.reference == "vector-add-profile@4711"
+    assert profiles.get("team-b", "vector-add") is None
+    nodes = FileNodeStore(EXAMPLES / "nodes.yaml")
+    assert nodes.gpu_products() == {
+        "NVIDIA-A100-SXM4-80GB", "NVIDIA-H100-80GB-HBM3", "NVIDIA-L40S", "NVIDIA-L4", "Tesla-T4"
+    }
+
+
+def test_multi_document_and_list_files(tmp_path: Path):
+    (tmp_path / "p.yaml").write_text(
+        "apiVersion: v1\nkind: List\nitems:\n"
+        "- {apiVersion: gpu.scheduler.io/v1alpha1, kind: WorkloadProfile, metadata: {name: a-profile, namespace: n},"
+        " spec: {workload: a}, status: {phase: Ready, boundType: compute}}\n"
+        "---\n"
+        "{apiVersion: gpu.scheduler.io/v1alpha1, kind: WorkloadProfile, metadata: {name: b-profile, namespace: n},"
+        " spec: {workload: b}, status: {phase: Failed, message: no ncu}}\n"
+    )
+    store = FileProfileStore(tmp_path)
+    assert store.get("n", "a") is not None and store.get("n", "b") is not None
+    b = store.get("n", "b")
+    assert b is not None and b.failed
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("{apiVersion: gpu.scheduler.io/v1alpha1, kind: WorkloadProfile, metadata: {name: x}, spec: {workload: Bad_Name}}", "spec.workload"),
+        ("{apiVersion: gpu.scheduler.io/v1alpha1, kind: WorkloadProfile, metadata: {name: x}, spec: {workload: x, extra: 1}}", "spec.extra"),
+        ("{apiVersion: gpu.scheduler.io/v1alpha1, kind: WorkloadProfile, metadata: {name: x}, spec: {workload: x}, status: {phase: Done}}", "status.phase"),
+        ("kind: [", "not valid YAML"),
+    ],
+)
+def test_bad_profile_file_names_file_and_field(tmp_path: Path, text, message):
+    (tmp_path / "bad.yaml").write_text(text)
+    with pytest.raises(StoreError) as err:
+        FileProfileStore(tmp_path)
+    assert "bad.yaml" in str(err.value) and message in str(err.value)
+
+
+def test_missing_profile_directory_is_a_clear_error(tmp_path: Path):
+    with pytest.raises(StoreError, match="no such profile directory"):
+        FileProfileStore(tmp_path / "nope")
