@@ -14,8 +14,12 @@ NAMESPACE = "team-a"
 class PodSpecBuilder:
     def __init__(self, kind: str, name: str, namespace: str = NAMESPACE) -> None:
         self.kind = kind
-        container = {"name": "main", "image": "nvcr.io/nvidia/k8s/cuda-sample:vectoradd-cuda12.5.0",
-                     "command": ["/cuda-samples/vectorAdd"], "resources": {"limits": {v.GPU_RESOURCE: 1}}}
+        container = {
+            "name": "main",
+            "image": "nvcr.io/nvidia/k8s/cuda-sample:vectoradd-cuda12.5.0",
+            "command": ["/cuda-samples/vectorAdd"],
+            "resources": {"limits": {v.GPU_RESOURCE: 1}},
+        }
         pod_spec: dict[str, Any] = {"restartPolicy": "Never", "containers": [container]}
         if kind == "Job":
             self.obj: dict[str, Any] = {
@@ -34,16 +38,22 @@ class PodSpecBuilder:
 
     @property
     def pod_spec(self) -> dict[str, Any]:
-        return self.obj["spec"]["template"]["spec"] if self.kind == "Job" else self.obj["spec"]
+        spec: dict[str, Any] = (
+            self.obj["spec"]["template"]["spec"] if self.kind == "Job" else self.obj["spec"]
+        )
+        return spec
 
     @property
     def pod_meta(self) -> dict[str, Any]:
-        if self.kind == "Job":
-            return self.obj["spec"]["template"].setdefault("metadata", {})
-        return self.obj["metadata"]
+        template: dict[str, Any] = (
+            self.obj["spec"]["template"] if self.kind == "Job" else {"metadata": self.obj["metadata"]}
+        )
+        meta: dict[str, Any] = template.setdefault("metadata", {})
+        return meta
 
     def container(self, i: int = 0) -> dict[str, Any]:
-        return self.pod_spec["containers"][i]
+        container: dict[str, Any] = self.pod_spec["containers"][i]
+        return container
 
     def label(self, key: str, value: str) -> PodSpecBuilder:
         self.obj["metadata"].setdefault("labels", {})[key] = value
@@ -84,7 +94,9 @@ class PodSpecBuilder:
         self.container(i)["args"] = list(args)
         return self
 
-    def add_container(self, name: str, limits: dict[str, Any] | None = None, *, init: bool = False) -> PodSpecBuilder:
+    def add_container(
+        self, name: str, limits: dict[str, Any] | None = None, *, init: bool = False
+    ) -> PodSpecBuilder:
         container: dict[str, Any] = {"name": name, "image": "busybox:1.36", "command": ["/bin/true"]}
         if limits is not None:
             container["resources"] = {"limits": limits}
@@ -93,7 +105,9 @@ class PodSpecBuilder:
 
     def dra_claim(self, name: str, template: str, i: int = 0) -> PodSpecBuilder:
         """A GPU claimed through Dynamic Resource Allocation instead of nvidia.com/gpu."""
-        self.pod_spec.setdefault("resourceClaims", []).append({"name": name, "resourceClaimTemplateName": template})
+        self.pod_spec.setdefault("resourceClaims", []).append(
+            {"name": name, "resourceClaimTemplateName": template}
+        )
         self.container(i)["resources"] = {"claims": [{"name": name}]}
         return self
 
@@ -138,7 +152,11 @@ def make_profile(
         {
             "apiVersion": "gpu.scheduler.io/v1alpha1",
             "kind": "WorkloadProfile",
-            "metadata": {"name": f"{workload}-profile", "namespace": namespace, "resourceVersion": resource_version},
+            "metadata": {
+                "name": f"{workload}-profile",
+                "namespace": namespace,
+                "resourceVersion": resource_version,
+            },
             "spec": spec,
             "status": {
                 "phase": phase,

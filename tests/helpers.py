@@ -40,7 +40,9 @@ class MemoryNodes:
 MIXED_CLUSTER = ("NVIDIA-A100-SXM4-80GB", "NVIDIA-L40S", "NVIDIA-L4", "NVIDIA-H100-80GB-HBM3")
 
 
-def engine(ctx: PolicyContext, profiles: Iterable[WorkloadProfile] = (), products: Iterable[str] = MIXED_CLUSTER) -> AdmissionEngine:
+def engine(
+    ctx: PolicyContext, profiles: Iterable[WorkloadProfile] = (), products: Iterable[str] = MIXED_CLUSTER
+) -> AdmissionEngine:
     return AdmissionEngine(ctx=ctx, profiles=MemoryProfiles(profiles), nodes=MemoryNodes(products))
 
 

@@ -18,11 +18,16 @@ def test_defaults_match_design():
 
 def test_yaml_file_then_environment_then_flags(tmp_path: Path):
     path = tmp_path / "config.yaml"
-    path.write_text("maxGpusPerPod: 4\nscheduler: kai\nkaiQueue: research\npriorityClasses: {high: gpu-high}\n")
+    path.write_text(
+        "maxGpusPerPod: 4\nscheduler: kai\nkaiQueue: research\npriorityClasses: {high: gpu-high}\n"
+    )
     config = load_config(
         path,
-        environ={"KRATOS_NSIGHT_COMPUTE_IMAGE": "registry.example/ncu:2025.1", "KRATOS_MAX_GPUS_PER_POD": "2",
-                 "KRATOS_PROFILING_CAPABILITIES": "[PERFMON]"},
+        environ={
+            "KRATOS_NSIGHT_COMPUTE_IMAGE": "registry.example/ncu:2025.1",
+            "KRATOS_MAX_GPUS_PER_POD": "2",
+            "KRATOS_PROFILING_CAPABILITIES": "[PERFMON]",
+        },
         overrides={"listen": "127.0.0.1:9443"},
     )
     assert config.nsight_compute_image == "registry.example/ncu:2025.1"

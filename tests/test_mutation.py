@@ -24,7 +24,9 @@ def mutate_and_check(obj, eng):
     assert result.decision.allowed, result.decision.violations
     mutated = result.decision.mutated
     assert mutated is not None
-    assert apply_patch(obj, result.patch) == mutated, "the patch applied to the input gives the returned object"
+    assert apply_patch(obj, result.patch) == mutated, (
+        "the patch applied to the input gives the returned object"
+    )
     assert_valid_kubernetes(mutated)
     again = admit(mutated, eng)
     assert again.patch == [] and again.outcome == "allowed", "mutating its own output yields no patch"
@@ -33,15 +35,38 @@ def mutate_and_check(obj, eng):
     return result, mutated
 
 
+TWO_TERMS = make_job().spec(
+    affinity={
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [
+                    {
+                        "matchExpressions": [
+                            {"key": "topology.kubernetes.io/zone", "operator": "In", "values": ["a"]}
+                        ]
+                    },
+                    {
+                        "matchExpressions": [
+                            {"key": "topology.kubernetes.io/zone", "operator": "In", "values": ["b"]}
+                        ]
+                    },
+                ]
+            }
+        }
+    }
+)
 WORKLOADS = [
     pytest.param(make_job(), id="job"),
     pytest.param(make_pod(), id="pod"),
-    pytest.param(make_job().annotate(v.MIN_CC_ANNOTATION, "8.6").annotate(v.MIN_MEMORY_ANNOTATION, "40Gi"), id="job-with-requirements"),
-    pytest.param(make_job().spec(affinity={"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
-        {"matchExpressions": [{"key": "topology.kubernetes.io/zone", "operator": "In", "values": ["a"]}]},
-        {"matchExpressions": [{"key": "topology.kubernetes.io/zone", "operator": "In", "values": ["b"]}]},
-    ]}}}), id="job-with-two-required-terms"),
-    pytest.param(make_job().spec(runtimeClassName="nvidia-cdi", tolerations=[{"operator": "Exists"}]), id="job-with-user-runtime-class"),
+    pytest.param(
+        make_job().annotate(v.MIN_CC_ANNOTATION, "8.6").annotate(v.MIN_MEMORY_ANNOTATION, "40Gi"),
+        id="job-with-requirements",
+    ),
+    pytest.param(TWO_TERMS, id="job-with-two-required-terms"),
+    pytest.param(
+        make_job().spec(runtimeClassName="nvidia-cdi", tolerations=[{"operator": "Exists"}]),
+        id="job-with-user-runtime-class",
+    ),
 ]
 
 
@@ -63,11 +88,17 @@ def test_hints_inject_runtime_class_affinity_and_toleration():
     _, mutated = mutate_and_check(make_job().build(), engine(make_ctx(), [PROFILE]))
     spec = _pod_spec(mutated)
     assert spec["runtimeClassName"] == "nvidia"
-    terms = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
-    assert terms == [{"matchExpressions": [{"key": v.GPU_PRESENT_LABEL, "operator": "In", "values": ["true"]}]}]
+    terms = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+        "nodeSelectorTerms"
+    ]
+    assert terms == [
+        {"matchExpressions": [{"key": v.GPU_PRESENT_LABEL, "operator": "In", "values": ["true"]}]}
+    ]
     preferred = spec["affinity"]["nodeAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
     products = [p["preference"]["matchExpressions"][0]["values"][0] for p in preferred]
-    assert products[0] == "NVIDIA-H100-80GB-HBM3" and products.index("NVIDIA-A100-SXM4-80GB") < products.index("NVIDIA-L40S")
+    assert products[0] == "NVIDIA-H100-80GB-HBM3" and products.index(
+        "NVIDIA-A100-SXM4-80GB"
+    ) < products.index("NVIDIA-L40S")
     assert preferred[0]["weight"] == 100 and all(1 <= p["weight"] <= 100 for p in preferred)
     assert spec["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
     template_annotations = mutated["spec"]["template"]["metadata"]["annotations"]
@@ -75,10 +106,12 @@ def test_hints_inject_runtime_class_affinity_and_toleration():
 
 
 def test_required_requirements_are_anded_into_every_existing_term():
-    obj = WORKLOADS[3].values[0].build()
+    obj = TWO_TERMS.build()
     obj["metadata"]["annotations"] = {v.MIN_CC_ANNOTATION: "8.6", v.MIN_MEMORY_ANNOTATION: "40Gi"}
     _, mutated = mutate_and_check(obj, engine(make_ctx(), [PROFILE]))
-    terms = _pod_spec(mutated)["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    terms = _pod_spec(mutated)["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+        "nodeSelectorTerms"
+    ]
     assert len(terms) == 4  # two user terms x (major > 8 | major == 8 and minor > 5)
     for term in terms:
         keys = [e["key"] for e in term["matchExpressions"]]
@@ -87,19 +120,35 @@ def test_required_requirements_are_anded_into_every_existing_term():
         assert {"key": v.GPU_MEMORY_LABEL, "operator": "Gt", "values": ["40959"]} in term["matchExpressions"]
     assert {"key": v.GPU_CC_MAJOR_LABEL, "operator": "Gt", "values": ["8"]} in terms[0]["matchExpressions"]
     assert {"key": v.GPU_CC_MINOR_LABEL, "operator": "Gt", "values": ["5"]} in terms[1]["matchExpressions"]
-    preferred = _pod_spec(mutated)["affinity"]["nodeAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
-    assert "NVIDIA-A100-SXM4-80GB" not in json.dumps(preferred), "cc 8.0 cannot meet 8.6: no preference for it"
+    preferred = _pod_spec(mutated)["affinity"]["nodeAffinity"][
+        "preferredDuringSchedulingIgnoredDuringExecution"
+    ]
+    assert "NVIDIA-A100-SXM4-80GB" not in json.dumps(preferred), (
+        "cc 8.0 cannot meet 8.6: no preference for it"
+    )
 
 
 def test_hints_never_override_what_the_user_set():
-    user_pref = {"weight": 5, "preference": {"matchExpressions": [{"key": v.GPU_PRODUCT_LABEL, "operator": "In", "values": ["NVIDIA-L4"]}]}}
-    obj = make_job().spec(
-        runtimeClassName="nvidia-cdi",
-        schedulerName="my-scheduler",
-        priorityClassName="mine",
-        tolerations=[{"key": "nvidia.com/gpu", "operator": "Equal", "value": "x", "effect": "NoSchedule"}],
-        affinity={"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [user_pref]}},
-    ).annotate(v.PRIORITY_ANNOTATION, "high").build()
+    user_pref = {
+        "weight": 5,
+        "preference": {
+            "matchExpressions": [{"key": v.GPU_PRODUCT_LABEL, "operator": "In", "values": ["NVIDIA-L4"]}]
+        },
+    }
+    obj = (
+        make_job()
+        .spec(
+            runtimeClassName="nvidia-cdi",
+            schedulerName="my-scheduler",
+            priorityClassName="mine",
+            tolerations=[
+                {"key": "nvidia.com/gpu", "operator": "Equal", "value": "x", "effect": "NoSchedule"}
+            ],
+            affinity={"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [user_pref]}},
+        )
+        .annotate(v.PRIORITY_ANNOTATION, "high")
+        .build()
+    )
     eng = engine(make_ctx(scheduler="kai", priorityClasses={"high": "gpu-high"}), [PROFILE])
     _, mutated = mutate_and_check(obj, eng)
     spec = _pod_spec(mutated)
@@ -144,9 +193,16 @@ def test_pods_created_by_a_hinted_job_are_left_alone():
     eng = engine(make_ctx(), [PROFILE])
     _, job = mutate_and_check(make_job().build(), eng)
     template = job["spec"]["template"]
-    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": copy.deepcopy(template["metadata"]), "spec": copy.deepcopy(template["spec"])}
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": copy.deepcopy(template["metadata"]),
+        "spec": copy.deepcopy(template["spec"]),
+    }
     pod["metadata"].update(name="vector-add-x7k2p", namespace="team-a")
-    pod["metadata"].setdefault("labels", {}).update({v.WORKLOAD_LABEL: "vector-add", "batch.kubernetes.io/job-name": "vector-add"})
+    pod["metadata"].setdefault("labels", {}).update(
+        {v.WORKLOAD_LABEL: "vector-add", "batch.kubernetes.io/job-name": "vector-add"}
+    )
     result = admit(pod, eng)
     assert result.outcome == "allowed" and result.patch == []
     assert admit(pod, eng, webhook="validate").decision.allowed
@@ -166,7 +222,9 @@ def test_profiling_rewrite_shape():
         .build()
     )
     obj["spec"]["template"]["spec"]["containers"][0]["env"] = [{"name": "A", "value": "1"}]
-    obj["spec"]["template"]["spec"]["containers"][0]["volumeMounts"] = [{"name": "data", "mountPath": "/data"}]
+    obj["spec"]["template"]["spec"]["containers"][0]["volumeMounts"] = [
+        {"name": "data", "mountPath": "/data"}
+    ]
     obj["spec"]["template"]["spec"]["volumes"] = [{"name": "data", "emptyDir": {}}]
     eng = engine(make_ctx(profilingCapabilities=["PERFMON"], nsightComputeImage="registry.example/ncu:1"))
     result, mutated = mutate_and_check(obj, eng)
@@ -184,8 +242,17 @@ def test_profiling_rewrite_shape():
     [runner] = pod["containers"]
     assert runner["name"] == "profiling-runner" and runner["image"] == "registry.example/ncu:1"
     assert runner["command"] == [
-        "python3", "-m", "kratos_runner", "--set", "basic", "--launch-count", "20", "--",
-        "/kratos/stage/matrixMul", "-wA=2048", "--check",
+        "python3",
+        "-m",
+        "kratos_runner",
+        "--set",
+        "basic",
+        "--launch-count",
+        "20",
+        "--",
+        "/kratos/stage/matrixMul",
+        "-wA=2048",
+        "--check",
     ]
     assert runner["env"] == [{"name": "A", "value": "1"}]
     assert runner["resources"] == {"limits": {GPU: 1}}
@@ -203,7 +270,13 @@ def test_profiling_rewrite_shape():
 
 
 def test_profiling_uses_the_executable_annotation_when_there_is_no_command():
-    obj = make_job().command().args("--size", "1024").annotate(v.EXECUTABLE_ANNOTATION, "/usr/local/bin/app").build()
+    obj = (
+        make_job()
+        .command()
+        .args("--size", "1024")
+        .annotate(v.EXECUTABLE_ANNOTATION, "/usr/local/bin/app")
+        .build()
+    )
     _, mutated = mutate_and_check(obj, engine(make_ctx()))
     runner = mutated["spec"]["template"]["spec"]["containers"][0]
     assert runner["command"][-3:] == ["/kratos/stage/app", "--size", "1024"]
@@ -213,7 +286,12 @@ def test_pods_of_a_profiling_job_are_left_alone():
     eng = engine(make_ctx())
     _, job = mutate_and_check(make_job().build(), eng)
     template = job["spec"]["template"]
-    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": copy.deepcopy(template["metadata"]), "spec": copy.deepcopy(template["spec"])}
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": copy.deepcopy(template["metadata"]),
+        "spec": copy.deepcopy(template["spec"]),
+    }
     pod["metadata"]["labels"][v.WORKLOAD_LABEL] = "vector-add"
     result = admit(pod, eng)
     assert result.patch == [] and result.decision.warnings == []
@@ -225,10 +303,21 @@ def test_pods_of_a_profiling_job_are_left_alone():
 @pytest.mark.parametrize(
     "edit",
     [
-        pytest.param(lambda o: o["metadata"]["annotations"].update({v.PROFILE_ANNOTATION: "other-profile@1"}), id="edit-profile-reference"),
-        pytest.param(lambda o: o["metadata"]["annotations"].update({v.HINTS_ANNOTATION: "{}"}), id="edit-hints"),
-        pytest.param(lambda o: o["spec"]["template"]["metadata"]["annotations"].pop(v.SIGNATURE_ANNOTATION), id="drop-template-signature"),
-        pytest.param(lambda o: o["metadata"].setdefault("labels", {}).update({v.ROLE_LABEL: "execution"}), id="add-role-label"),
+        pytest.param(
+            lambda o: o["metadata"]["annotations"].update({v.PROFILE_ANNOTATION: "other-profile@1"}),
+            id="edit-profile-reference",
+        ),
+        pytest.param(
+            lambda o: o["metadata"]["annotations"].update({v.HINTS_ANNOTATION: "{}"}), id="edit-hints"
+        ),
+        pytest.param(
+            lambda o: o["spec"]["template"]["metadata"]["annotations"].pop(v.SIGNATURE_ANNOTATION),
+            id="drop-template-signature",
+        ),
+        pytest.param(
+            lambda o: o["metadata"].setdefault("labels", {}).update({v.ROLE_LABEL: "execution"}),
+            id="add-role-label",
+        ),
     ],
 )
 def test_editing_a_kratos_key_of_a_hinted_job_is_denied(edit):
@@ -249,7 +338,9 @@ def test_editing_the_original_template_of_a_profiling_job_is_denied():
     forged["metadata"]["annotations"][v.ORIGINAL_TEMPLATE_ANNOTATION] = "H4sIAAAAAAAA/6uuBQBDv6ajAgAAAA=="
     result = admit(forged, eng, webhook="validate", operation="UPDATE", old=mutated)
     assert {e.rule for e in result.decision.violations} == {"reserved-key"}
-    assert f"metadata.annotations[{v.ORIGINAL_TEMPLATE_ANNOTATION}]" in {e.field for e in result.decision.violations}
+    assert f"metadata.annotations[{v.ORIGINAL_TEMPLATE_ANNOTATION}]" in {
+        e.field for e in result.decision.violations
+    }
 
 
 def test_a_signature_from_another_namespace_is_not_valid():
@@ -261,7 +352,12 @@ def test_a_signature_from_another_namespace_is_not_valid():
 
 
 def test_execution_job_from_the_controller_gets_hints_and_is_re_signed():
-    job = make_job("vector-add-execution").label(v.WORKLOAD_LABEL, "vector-add").label(v.ROLE_LABEL, "execution").build()
+    job = (
+        make_job("vector-add-execution")
+        .label(v.WORKLOAD_LABEL, "vector-add")
+        .label(v.ROLE_LABEL, "execution")
+        .build()
+    )
     sign_block(job["metadata"], namespace="team-a", key=TEST_KEY)
     eng = engine(make_ctx(), [PROFILE])
     result, mutated = mutate_and_check(job, eng)
@@ -270,7 +366,12 @@ def test_execution_job_from_the_controller_gets_hints_and_is_re_signed():
 
 
 def test_execution_job_without_a_profile_is_never_profiled_again():
-    job = make_job("vector-add-execution").label(v.WORKLOAD_LABEL, "vector-add").label(v.ROLE_LABEL, "execution").build()
+    job = (
+        make_job("vector-add-execution")
+        .label(v.WORKLOAD_LABEL, "vector-add")
+        .label(v.ROLE_LABEL, "execution")
+        .build()
+    )
     sign_block(job["metadata"], namespace="team-a", key=TEST_KEY)
     result = admit(job, engine(make_ctx()))
     assert result.outcome == "allowed" and result.patch == []
@@ -283,8 +384,15 @@ def test_execution_job_without_a_profile_is_never_profiled_again():
 @pytest.mark.parametrize(
     ("builder", "profiles", "warning"),
     [
-        pytest.param(make_job().annotate(v.PROFILING_ANNOTATION, "false"), [], "profiling is off", id="profiling-off"),
-        pytest.param(make_job(), [make_profile(phase="Failed", message="ncu: ERR_NVGPUCTRPERM")], "is Failed (ncu: ERR_NVGPUCTRPERM)", id="failed-profile"),
+        pytest.param(
+            make_job().annotate(v.PROFILING_ANNOTATION, "false"), [], "profiling is off", id="profiling-off"
+        ),
+        pytest.param(
+            make_job(),
+            [make_profile(phase="Failed", message="ncu: ERR_NVGPUCTRPERM")],
+            "is Failed (ncu: ERR_NVGPUCTRPERM)",
+            id="failed-profile",
+        ),
         pytest.param(make_pod(), [], "Pods are never rewritten", id="bare-pod"),
     ],
 )

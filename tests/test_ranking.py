@@ -30,7 +30,9 @@ def test_relative_time_by_hand():
     # memory-bound on A100 (2039 GB/s) moved to L40S (864 GB/s): 0.85 * 2039/864 + (1 - 0.85)
     a100, l40s = CATALOG.lookup(A100), CATALOG.lookup(L40S)
     assert a100 and l40s
-    assert predicted_relative_time(0.12, 0.85, reference=a100, product=l40s) == pytest.approx(0.85 * 2039 / 864 + 0.15)
+    assert predicted_relative_time(0.12, 0.85, reference=a100, product=l40s) == pytest.approx(
+        0.85 * 2039 / 864 + 0.15
+    )
     assert predicted_relative_time(0.12, 0.85, reference=a100, product=a100) == pytest.approx(1.0)
 
 

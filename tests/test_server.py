@@ -51,44 +51,70 @@ def client_context(certs: Path) -> ssl.SSLContext:
 
 
 class Webhook:
-    def __init__(self, session: aiohttp.ClientSession, port: int, metrics: AdmissionMetrics, ssl_context: ssl.SSLContext):
+    def __init__(
+        self,
+        session: aiohttp.ClientSession,
+        port: int,
+        metrics: AdmissionMetrics,
+        ssl_context: ssl.SSLContext,
+    ):
         self.session, self.port, self.metrics, self.ssl = session, port, metrics, ssl_context
 
-    async def post(self, path: str, body: Any, *, raw: bytes | None = None, content_type: str = "application/json"):
+    async def post(
+        self, path: str, body: Any, *, raw: bytes | None = None, content_type: str = "application/json"
+    ):
         data = raw if raw is not None else json.dumps(body).encode()
         async with self.session.post(
-            f"https://127.0.0.1:{self.port}{path}", data=data, headers={"Content-Type": content_type},
-            ssl=self.ssl, server_hostname=HOSTNAME,
+            f"https://127.0.0.1:{self.port}{path}",
+            data=data,
+            headers={"Content-Type": content_type},
+            ssl=self.ssl,
+            server_hostname=HOSTNAME,
         ) as response:
             return response.status, await response.json(content_type=None) if response.status != 404 else None
 
     async def get(self, path: str) -> tuple[int, str]:
-        async with self.session.get(f"https://127.0.0.1:{self.port}{path}", ssl=self.ssl, server_hostname=HOSTNAME) as r:
+        async with self.session.get(
+            f"https://127.0.0.1:{self.port}{path}", ssl=self.ssl, server_hostname=HOSTNAME
+        ) as r:
             return r.status, await r.text()
 
 
 @contextlib.asynccontextmanager
-async def serving(certs: Path, *, profiles=(make_profile(),), max_body_bytes: int = 64 * 1024, ready=lambda: True) -> AsyncIterator[Webhook]:
+async def serving(
+    certs: Path, *, profiles=None, max_body_bytes: int = 64 * 1024, ready=lambda: True
+) -> AsyncIterator[Webhook]:
     metrics = AdmissionMetrics()
-    certificate = ServingCertificate(certs / "tls.crt", certs / "tls.key", on_load=metrics.certificate_expiry.set)
-    eng = engine(make_ctx(), list(profiles))
+    certificate = ServingCertificate(
+        certs / "tls.crt", certs / "tls.key", on_load=metrics.certificate_expiry.set
+    )
+    eng = engine(make_ctx(), [make_profile()] if profiles is None else list(profiles))
     metrics.watch_profile_count(lambda: len(eng.profiles))
     app = create_app(eng, metrics=metrics, max_body_bytes=max_body_bytes, ready=ready)
     port = free_port()
-    async with running_site(app, "127.0.0.1", port, certificate=certificate, shutdown_timeout=5), aiohttp.ClientSession() as session:
+    async with (
+        running_site(app, "127.0.0.1", port, certificate=certificate, shutdown_timeout=5),
+        aiohttp.ClientSession() as session,
+    ):
         yield Webhook(session, port, metrics, client_context(certs))
 
 
-def review_of(obj: dict[str, Any], *, uid: str = "uid-1", operation: str = "CREATE", dry_run: bool = False) -> dict[str, Any]:
+def review_of(
+    obj: dict[str, Any], *, uid: str = "uid-1", operation: str = "CREATE", dry_run: bool = False
+) -> dict[str, Any]:
     group, _, version = obj["apiVersion"].rpartition("/")
     return {
         "apiVersion": "admission.k8s.io/v1",
         "kind": "AdmissionReview",
         "request": {
-            "uid": uid, "kind": {"group": group, "version": version, "kind": obj["kind"]},
+            "uid": uid,
+            "kind": {"group": group, "version": version, "kind": obj["kind"]},
             "resource": {"group": group, "version": version, "resource": obj["kind"].lower() + "s"},
-            "operation": operation, "namespace": obj["metadata"].get("namespace", "team-a"),
-            "userInfo": {"username": "alice"}, "object": obj, "dryRun": dry_run,
+            "operation": operation,
+            "namespace": obj["metadata"].get("namespace", "team-a"),
+            "userInfo": {"username": "alice"},
+            "object": obj,
+            "dryRun": dry_run,
         },
     }
 
@@ -99,7 +125,11 @@ async def test_https_round_trip_hints_a_job(certs: Path):
         status, body = await hook.post("/mutate", review_of(job))
         assert status == 200
         response = body["response"]
-        assert response["uid"] == "uid-1" and response["allowed"] is True and response["patchType"] == "JSONPatch"
+        assert (
+            response["uid"] == "uid-1"
+            and response["allowed"] is True
+            and response["patchType"] == "JSONPatch"
+        )
         mutated = apply_patch(job, json.loads(base64.b64decode(response["patch"])))
         assert_valid_kubernetes(mutated)
         assert mutated["metadata"]["annotations"][v.PROFILE_ANNOTATION] == "vector-add-profile@7"
@@ -116,7 +146,10 @@ async def test_https_validate_denies_with_every_reason(certs: Path):
     assert response["allowed"] is False and "patch" not in response
     assert response["status"]["code"] == 403
     message = response["status"]["message"]
-    assert "spec.containers[0].resources.limits[nvidia.com/gpu]: must be a positive integer, got '1.5' (gpu-count)" in message
+    assert (
+        "spec.containers[0].resources.limits[nvidia.com/gpu]: must be a positive integer, got '1.5' (gpu-count)"
+        in message
+    )
     assert "(hint-format)" in message
 
 
@@ -143,13 +176,44 @@ async def test_delete_and_connect_are_allowed_untouched(certs: Path):
     [
         pytest.param(b"{not json", 400, "body is not JSON", id="malformed-json"),
         pytest.param(b"[]", 400, "not an AdmissionReview", id="not-a-review"),
-        pytest.param(json.dumps({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {"operation": "CREATE", "object": {}}}).encode(), 400, "request.uid is missing", id="missing-uid"),
-        pytest.param(json.dumps({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {"uid": "u", "operation": "CREATE"}}).encode(), 400, "request.object is missing on CREATE", id="missing-object"),
-        pytest.param(json.dumps({"apiVersion": "admission.k8s.io/v2", "kind": "AdmissionReview", "request": {"uid": "u"}}).encode(), 400, "apiVersion must be", id="unknown-version"),
+        pytest.param(
+            json.dumps(
+                {
+                    "apiVersion": "admission.k8s.io/v1",
+                    "kind": "AdmissionReview",
+                    "request": {"operation": "CREATE", "object": {}},
+                }
+            ).encode(),
+            400,
+            "request.uid is missing",
+            id="missing-uid",
+        ),
+        pytest.param(
+            json.dumps(
+                {
+                    "apiVersion": "admission.k8s.io/v1",
+                    "kind": "AdmissionReview",
+                    "request": {"uid": "u", "operation": "CREATE"},
+                }
+            ).encode(),
+            400,
+            "request.object is missing on CREATE",
+            id="missing-object",
+        ),
+        pytest.param(
+            json.dumps(
+                {"apiVersion": "admission.k8s.io/v2", "kind": "AdmissionReview", "request": {"uid": "u"}}
+            ).encode(),
+            400,
+            "apiVersion must be",
+            id="unknown-version",
+        ),
         pytest.param(b"\xff\xfe", 400, "body is not JSON", id="not-utf8"),
     ],
 )
-async def test_bad_requests_get_400_with_a_one_line_json_error(certs: Path, raw: bytes, status: int, error: str):
+async def test_bad_requests_get_400_with_a_one_line_json_error(
+    certs: Path, raw: bytes, status: int, error: str
+):
     async with serving(certs) as hook:
         got, body = await hook.post("/validate", None, raw=raw)
     assert got == status and error in body["error"] and "\n" not in body["error"]
@@ -175,14 +239,27 @@ async def test_health_readiness_and_metrics(certs: Path):
         await hook.post("/validate", None, raw=b"nope")
         status, text = await hook.get("/metrics")
     assert status == 200
-    assert 'kratos_admission_requests_total{kind="Job",operation="CREATE",outcome="patched",webhook="mutate"} 1.0' in text
-    assert 'kratos_admission_requests_total{kind="Pod",operation="CREATE",outcome="denied",webhook="validate"} 1.0' in text
-    assert 'kratos_admission_requests_total{kind="unknown",operation="unknown",outcome="error",webhook="validate"} 1.0' in text
+    assert (
+        'kratos_admission_requests_total{kind="Job",operation="CREATE",outcome="patched",webhook="mutate"} 1.0'
+        in text
+    )
+    assert (
+        'kratos_admission_requests_total{kind="Pod",operation="CREATE",outcome="denied",webhook="validate"} 1.0'
+        in text
+    )
+    assert (
+        'kratos_admission_requests_total{kind="unknown",operation="unknown",outcome="error",webhook="validate"} 1.0'
+        in text
+    )
     assert 'kratos_validation_violations_total{rule="gpu-count"} 1.0' in text
     assert 'kratos_mutations_total{action="hints"} 1.0' in text
     assert "kratos_admission_duration_seconds_bucket" in text
     assert "kratos_profile_cache_objects 1.0" in text
-    expiry = [line for line in text.splitlines() if line.startswith("kratos_tls_certificate_expiry_timestamp_seconds ")]
+    expiry = [
+        line
+        for line in text.splitlines()
+        if line.startswith("kratos_tls_certificate_expiry_timestamp_seconds ")
+    ]
     assert expiry and float(expiry[0].split()[1]) > time.time() + 300 * 86400
 
 
@@ -194,7 +271,9 @@ async def test_tls_below_1_2_is_refused(certs: Path):
         old.minimum_version = ssl.TLSVersion.TLSv1
         old.maximum_version = ssl.TLSVersion.TLSv1_1
         with pytest.raises((aiohttp.ClientError, ssl.SSLError)):
-            async with hook.session.get(f"https://127.0.0.1:{hook.port}/healthz", ssl=old, server_hostname=HOSTNAME):
+            async with hook.session.get(
+                f"https://127.0.0.1:{hook.port}/healthz", ssl=old, server_hostname=HOSTNAME
+            ):
                 pass
 
 
@@ -266,11 +345,28 @@ def test_sigterm_finishes_in_flight_requests_and_exits_0(certs: Path):
     port = free_port()
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "kratos_admit", "webhook", "--listen", f"127.0.0.1:{port}",
-         "--tls-cert", str(certs / "tls.crt"), "--tls-key", str(certs / "tls.key"),
-         "--signing-key", str(certs / "signing.key"),
-         "--profiles", str(EXAMPLES / "profiles"), "--nodes", str(EXAMPLES / "nodes.yaml")],
-        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        [
+            sys.executable,
+            "-m",
+            "kratos_admit",
+            "webhook",
+            "--listen",
+            f"127.0.0.1:{port}",
+            "--tls-cert",
+            str(certs / "tls.crt"),
+            "--tls-key",
+            str(certs / "tls.key"),
+            "--signing-key",
+            str(certs / "signing.key"),
+            "--profiles",
+            str(EXAMPLES / "profiles"),
+            "--nodes",
+            str(EXAMPLES / "nodes.yaml"),
+        ],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
     )
     try:
         context = client_context(certs)
@@ -281,13 +377,16 @@ def test_sigterm_finishes_in_flight_requests_and_exits_0(certs: Path):
                 break
             except OSError:
                 if time.monotonic() > deadline or proc.poll() is not None:
-                    pytest.fail(f"webhook did not start: {proc.stderr.read().decode() if proc.stderr else ''}")
+                    pytest.fail(
+                        f"webhook did not start: {proc.stderr.read().decode() if proc.stderr else ''}"
+                    )
                 time.sleep(0.1)
         body = json.dumps(review_of(make_job().build())).encode()
         with context.wrap_socket(raw, server_hostname=HOSTNAME) as tls:
             tls.sendall(
                 b"POST /mutate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                + f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode() + body[:100]
+                + f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode()
+                + body[:100]
             )
             time.sleep(0.3)
             proc.terminate()  # SIGTERM while the request is half sent
@@ -299,7 +398,11 @@ def test_sigterm_finishes_in_flight_requests_and_exits_0(certs: Path):
         assert response.startswith(b"HTTP/1.1 200"), response[:200]
         assert b'"allowed":true' in response
         assert proc.wait(timeout=30) == 0
-        logs = [json.loads(line) for line in proc.stderr.read().decode().splitlines() if line.startswith("{")] if proc.stderr else []
+        logs = (
+            [json.loads(line) for line in proc.stderr.read().decode().splitlines() if line.startswith("{")]
+            if proc.stderr
+            else []
+        )
         admission = [entry for entry in logs if entry["msg"] == "admission"]
         assert admission and admission[0]["uid"] == "uid-1" and admission[0]["outcome"] == "patched"
     finally:
@@ -311,14 +414,23 @@ def test_sigterm_finishes_in_flight_requests_and_exits_0(certs: Path):
 def test_webhook_needs_tls_files(tmp_path: Path):
     result = subprocess.run(
         [sys.executable, "-m", "kratos_admit", "webhook", "--profiles", str(EXAMPLES / "profiles")],
-        cwd=REPO, capture_output=True, text=True, timeout=60,
+        check=False,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert result.returncode == 2
-    assert result.stderr.strip() == "kratos-admit: --tls-cert and --tls-key are required (HTTPS only); kratos-admit certs generate makes them"
+    assert (
+        result.stderr.strip()
+        == "kratos-admit: --tls-cert and --tls-key are required (HTTPS only); kratos-admit certs generate makes them"
+    )
 
 
 @pytest.mark.parametrize("count", [20])
 async def test_concurrent_requests_all_succeed(certs: Path, count: int):
     async with serving(certs) as hook:
-        results = await asyncio.gather(*(hook.post("/mutate", review_of(make_job().build(), uid=f"u{i}")) for i in range(count)))
+        results = await asyncio.gather(
+            *(hook.post("/mutate", review_of(make_job().build(), uid=f"u{i}")) for i in range(count))
+        )
     assert [r[1]["response"]["uid"] for r in results] == [f"u{i}" for i in range(count)]

@@ -16,7 +16,11 @@ def test_example_profiles_and_nodes_load():
     assert profiles.get("team-b", "vector-add") is None
     nodes = FileNodeStore(EXAMPLES / "nodes.yaml")
     assert nodes.gpu_products() == {
-        "NVIDIA-A100-SXM4-80GB", "NVIDIA-H100-80GB-HBM3", "NVIDIA-L40S", "NVIDIA-L4", "Tesla-T4"
+        "NVIDIA-A100-SXM4-80GB",
+        "NVIDIA-H100-80GB-HBM3",
+        "NVIDIA-L40S",
+        "NVIDIA-L4",
+        "Tesla-T4",
     }
 
 
@@ -38,9 +42,18 @@ def test_multi_document_and_list_files(tmp_path: Path):
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        ("{apiVersion: gpu.scheduler.io/v1alpha1, kind: WorkloadProfile, metadata: {name: x}, spec: {workload: Bad_Name}}", "spec.workload"),
-        ("{apiVersion: gpu.scheduler.io/v1alpha1, kind: WorkloadProfile, metadata: {name: x}, spec: {workload: x, extra: 1}}", "spec.extra"),
-        ("{apiVersion: gpu.scheduler.io/v1alpha1, kind: WorkloadProfile, metadata: {name: x}, spec: {workload: x}, status: {phase: Done}}", "status.phase"),
+        (
+            "{apiVersion: gpu.scheduler.io/v1alpha1, kind: WorkloadProfile, metadata: {name: x}, spec: {workload: Bad_Name}}",
+            "spec.workload",
+        ),
+        (
+            "{apiVersion: gpu.scheduler.io/v1alpha1, kind: WorkloadProfile, metadata: {name: x}, spec: {workload: x, extra: 1}}",
+            "spec.extra",
+        ),
+        (
+            "{apiVersion: gpu.scheduler.io/v1alpha1, kind: WorkloadProfile, metadata: {name: x}, spec: {workload: x}, status: {phase: Done}}",
+            "status.phase",
+        ),
         ("kind: [", "not valid YAML"),
     ],
 )

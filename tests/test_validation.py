@@ -35,49 +35,214 @@ P0 = "spec.containers[0]"
 
 DENIED = [
     # gpu-count
-    pytest.param(make_job().limits({GPU: "1.5"}), "gpu-count", f"{C0}.resources.limits[{GPU}]", id="gpu-count-fraction"),
-    pytest.param(make_job().limits({GPU: 0}), "gpu-count", f"{C0}.resources.limits[{GPU}]", id="gpu-count-zero"),
-    pytest.param(make_pod().limits({GPU: "one"}), "gpu-count", f"{P0}.resources.limits[{GPU}]", id="gpu-count-not-a-number"),
-    pytest.param(make_job().no_resources().requests({GPU: 1}), "gpu-count", f"{C0}.resources.requests[{GPU}]", id="gpu-count-request-without-limit"),
-    pytest.param(make_job().limits({GPU: 1}).requests({GPU: 2}), "gpu-count", f"{C0}.resources.requests[{GPU}]", id="gpu-count-request-differs"),
+    pytest.param(
+        make_job().limits({GPU: "1.5"}), "gpu-count", f"{C0}.resources.limits[{GPU}]", id="gpu-count-fraction"
+    ),
+    pytest.param(
+        make_job().limits({GPU: 0}), "gpu-count", f"{C0}.resources.limits[{GPU}]", id="gpu-count-zero"
+    ),
+    pytest.param(
+        make_pod().limits({GPU: "one"}),
+        "gpu-count",
+        f"{P0}.resources.limits[{GPU}]",
+        id="gpu-count-not-a-number",
+    ),
+    pytest.param(
+        make_job().no_resources().requests({GPU: 1}),
+        "gpu-count",
+        f"{C0}.resources.requests[{GPU}]",
+        id="gpu-count-request-without-limit",
+    ),
+    pytest.param(
+        make_job().limits({GPU: 1}).requests({GPU: 2}),
+        "gpu-count",
+        f"{C0}.resources.requests[{GPU}]",
+        id="gpu-count-request-differs",
+    ),
     # gpu-max
     pytest.param(make_job().limits({GPU: 9}), "gpu-max", "spec.template.spec", id="gpu-max-one-container"),
-    pytest.param(make_job().limits({GPU: 5}).add_container("second", {GPU: 4}), "gpu-max", "spec.template.spec", id="gpu-max-sum-of-containers"),
-    pytest.param(make_pod().limits({GPU: 1}).add_container("init", {GPU: 9}, init=True), "gpu-max", "spec", id="gpu-max-init-container"),
+    pytest.param(
+        make_job().limits({GPU: 5}).add_container("second", {GPU: 4}),
+        "gpu-max",
+        "spec.template.spec",
+        id="gpu-max-sum-of-containers",
+    ),
+    pytest.param(
+        make_pod().limits({GPU: 1}).add_container("init", {GPU: 9}, init=True),
+        "gpu-max",
+        "spec",
+        id="gpu-max-init-container",
+    ),
     # mig-profile
-    pytest.param(make_job().limits({"nvidia.com/mig-9g.99gb": 1}), "mig-profile", f"{C0}.resources.limits[nvidia.com/mig-9g.99gb]", id="mig-unknown-profile"),
-    pytest.param(make_job().limits({"nvidia.com/mig-1g.5gb": 1, GPU: 1}), "mig-profile", f"{C0}.resources", id="mig-and-full-gpu"),
-    pytest.param(make_pod().limits({"nvidia.com/mig-1g.5gb": "0"}), "mig-profile", f"{P0}.resources.limits[nvidia.com/mig-1g.5gb]", id="mig-zero"),
+    pytest.param(
+        make_job().limits({"nvidia.com/mig-9g.99gb": 1}),
+        "mig-profile",
+        f"{C0}.resources.limits[nvidia.com/mig-9g.99gb]",
+        id="mig-unknown-profile",
+    ),
+    pytest.param(
+        make_job().limits({"nvidia.com/mig-1g.5gb": 1, GPU: 1}),
+        "mig-profile",
+        f"{C0}.resources",
+        id="mig-and-full-gpu",
+    ),
+    pytest.param(
+        make_pod().limits({"nvidia.com/mig-1g.5gb": "0"}),
+        "mig-profile",
+        f"{P0}.resources.limits[nvidia.com/mig-1g.5gb]",
+        id="mig-zero",
+    ),
     # gpu-sharing
-    pytest.param(make_pod().no_resources().pod_annotate("gpu-fraction", "0.5").pod_annotate("gpu-memory", "2000"), "gpu-sharing", "metadata.annotations[gpu-memory]", id="sharing-fraction-and-memory"),
-    pytest.param(make_pod().no_resources().pod_annotate("gpu-fraction", "1"), "gpu-sharing", "metadata.annotations[gpu-fraction]", id="sharing-fraction-one"),
-    pytest.param(make_pod().no_resources().pod_annotate("gpu-fraction", "0"), "gpu-sharing", "metadata.annotations[gpu-fraction]", id="sharing-fraction-zero"),
-    pytest.param(make_pod().no_resources().pod_annotate("gpu-fraction", "half"), "gpu-sharing", "metadata.annotations[gpu-fraction]", id="sharing-fraction-not-a-number"),
-    pytest.param(make_pod().no_resources().pod_annotate("gpu-memory", "2Gi"), "gpu-sharing", "metadata.annotations[gpu-memory]", id="sharing-memory-with-unit"),
-    pytest.param(make_pod().no_resources().pod_annotate("gpu-memory", "0"), "gpu-sharing", "metadata.annotations[gpu-memory]", id="sharing-memory-zero"),
-    pytest.param(make_job().pod_annotate("gpu-fraction", "0.5"), "gpu-sharing", f"{C0}.resources", id="sharing-with-gpu-limit"),
-    pytest.param(make_pod().no_resources().pod_annotate("gpu-fraction", "0.5").pod_annotate("gpu-fraction-num-devices", "0"), "gpu-sharing", "metadata.annotations[gpu-fraction-num-devices]", id="sharing-num-devices-zero"),
-    pytest.param(make_pod().pod_annotate("gpu-fraction-num-devices", "2"), "gpu-sharing", "metadata.annotations[gpu-fraction-num-devices]", id="sharing-num-devices-alone"),
-    pytest.param(make_pod().no_resources().pod_annotate("gpu-fraction", "0.5").pod_annotate("gpu-fraction-container-name", "nope"), "gpu-sharing", "metadata.annotations[gpu-fraction-container-name]", id="sharing-unknown-container"),
+    pytest.param(
+        make_pod().no_resources().pod_annotate("gpu-fraction", "0.5").pod_annotate("gpu-memory", "2000"),
+        "gpu-sharing",
+        "metadata.annotations[gpu-memory]",
+        id="sharing-fraction-and-memory",
+    ),
+    pytest.param(
+        make_pod().no_resources().pod_annotate("gpu-fraction", "1"),
+        "gpu-sharing",
+        "metadata.annotations[gpu-fraction]",
+        id="sharing-fraction-one",
+    ),
+    pytest.param(
+        make_pod().no_resources().pod_annotate("gpu-fraction", "0"),
+        "gpu-sharing",
+        "metadata.annotations[gpu-fraction]",
+        id="sharing-fraction-zero",
+    ),
+    pytest.param(
+        make_pod().no_resources().pod_annotate("gpu-fraction", "half"),
+        "gpu-sharing",
+        "metadata.annotations[gpu-fraction]",
+        id="sharing-fraction-not-a-number",
+    ),
+    pytest.param(
+        make_pod().no_resources().pod_annotate("gpu-memory", "2Gi"),
+        "gpu-sharing",
+        "metadata.annotations[gpu-memory]",
+        id="sharing-memory-with-unit",
+    ),
+    pytest.param(
+        make_pod().no_resources().pod_annotate("gpu-memory", "0"),
+        "gpu-sharing",
+        "metadata.annotations[gpu-memory]",
+        id="sharing-memory-zero",
+    ),
+    pytest.param(
+        make_job().pod_annotate("gpu-fraction", "0.5"),
+        "gpu-sharing",
+        f"{C0}.resources",
+        id="sharing-with-gpu-limit",
+    ),
+    pytest.param(
+        make_pod()
+        .no_resources()
+        .pod_annotate("gpu-fraction", "0.5")
+        .pod_annotate("gpu-fraction-num-devices", "0"),
+        "gpu-sharing",
+        "metadata.annotations[gpu-fraction-num-devices]",
+        id="sharing-num-devices-zero",
+    ),
+    pytest.param(
+        make_pod().pod_annotate("gpu-fraction-num-devices", "2"),
+        "gpu-sharing",
+        "metadata.annotations[gpu-fraction-num-devices]",
+        id="sharing-num-devices-alone",
+    ),
+    pytest.param(
+        make_pod()
+        .no_resources()
+        .pod_annotate("gpu-fraction", "0.5")
+        .pod_annotate("gpu-fraction-container-name", "nope"),
+        "gpu-sharing",
+        "metadata.annotations[gpu-fraction-container-name]",
+        id="sharing-unknown-container",
+    ),
     # no-gpu
     pytest.param(make_job().no_resources(), "no-gpu", "spec.template.spec", id="no-gpu-job"),
     pytest.param(make_pod().limits({"cpu": "1"}), "no-gpu", "spec", id="no-gpu-pod-cpu-only"),
     # hint-format
-    pytest.param(make_job().annotate(v.MIN_CC_ANNOTATION, "8"), "hint-format", f"metadata.annotations[{v.MIN_CC_ANNOTATION}]", id="hint-cc-no-minor"),
-    pytest.param(make_job().annotate(v.MIN_MEMORY_ANNOTATION, "lots"), "hint-format", f"metadata.annotations[{v.MIN_MEMORY_ANNOTATION}]", id="hint-memory-not-quantity"),
-    pytest.param(make_job().annotate(v.MIN_MEMORY_ANNOTATION, "512Ki"), "hint-format", f"metadata.annotations[{v.MIN_MEMORY_ANNOTATION}]", id="hint-memory-too-small"),
-    pytest.param(make_job().annotate(v.PRIORITY_ANNOTATION, "urgent"), "hint-format", f"metadata.annotations[{v.PRIORITY_ANNOTATION}]", id="hint-priority"),
-    pytest.param(make_job().annotate(v.PROFILING_ANNOTATION, "yes"), "hint-format", f"metadata.annotations[{v.PROFILING_ANNOTATION}]", id="hint-profiling"),
-    pytest.param(make_job().annotate(v.EXECUTABLE_ANNOTATION, "bin/app"), "hint-format", f"metadata.annotations[{v.EXECUTABLE_ANNOTATION}]", id="hint-executable-relative"),
+    pytest.param(
+        make_job().annotate(v.MIN_CC_ANNOTATION, "8"),
+        "hint-format",
+        f"metadata.annotations[{v.MIN_CC_ANNOTATION}]",
+        id="hint-cc-no-minor",
+    ),
+    pytest.param(
+        make_job().annotate(v.MIN_MEMORY_ANNOTATION, "lots"),
+        "hint-format",
+        f"metadata.annotations[{v.MIN_MEMORY_ANNOTATION}]",
+        id="hint-memory-not-quantity",
+    ),
+    pytest.param(
+        make_job().annotate(v.MIN_MEMORY_ANNOTATION, "512Ki"),
+        "hint-format",
+        f"metadata.annotations[{v.MIN_MEMORY_ANNOTATION}]",
+        id="hint-memory-too-small",
+    ),
+    pytest.param(
+        make_job().annotate(v.PRIORITY_ANNOTATION, "urgent"),
+        "hint-format",
+        f"metadata.annotations[{v.PRIORITY_ANNOTATION}]",
+        id="hint-priority",
+    ),
+    pytest.param(
+        make_job().annotate(v.PROFILING_ANNOTATION, "yes"),
+        "hint-format",
+        f"metadata.annotations[{v.PROFILING_ANNOTATION}]",
+        id="hint-profiling",
+    ),
+    pytest.param(
+        make_job().annotate(v.EXECUTABLE_ANNOTATION, "bin/app"),
+        "hint-format",
+        f"metadata.annotations[{v.EXECUTABLE_ANNOTATION}]",
+        id="hint-executable-relative",
+    ),
     # workload-name
-    pytest.param(make_job().label(v.WORKLOAD_LABEL, "Vector_Add"), "workload-name", f"metadata.labels[{v.WORKLOAD_LABEL}]", id="name-uppercase"),
-    pytest.param(make_job().label(v.WORKLOAD_LABEL, "a" * 64), "workload-name", f"metadata.labels[{v.WORKLOAD_LABEL}]", id="name-64-chars"),
-    pytest.param(make_pod().label(v.WORKLOAD_LABEL, "-lead"), "workload-name", f"metadata.labels[{v.WORKLOAD_LABEL}]", id="name-leading-dash"),
+    pytest.param(
+        make_job().label(v.WORKLOAD_LABEL, "Vector_Add"),
+        "workload-name",
+        f"metadata.labels[{v.WORKLOAD_LABEL}]",
+        id="name-uppercase",
+    ),
+    pytest.param(
+        make_job().label(v.WORKLOAD_LABEL, "a" * 64),
+        "workload-name",
+        f"metadata.labels[{v.WORKLOAD_LABEL}]",
+        id="name-64-chars",
+    ),
+    pytest.param(
+        make_pod().label(v.WORKLOAD_LABEL, "-lead"),
+        "workload-name",
+        f"metadata.labels[{v.WORKLOAD_LABEL}]",
+        id="name-leading-dash",
+    ),
     # reserved-key
-    pytest.param(make_job().annotate(v.HINTS_ANNOTATION, "{}"), "reserved-key", f"metadata.annotations[{v.HINTS_ANNOTATION}]", id="reserved-hints-unsigned"),
-    pytest.param(make_job().label(v.ROLE_LABEL, "execution"), "reserved-key", f"metadata.labels[{v.ROLE_LABEL}]", id="reserved-role-unsigned"),
-    pytest.param(make_pod().annotate(v.PROFILE_ANNOTATION, "x@1").annotate(v.SIGNATURE_ANNOTATION, "hmac-sha256:00"), "reserved-key", f"metadata.annotations[{v.PROFILE_ANNOTATION}]", id="reserved-forged-signature"),
-    pytest.param(make_job().pod_annotate(v.SIGNATURE_ANNOTATION, "hmac-sha256:00"), "reserved-key", f"spec.template.metadata.annotations[{v.SIGNATURE_ANNOTATION}]", id="reserved-signature-alone"),
+    pytest.param(
+        make_job().annotate(v.HINTS_ANNOTATION, "{}"),
+        "reserved-key",
+        f"metadata.annotations[{v.HINTS_ANNOTATION}]",
+        id="reserved-hints-unsigned",
+    ),
+    pytest.param(
+        make_job().label(v.ROLE_LABEL, "execution"),
+        "reserved-key",
+        f"metadata.labels[{v.ROLE_LABEL}]",
+        id="reserved-role-unsigned",
+    ),
+    pytest.param(
+        make_pod().annotate(v.PROFILE_ANNOTATION, "x@1").annotate(v.SIGNATURE_ANNOTATION, "hmac-sha256:00"),
+        "reserved-key",
+        f"metadata.annotations[{v.PROFILE_ANNOTATION}]",
+        id="reserved-forged-signature",
+    ),
+    pytest.param(
+        make_job().pod_annotate(v.SIGNATURE_ANNOTATION, "hmac-sha256:00"),
+        "reserved-key",
+        f"spec.template.metadata.annotations[{v.SIGNATURE_ANNOTATION}]",
+        id="reserved-signature-alone",
+    ),
 ]
 
 
@@ -91,16 +256,49 @@ ALLOWED = [
     pytest.param(make_job().limits({GPU: "1"}), id="gpu-count-string-one"),
     pytest.param(make_job().limits({GPU: 2}).requests({GPU: "2"}), id="gpu-count-request-equals-limit"),
     pytest.param(make_job().limits({GPU: 8}), id="gpu-max-exactly-max"),
-    pytest.param(make_pod().limits({GPU: 4}).add_container("second", {GPU: 4}).add_container("init", {GPU: 8}, init=True), id="gpu-max-init-overlaps"),
-    pytest.param(make_job().limits({"nvidia.com/mig-1g.5gb": "1"}).requests({"nvidia.com/mig-1g.5gb": "1"}), id="mig-known-profile"),
-    pytest.param(make_pod().limits({"nvidia.com/mig-3g.20gb": 1, "nvidia.com/mig-1g.10gb.me": 1}), id="mig-media-engine-variant"),
+    pytest.param(
+        make_pod()
+        .limits({GPU: 4})
+        .add_container("second", {GPU: 4})
+        .add_container("init", {GPU: 8}, init=True),
+        id="gpu-max-init-overlaps",
+    ),
+    pytest.param(
+        make_job().limits({"nvidia.com/mig-1g.5gb": "1"}).requests({"nvidia.com/mig-1g.5gb": "1"}),
+        id="mig-known-profile",
+    ),
+    pytest.param(
+        make_pod().limits({"nvidia.com/mig-3g.20gb": 1, "nvidia.com/mig-1g.10gb.me": 1}),
+        id="mig-media-engine-variant",
+    ),
     pytest.param(make_pod().no_resources().pod_annotate("gpu-fraction", "0.5"), id="sharing-fraction"),
     pytest.param(make_pod().no_resources().pod_annotate("gpu-memory", "2000"), id="sharing-memory"),
-    pytest.param(make_pod().no_resources().pod_annotate("gpu-fraction", "0.25").pod_annotate("gpu-fraction-num-devices", "2"), id="sharing-num-devices"),
-    pytest.param(make_pod().no_resources().add_container("gpu-init", init=True).pod_annotate("gpu-fraction", "0.5").pod_annotate("gpu-fraction-container-name", "gpu-init"), id="sharing-init-container"),
+    pytest.param(
+        make_pod()
+        .no_resources()
+        .pod_annotate("gpu-fraction", "0.25")
+        .pod_annotate("gpu-fraction-num-devices", "2"),
+        id="sharing-num-devices",
+    ),
+    pytest.param(
+        make_pod()
+        .no_resources()
+        .add_container("gpu-init", init=True)
+        .pod_annotate("gpu-fraction", "0.5")
+        .pod_annotate("gpu-fraction-container-name", "gpu-init"),
+        id="sharing-init-container",
+    ),
     pytest.param(make_pod().dra_claim("gpu", "one-gpu"), id="dra-claim-counts-as-gpu"),
     pytest.param(make_job().dra_claim("gpu", "one-gpu"), id="dra-claim-in-job-template"),
-    pytest.param(make_job().annotate(v.MIN_CC_ANNOTATION, "8.6").annotate(v.MIN_MEMORY_ANNOTATION, "40Gi").annotate(v.PRIORITY_ANNOTATION, "high").annotate(v.PROFILING_ANNOTATION, "false").annotate(v.EXECUTABLE_ANNOTATION, "/usr/bin/app"), id="hint-formats"),
+    pytest.param(
+        make_job()
+        .annotate(v.MIN_CC_ANNOTATION, "8.6")
+        .annotate(v.MIN_MEMORY_ANNOTATION, "40Gi")
+        .annotate(v.PRIORITY_ANNOTATION, "high")
+        .annotate(v.PROFILING_ANNOTATION, "false")
+        .annotate(v.EXECUTABLE_ANNOTATION, "/usr/bin/app"),
+        id="hint-formats",
+    ),
     pytest.param(make_job().label(v.WORKLOAD_LABEL, "a" * 63), id="name-63-chars"),
     pytest.param(make_job().label(v.WORKLOAD_LABEL, "vector-add-2"), id="name-with-digits"),
 ]
@@ -119,7 +317,11 @@ def test_every_rule_has_a_denied_case():
 @pytest.mark.parametrize(
     ("builder", "field"),
     [
-        pytest.param(make_job().add_container("second", {GPU: 1}), "spec.template.spec.containers", id="two-gpu-containers"),
+        pytest.param(
+            make_job().add_container("second", {GPU: 1}),
+            "spec.template.spec.containers",
+            id="two-gpu-containers",
+        ),
         pytest.param(make_job().command("python3", "train.py"), f"{C0}.command", id="relative-command"),
         pytest.param(make_job().command(), f"{C0}.command", id="no-command-no-annotation"),
     ],
@@ -132,8 +334,16 @@ def test_profiling_target_denies_when_profiling_is_needed(builder, field):
     ("builder", "profile"),
     [
         pytest.param(make_job(), None, id="absolute-command"),
-        pytest.param(make_job().command("python3", "train.py").annotate(v.EXECUTABLE_ANNOTATION, "/usr/bin/python3"), None, id="annotation-names-executable"),
-        pytest.param(make_job().add_container("second", {GPU: 1}).annotate(v.PROFILING_ANNOTATION, "false"), None, id="profiling-off"),
+        pytest.param(
+            make_job().command("python3", "train.py").annotate(v.EXECUTABLE_ANNOTATION, "/usr/bin/python3"),
+            None,
+            id="annotation-names-executable",
+        ),
+        pytest.param(
+            make_job().add_container("second", {GPU: 1}).annotate(v.PROFILING_ANNOTATION, "false"),
+            None,
+            id="profiling-off",
+        ),
         pytest.param(make_job().add_container("second", {GPU: 1}), PROFILE, id="profile-exists"),
         pytest.param(make_pod().command(), None, id="pods-are-never-profiled"),
     ],
@@ -181,4 +391,6 @@ def test_update_denies_only_what_the_update_introduced():
 def test_update_that_removes_the_label_still_checks_reserved_keys():
     old = make_job().build()
     new = make_job().unlabelled().annotate(v.HINTS_ANNOTATION, "{}").build()
-    assert ("reserved-key", f"metadata.annotations[{v.HINTS_ANNOTATION}]") in violations(new, old=old, operation="UPDATE")
+    assert ("reserved-key", f"metadata.annotations[{v.HINTS_ANNOTATION}]") in violations(
+        new, old=old, operation="UPDATE"
+    )

@@ -1,0 +1,313 @@
+"""``kratos-admit review`` on every real manifest in ../shared/fixtures/manifests, and its output contract."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from kratos_admit import vocabulary as v
+from kratos_admit.cli import ExitStatus, main
+from tests.conftest import EXAMPLES, apply_patch, assert_valid_kubernetes, require_fixtures
+
+# file -> (exit status and per-document (kind, action) without a profile, the same with a Ready profile).
+# Jobs whose GPU container runs a relative command ("sh", "nvidia-smi", image entrypoint) cannot be
+# profiled (profiling-target); with a profile they are hinted. Pods are never profiled.
+EXPECTED: dict[str, tuple[int, list[tuple[str, str]], int, list[tuple[str, str]]]] = {
+    "embl-bard-gpu-pod-malformed-cpu.yaml": (2, [], 2, []),  # limits.cpu "1000," is no quantity
+    "jear-gpu-pod-missing-apiversion.yaml": (2, [], 2, []),
+    "gardenlinux-gpu-debug-pod.yaml": (0, [("Pod", "none")], 0, [("Pod", "hints")]),
+    "instaslice-kueue-mig-job.yaml": (1, [("Job", "none")], 0, [("Job", "hints")]),
+    "instaslice-mig-test-pod.yaml": (0, [("Pod", "none")], 0, [("Pod", "hints")]),
+    "instaslice-vllm-mig-pod-multidoc.yaml": (
+        0,
+        [("Pod", "none"), ("Service", "none")],
+        0,
+        [("Pod", "hints"), ("Service", "none")],
+    ),
+    "kai-batch-job.yaml": (1, [("Job", "none")], 0, [("Job", "hints")]),
+    "kai-dra-imex-multidoc.yaml": (
+        0,
+        [("ComputeDomain", "none"), ("Pod", "none")],
+        0,
+        [("ComputeDomain", "none"), ("Pod", "hints")],
+    ),
+    "kai-gpu-memory-pod.yaml": (0, [("Pod", "none")], 0, [("Pod", "hints")]),
+    "kai-gpu-sharing-fraction-pod.yaml": (0, [("Pod", "none")], 0, [("Pod", "hints")]),
+    "kai-gpu-sharing-init-container.yaml": (0, [("Pod", "none")], 0, [("Pod", "hints")]),
+    "kai-gpu-sharing-multi-container.yaml": (0, [("Pod", "none")], 0, [("Pod", "hints")]),
+    "kai-gpu-sharing-with-mps.yaml": (0, [("Pod", "none")], 0, [("Pod", "hints")]),
+    "kai-quickstart-gpu-pod.yaml": (0, [("Pod", "none")], 0, [("Pod", "hints")]),
+    "kai-train-priority-pod.yaml": (0, [("Pod", "none")], 0, [("Pod", "hints")]),
+    "kubeflow-pytorchjob-nccl-gpu.yaml": (0, [("PyTorchJob", "none")], 0, [("PyTorchJob", "none")]),
+    "kueue-provisioning-gpu-job.yaml": (1, [("Job", "none")], 0, [("Job", "hints")]),
+    "nvidia-device-plugin-e2e-job.yaml": (1, [("Job", "none")], 0, [("Job", "hints")]),
+    "nvidia-dra-gpu-test-count-multidoc.yaml": (
+        0,
+        [("Namespace", "none"), ("ResourceClaimTemplate", "none"), ("Pod", "none")],
+        0,
+        [("Namespace", "none"), ("ResourceClaimTemplate", "none"), ("Pod", "hints")],
+    ),
+    "nvidia-gpu-operator-test-pod.yaml": (0, [("Pod", "none")], 0, [("Pod", "hints")]),
+    "siwenshao-dyffusion-gpu-job.yaml": (
+        0,
+        [("Job", "profiling")],
+        0,
+        [("Job", "hints")],
+    ),  # command[0] is /bin/bash
+    "volcano-tf-gpu-vcjob.yaml": (
+        0,
+        [("Job", "none")],
+        0,
+        [("Job", "none")],
+    ),  # batch.volcano.sh, not batch/v1
+}
+
+FIXTURE_PROFILE = """
+apiVersion: gpu.scheduler.io/v1alpha1
+kind: WorkloadProfile
+metadata: {name: fixture-profile, namespace: team-a, resourceVersion: "1"}
+spec: {workload: fixture}
+status: {phase: Ready, boundType: compute, metrics: {smThroughput: "88.0", memoryThroughput: "20.0"}, gpu: {product: NVIDIA-A100-SXM4-80GB}}
+"""
+
+
+def run(argv: list[str]) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    status = main(argv, stdout=out, stderr=err)
+    return int(status), out.getvalue(), err.getvalue()
+
+
+def labelled_copy(source: Path, target: Path) -> None:
+    """The manifest as a user opting in would write it: the workload label on each Job and Pod."""
+    text = source.read_text()
+    try:
+        docs = [d for d in yaml.safe_load_all(text) if d is not None]
+    except yaml.YAMLError:
+        target.write_text(text)
+        return
+    for doc in docs:
+        if (
+            isinstance(doc, dict)
+            and doc.get("kind") in ("Job", "Pod")
+            and isinstance(doc.get("metadata"), dict)
+        ):
+            doc["metadata"].setdefault("labels", {})[v.WORKLOAD_LABEL] = "fixture"
+    target.write_text(yaml.safe_dump_all(docs))
+
+
+def manifests() -> list[Path]:
+    return sorted((require_fixtures() / "manifests").glob("*.yaml"))
+
+
+def test_every_manifest_fixture_has_an_expectation():
+    assert {p.name for p in manifests()} == set(EXPECTED)
+
+
+@pytest.mark.parametrize("with_profile", [False, True], ids=["no-profile", "ready-profile"])
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_review_of_real_manifest(tmp_path: Path, name: str, with_profile: bool):
+    source = require_fixtures() / "manifests" / name
+    manifest = tmp_path / name
+    labelled_copy(source, manifest)
+    profiles = tmp_path / "profiles"
+    profiles.mkdir()
+    if with_profile:
+        (profiles / "fixture.yaml").write_text(FIXTURE_PROFILE)
+    status, out, err = run(
+        [
+            "review",
+            "-f",
+            str(manifest),
+            "--profiles",
+            str(profiles),
+            "--nodes",
+            str(EXAMPLES / "nodes.yaml"),
+            "--namespace",
+            "team-a",
+            "-o",
+            "json",
+        ]
+    )
+    expected_status, expected, expected_status_p, expected_p = EXPECTED[name]
+    if with_profile:
+        expected_status, expected = expected_status_p, expected_p
+    assert status == expected_status, err
+    if status == ExitStatus.UNUSABLE:
+        assert out == "" and len(err.strip().splitlines()[-1]) > 0 and "Traceback" not in err
+        assert err.strip().splitlines()[-1].startswith("kratos-admit: ")
+        return
+    results = json.loads(out)
+    results = results if isinstance(results, list) else [results]
+    assert [(r["kind"], r["action"]) for r in results] == expected
+    docs = [d for d in yaml.safe_load_all(manifest.read_text()) if d is not None]
+    for doc, result in zip(docs, results, strict=True):
+        assert set(result) == {
+            "kind",
+            "name",
+            "allowed",
+            "action",
+            "violations",
+            "warnings",
+            "patch",
+            "object",
+        }
+        if result["allowed"]:
+            assert apply_patch(doc, result["patch"]) == result["object"]
+        if result["action"] != "none":
+            assert_valid_kubernetes(result["object"])
+        if not result["allowed"]:
+            assert result["violations"] and all(
+                set(e) == {"rule", "field", "message"} for e in result["violations"]
+            )
+
+
+def test_main_command_of_the_readme_prints_the_hinted_job():
+    status, out, err = run(
+        [
+            "review",
+            "-f",
+            str(EXAMPLES / "vector-add-job.yaml"),
+            "--profiles",
+            str(EXAMPLES / "profiles"),
+            "--nodes",
+            str(EXAMPLES / "nodes.yaml"),
+        ]
+    )
+    assert status == 0
+    job = yaml.safe_load(out)
+    assert job["metadata"]["annotations"][v.PROFILE_ANNOTATION] == "vector-add-profile@4711"
+    assert job["spec"]["template"]["spec"]["runtimeClassName"] == "nvidia"
+    assert_valid_kubernetes(job)
+    assert "development key" in err
+
+
+def test_review_shows_the_profiling_rewrite_for_a_new_workload():
+    status, out, _ = run(
+        [
+            "review",
+            "-f",
+            str(EXAMPLES / "new-workload-job.yaml"),
+            "--profiles",
+            str(EXAMPLES / "profiles"),
+            "--nodes",
+            str(EXAMPLES / "nodes.yaml"),
+        ]
+    )
+    assert status == 0
+    job = yaml.safe_load(out)
+    assert job["metadata"]["labels"][v.ROLE_LABEL] == "profiling"
+    assert [c["name"] for c in job["spec"]["template"]["spec"]["containers"]] == ["profiling-runner"]
+
+
+def test_compute_and_memory_bound_examples_rank_a100_and_l40s_the_other_way_round():
+    def order(manifest: str) -> list[str]:
+        _, out, _ = run(
+            [
+                "review",
+                "-f",
+                str(EXAMPLES / manifest),
+                "--profiles",
+                str(EXAMPLES / "profiles"),
+                "--nodes",
+                str(EXAMPLES / "nodes.yaml"),
+                "-o",
+                "json",
+            ]
+        )
+        hints = json.loads(json.loads(out)["object"]["metadata"]["annotations"][v.HINTS_ANNOTATION])
+        return [r["product"] for r in hints["ranked"]]
+
+    memory, compute = order("vector-add-job.yaml"), order("nbody-job.yaml")
+    assert memory.index("NVIDIA-A100-SXM4-80GB") < memory.index("NVIDIA-L40S")
+    assert compute.index("NVIDIA-L40S") < compute.index("NVIDIA-A100-SXM4-80GB")
+
+
+def test_output_patch_and_multi_document_json_array(tmp_path: Path):
+    manifest = tmp_path / "two.yaml"
+    manifest.write_text(
+        (EXAMPLES / "vector-add-job.yaml").read_text()
+        + "\n---\n"
+        + (EXAMPLES / "new-workload-job.yaml").read_text()
+    )
+    status, out, _ = run(
+        ["review", "-f", str(manifest), "--profiles", str(EXAMPLES / "profiles"), "-o", "patch"]
+    )
+    patches = json.loads(out)
+    assert (
+        status == 0
+        and len(patches) == 2
+        and all(op["op"] in ("add", "replace", "remove") for op in patches[0])
+    )
+    status, out, _ = run(
+        ["review", "-f", str(manifest), "--profiles", str(EXAMPLES / "profiles"), "-o", "json"]
+    )
+    assert [r["action"] for r in json.loads(out)] == ["hints", "profiling"]
+    status, out, _ = run(["review", "-f", str(manifest), "--profiles", str(EXAMPLES / "profiles")])
+    assert len(list(yaml.safe_load_all(out))) == 2
+
+
+def test_a_list_is_flattened(tmp_path: Path):
+    job: dict[str, Any] = yaml.safe_load((EXAMPLES / "vector-add-job.yaml").read_text())
+    manifest = tmp_path / "list.json"
+    manifest.write_text(json.dumps({"apiVersion": "v1", "kind": "List", "items": [job, job]}))
+    status, out, _ = run(
+        ["review", "-f", str(manifest), "--profiles", str(EXAMPLES / "profiles"), "-o", "json"]
+    )
+    assert status == 0 and len(json.loads(out)) == 2
+
+
+def test_denied_exit_1_lists_every_violation(tmp_path: Path):
+    manifest = tmp_path / "bad.yaml"
+    manifest.write_text(
+        "apiVersion: v1\nkind: Pod\nmetadata: {name: p, labels: {gpu.scheduler.io/workload: Bad_Name}, "
+        "annotations: {gpu.scheduler.io/priority: urgent}}\nspec: {containers: [{name: c, image: i, "
+        "resources: {limits: {nvidia.com/gpu: '1.5'}}}]}\n"
+    )
+    status, out, err = run(["review", "-f", str(manifest), "-o", "json"])
+    assert status == ExitStatus.DENIED
+    rules = {e["rule"] for e in json.loads(out)["violations"]}
+    assert rules == {"workload-name", "hint-format", "gpu-count"}
+    assert err.count("denied: Pod/p:") == 3
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ("", "no Kubernetes object in the input"),
+        ("kind: [\n", "not valid YAML"),
+        ("- a\n- b\n", "document 1: is not a Kubernetes object"),
+        ("apiVersion: v1\nmetadata: {}\n", "document 1: kind is missing"),
+    ],
+)
+def test_unusable_input_is_exit_2_with_one_line(tmp_path: Path, content: str, message: str):
+    manifest = tmp_path / "in.yaml"
+    manifest.write_text(content)
+    status, out, err = run(["review", "-f", str(manifest)])
+    assert status == ExitStatus.UNUSABLE and out == ""
+    last = err.strip().splitlines()[-1]
+    assert message in last
+
+
+def test_missing_file_and_bad_flags_are_exit_2(tmp_path: Path):
+    status, _, err = run(["review", "-f", str(tmp_path / "nope.yaml")])
+    assert status == 2 and "No such file" in err
+    status, _, err = run(["review"])
+    assert status == 2 and "required: -f/--filename" in err
+    status, _, err = run(["review", "-f", str(EXAMPLES / "vector-add-job.yaml"), "-o", "xml"])
+    assert status == 2 and "invalid choice" in err
+
+
+def test_signing_key_flag_is_used(tmp_path: Path):
+    key = tmp_path / "signing.key"
+    key.write_text("k" * 40)
+    status, _, err = run(["review", "-f", str(EXAMPLES / "vector-add-job.yaml"), "--signing-key", str(key)])
+    assert status == 0 and "development key" not in err
+    short = tmp_path / "short.key"
+    short.write_text("short")
+    status, _, err = run(["review", "-f", str(EXAMPLES / "vector-add-job.yaml"), "--signing-key", str(short)])
+    assert status == 2 and "at least 32 bytes" in err
