@@ -1,0 +1,5 @@
+import sys
+
+from kratos_runner.cli import main
+
+sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,201 @@
+"""``python3 -m kratos_runner``: run a workload under ncu, or ``parse FILE`` for an existing export."""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from typing import Sequence, TextIO
+
+from kratos_runner.parse import parse_report
+from kratos_runner.summary import encode_summary, summarise
+
+DEFAULT_TERMINATION_LOG = "/dev/termination-log"
+NOT_RUN = 127  # exit status when the workload could not be started at all
+PERMISSION_MARKER = "ERR_NVGPUCTRPERM"
+PERMISSION_HELP = (
+    "ncu has no permission to read the GPU performance counters (ERR_NVGPUCTRPERM): either load the "
+    "NVIDIA driver on the node with NVreg_RestrictProfilingToAdminUsers=0, or give the profiling-runner "
+    "container CAP_SYS_ADMIN or CAP_PERFMON (profilingCapabilities: [PERFMON] in the KRATOS config)"
+)
+_NCU_GLOBS = ("/usr/local/cuda/bin/ncu", "/opt/nvidia/nsight-compute/*/ncu", "/usr/local/cuda-*/bin/ncu")
+
+
+def find_ncu(explicit: str | None) -> str | None:
+    if explicit:
+        return (
+            explicit if os.path.isfile(explicit) and os.access(explicit, os.X_OK) else shutil.which(explicit)
+        )
+    found = shutil.which("ncu")
+    if found:
+        return found
+    for pattern in _NCU_GLOBS:
+        matches = sorted(glob.glob(pattern))
+        if matches:
+            return matches[-1]
+    return None
+
+
+def ncu_version(ncu: str) -> str:
+    try:
+        out = subprocess.run(
+            [ncu, "--version"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=60, check=False
+        )
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    match = re.search(r"Version (\S+)", out.stdout.decode("utf-8", "replace"))
+    return match.group(1) if match else ""
+
+
+def write_summary(summary: dict[str, object], stdout: TextIO, stderr: TextIO) -> None:
+    text = encode_summary(summary)
+    path = os.environ.get("KRATOS_TERMINATION_LOG", DEFAULT_TERMINATION_LOG)
+    try:
+        with open(path, "w", encoding="utf-8") as handle:
+            handle.write(text)
+    except OSError as exc:
+        print(f"kratos-runner: cannot write the summary to {path}: {exc.strerror}", file=stderr)
+    print(text, file=stdout)
+    stdout.flush()
+
+
+def _failed(reason: str, exit_code: int, version: str = "") -> dict[str, object]:
+    return {
+        "boundType": "unknown",
+        "metrics": {"kernelCount": "0"},
+        "gpu": {},
+        "kernels": 0,
+        "exitCode": exit_code,
+        "ncuVersion": version,
+        "reason": reason,
+    }
+
+
+def _run_streaming(command: list[str], stdout: TextIO) -> tuple[int, str]:
+    """Run, copying the output through line by line (the Job's log), and keep it for inspection."""
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    seen: list[str] = []
+    assert process.stdout is not None
+    for raw in process.stdout:
+        line = raw.decode("utf-8", "replace")
+        seen.append(line)
+        stdout.write(line)
+    stdout.flush()
+    return process.wait(), "".join(seen)
+
+
+def profile(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> int:
+    command = list(args.command)
+    if command and command[0] == "--":
+        command = command[1:]
+    if not command:
+        print(
+            "kratos-runner: no workload given: python3 -m kratos_runner [options] -- EXE [ARGS...]",
+            file=stderr,
+        )
+        return 2
+    ncu = find_ncu(args.ncu)
+    if ncu is None:
+        write_summary(
+            _failed(
+                "ncu not found on PATH or in /opt/nvidia/nsight-compute: run the profiling-runner with the Nsight Compute image",
+                NOT_RUN,
+            ),
+            stdout,
+            stderr,
+        )
+        return NOT_RUN
+    exe = command[0]
+    if not (os.path.isfile(exe) and os.access(exe, os.X_OK)):
+        write_summary(
+            _failed(f"workload executable {exe} is missing or not executable (was it staged?)", NOT_RUN),
+            stdout,
+            stderr,
+        )
+        return NOT_RUN
+    version = ncu_version(ncu)
+    with tempfile.TemporaryDirectory(prefix="kratos-") as workdir:
+        report_base = os.path.join(workdir, "profile")
+        run = [
+            ncu, "--set", args.set, "--target-processes", "all", "--launch-count", str(args.launch_count),
+            "--export", report_base, "--force-overwrite", *args.ncu_arg, *command,
+        ]  # fmt: skip
+        try:
+            exit_code, output = _run_streaming(run, stdout)
+        except OSError as exc:
+            write_summary(
+                _failed(f"cannot start ncu at {ncu}: {exc.strerror}", NOT_RUN, version), stdout, stderr
+            )
+            return NOT_RUN
+        reason = PERMISSION_HELP if PERMISSION_MARKER in output else ""
+        report_file = report_base + ".ncu-rep"
+        if not os.path.exists(report_file):
+            summary = summarise(parse_report(output), exit_code=exit_code, ncu_version=version)
+            summary["reason"] = reason or str(summary["reason"]) or "ncu wrote no report"
+            write_summary(summary, stdout, stderr)
+            return exit_code
+        export = subprocess.run(
+            [ncu, "--import", report_file, "--csv", "--page", "raw", "--print-units", "base"],
+            capture_output=True, check=False,
+        )  # fmt: skip
+        text = export.stdout.decode("utf-8", "replace")
+        if export.returncode != 0 and not text.strip():
+            reason = (
+                reason or "ncu --import failed: " + export.stderr.decode("utf-8", "replace").strip()[:300]
+            )
+        summary = summarise(parse_report(text), exit_code=exit_code, ncu_version=version, reason=reason)
+    write_summary(summary, stdout, stderr)
+    return exit_code
+
+
+def parse_file(path: str, stdout: TextIO, stderr: TextIO) -> int:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as handle:
+            text = handle.read()
+    except OSError as exc:
+        print(f"kratos-runner: {path}: {exc.strerror}", file=stderr)
+        return 2
+    print(encode_summary(summarise(parse_report(text))), file=stdout)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python3 -m kratos_runner",
+        description="Run a CUDA workload under Nsight Compute and summarise its bottleneck; "
+        "or 'parse FILE' to summarise an existing ncu export.",
+    )
+    parser.add_argument("--ncu", help="path to ncu (default: PATH, then /opt/nvidia/nsight-compute)")
+    parser.add_argument("--set", default="basic", help="ncu section set (default: basic)")
+    parser.add_argument(
+        "--launch-count", type=int, default=20, help="kernel launches to profile (default: 20)"
+    )
+    parser.add_argument(
+        "--ncu-arg",
+        action="append",
+        default=[],
+        help="extra argument for ncu (repeatable; write --ncu-arg=--flag for flags)",
+    )
+    parser.add_argument("command", nargs=argparse.REMAINDER, help="-- EXE [ARGS...]")
+    return parser
+
+
+def main(argv: Sequence[str], stdout: TextIO | None = None, stderr: TextIO | None = None) -> int:
+    stdout = stdout or sys.stdout
+    stderr = stderr or sys.stderr
+    argv = list(argv)
+    if argv[:1] == ["parse"]:
+        if len(argv) != 2:
+            print("usage: python3 -m kratos_runner parse FILE", file=stderr)
+            return 2
+        return parse_file(argv[1], stdout, stderr)
+    args = build_parser().parse_args(argv)
+    if args.launch_count < 1:
+        print("kratos-runner: --launch-count must be at least 1", file=stderr)
+        return 2
+    return profile(args, stdout, stderr)

@@ -1,0 +1,128 @@
+"""From parsed kernels to the one summary KRATOS stores: weighted figures and the bound type."""
+
+from __future__ import annotations
+
+import json
+
+from kratos_runner.parse import Kernel, Report
+
+MAX_SUMMARY_BYTES = 4096
+SOL_THRESHOLD = 60.0  # Nsight Compute's SOLBottleneck rule: below 60 % of peak is latency-bound
+SOL_GAP = 10.0  # a gap of 10 points or more names the bound unit
+
+_METRIC_KEYS = (
+    ("occupancy", "achievedOccupancy"),
+    ("sm", "smThroughput"),
+    ("mem", "memoryThroughput"),
+    ("l2", "l2Throughput"),
+    ("dram", "dramThroughput"),
+)
+
+
+def weighted_mean(kernels: list[Kernel], metric: str) -> float | None:
+    """Mean over the kernels that report ``metric``, weighted by each one's GPU time.
+
+    Kernels without a duration weigh 1 when no kernel has one (a ``--metrics`` run without
+    gpu__time_duration); when some have durations, the ones without are left out.
+    """
+    pairs = [(k.metrics[metric], k.metrics.get("duration")) for k in kernels if metric in k.metrics]
+    if not pairs:
+        return None
+    timed = [(value, weight) for value, weight in pairs if weight]
+    if timed:
+        total = sum(weight for _, weight in timed)
+        return sum(value * weight for value, weight in timed) / total if total > 0 else None
+    return sum(value for value, _ in pairs) / len(pairs)
+
+
+def classify(sm: float | None, mem: float | None) -> tuple[str, str]:
+    """Nsight Compute's SpeedOfLight rule: (bound type, reason when unknown)."""
+    if sm is None or mem is None:
+        missing = " and ".join(
+            name
+            for name, value in (("sm__throughput", sm), ("gpu__compute_memory_throughput", mem))
+            if value is None
+        )
+        return "unknown", f"no usable {missing} figures (SpeedOfLight section) in the report"
+    if sm < SOL_THRESHOLD and mem < SOL_THRESHOLD:
+        return "latency", ""
+    if abs(sm - mem) >= SOL_GAP:
+        return ("compute" if sm > mem else "memory"), ""
+    return "balanced", ""
+
+
+def _gpu(kernels: list[Kernel]) -> dict[str, str]:
+    gpu: dict[str, str] = {}
+    for kernel in kernels:
+        if kernel.device_name and "product" not in gpu:
+            gpu["product"] = "-".join(kernel.device_name.split())  # GPU Feature Discovery's form
+        if kernel.compute_capability and "computeCapability" not in gpu:
+            gpu["computeCapability"] = kernel.compute_capability
+    return gpu
+
+
+def _empty_reason(report: Report) -> str:
+    if report.errors:
+        return "ncu reported: " + "; ".join(report.errors[:3])
+    if report.report_files:
+        file = report.report_files[-1]
+        return f"no result tables in this output; the report went to {file} (export it with ncu --import {file} --csv --page raw)"
+    return "no profiled kernel in the report (did the workload launch any CUDA kernel?)"
+
+
+def summarise(
+    report: Report, *, exit_code: int = 0, ncu_version: str = "", reason: str = ""
+) -> dict[str, object]:
+    kernels = report.kernels
+    figures = {name: weighted_mean(kernels, name) for name, _ in _METRIC_KEYS}
+    bound, why = classify(figures["sm"], figures["mem"])
+    if not kernels:
+        why = _empty_reason(report)
+    elif bound == "unknown" and report.errors:
+        why = why + "; ncu reported: " + "; ".join(report.errors[:3])
+    metrics = {key: f"{figures[name]:.2f}" for name, key in _METRIC_KEYS if figures[name] is not None}
+    metrics["kernelCount"] = str(len(kernels))
+    durations = [k.metrics["duration"] for k in kernels if "duration" in k.metrics]
+    if durations:
+        metrics["gpuTimeNs"] = str(round(sum(durations)))
+    reasons = [r for r in (reason, why if bound == "unknown" else "") if r]
+    return {
+        "boundType": bound,
+        "metrics": metrics,
+        "gpu": _gpu(kernels),
+        "kernels": len(kernels),
+        "exitCode": exit_code,
+        "ncuVersion": ncu_version,
+        "reason": "; ".join(reasons),
+    }
+
+
+def encode_summary(summary: dict[str, object], limit: int = MAX_SUMMARY_BYTES) -> str:
+    """Compact JSON within ``limit`` bytes (the termination-log cap), trimmed the same way every time:
+    first the reason is shortened, then the GPU product name, then optional metrics are dropped."""
+    data = dict(summary)
+    text = json.dumps(data, separators=(",", ":"), sort_keys=True)
+    if len(text.encode()) <= limit:
+        return text
+    reason = str(data.get("reason", ""))
+    overflow = len(text.encode()) - limit
+    data["reason"] = reason[: max(0, len(reason) - overflow - 3)] + "..." if reason else ""
+    text = json.dumps(data, separators=(",", ":"), sort_keys=True)
+    for drop in ("gpu", "l2Throughput", "dramThroughput", "achievedOccupancy", "ncuVersion"):
+        if len(text.encode()) <= limit:
+            break
+        if drop in data:
+            data[drop] = {} if drop == "gpu" else ""
+        else:
+            metrics = dict(data.get("metrics", {}))  # type: ignore[call-overload]
+            metrics.pop(drop, None)
+            data["metrics"] = metrics
+        text = json.dumps(data, separators=(",", ":"), sort_keys=True)
+    return (
+        text
+        if len(text.encode()) <= limit
+        else json.dumps(
+            {"boundType": data["boundType"], "exitCode": data["exitCode"], "reason": "summary too large"},
+            separators=(",", ":"),
+        )
+    )

@@ -1,0 +1,155 @@
+"""The runner end to end with a stand-in ``ncu`` on PATH (a small script that plays back a real export)."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kratos_runner.cli import main
+from tests.conftest import REPO, require_fixtures
+
+STAND_IN_NCU = r'''#!{python}
+"""Stand-in for Nsight Compute's ncu: runs the workload and 'exports' a real report file."""
+import os, shutil, subprocess, sys
+args = sys.argv[1:]
+with open(os.environ["FAKE_NCU_LOG"], "a") as log:
+    log.write(repr(args) + "\n")
+if args == ["--version"]:
+    print("NVIDIA (R) Nsight Compute Command Line Profiler\nVersion 2024.3.2.0 (build 34861637) (public-release)")
+    sys.exit(0)
+if "--import" in args:
+    sys.stdout.write(open(args[args.index("--import") + 1]).read())
+    sys.exit(0)
+takes_value = {{"--set", "--target-processes", "--launch-count", "--export", "--kill", "--section"}}
+i = 0
+while args[i].startswith("-"):
+    i += 2 if args[i] in takes_value else 1
+workload = args[i:]
+export = args[args.index("--export") + 1]
+print("==PROF== Connected to process 4242 (" + workload[0] + ")", flush=True)
+if os.environ.get("FAKE_NCU_MODE") == "perm":
+    print("==ERROR== ERR_NVGPUCTRPERM - The user does not have permission to access NVIDIA GPU Performance Counters on the target device 0.", flush=True)
+    sys.exit(subprocess.call(workload))
+code = subprocess.call(workload)
+shutil.copy(os.environ["FAKE_NCU_EXPORT"], export + ".ncu-rep")
+print("==PROF== Disconnected from process 4242", flush=True)
+sys.exit(code)
+'''
+
+WORKLOAD = '#!/bin/sh\necho "workload ran with: $*"\nexit 3\n'
+
+
+def executable(path: Path, text: str) -> Path:
+    path.write_text(text)
+    path.chmod(path.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
+    return path
+
+
+@pytest.fixture
+def bench(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    executable(bin_dir / "ncu", STAND_IN_NCU.format(python=sys.executable))
+    executable(tmp_path / "vectorAdd", WORKLOAD)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}/usr/bin{os.pathsep}/bin")
+    monkeypatch.setenv("FAKE_NCU_LOG", str(tmp_path / "ncu-calls.log"))
+    monkeypatch.setenv(
+        "FAKE_NCU_EXPORT", str(require_fixtures() / "ncu" / "deepbench-v100-gemm-raw-page.csv")
+    )
+    monkeypatch.setenv("KRATOS_TERMINATION_LOG", str(tmp_path / "termination-log"))
+    return tmp_path
+
+
+def run(argv: list[str]) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    return main(argv, stdout=out, stderr=err), out.getvalue(), err.getvalue()
+
+
+def test_profiles_the_workload_writes_the_summary_and_keeps_its_exit_code(bench: Path):
+    status, out, _ = run(["--launch-count", "5", "--", str(bench / "vectorAdd"), "-n", "1024; touch pwned"])
+    assert status == 3, "the workload's own exit code"
+    assert "workload ran with: -n 1024; touch pwned" in out, (
+        "arguments passed as a list, never through a shell"
+    )
+    assert not (bench / "pwned").exists()
+    summary = json.loads((bench / "termination-log").read_text())
+    assert json.loads(out.strip().splitlines()[-1]) == summary
+    assert summary["boundType"] == "latency" and summary["kernels"] == 18 and summary["exitCode"] == 3
+    assert summary["ncuVersion"] == "2024.3.2.0"
+    assert summary["gpu"] == {"product": "Tesla-V100-PCIE-32GB", "computeCapability": "7.0"}
+    assert len((bench / "termination-log").read_bytes()) <= 4096
+    calls = [
+        eval(line) for line in (bench / "ncu-calls.log").read_text().splitlines()
+    ]  # our own repr() lines
+    profile_call = next(c for c in calls if "--export" in c)
+    assert profile_call[:6] == ["--set", "basic", "--target-processes", "all", "--launch-count", "5"]
+    assert profile_call[-3:] == [str(bench / "vectorAdd"), "-n", "1024; touch pwned"]
+    import_call = next(c for c in calls if "--import" in c)
+    assert import_call[2:] == ["--csv", "--page", "raw", "--print-units", "base"]
+
+
+def test_extra_ncu_arguments_and_set(bench: Path):
+    status, _, _ = run(
+        ["--set", "full", "--ncu-arg=--kill", "--ncu-arg=yes", "--", str(bench / "vectorAdd")]
+    )
+    assert status == 3
+    calls = (bench / "ncu-calls.log").read_text()
+    assert "'--set', 'full'" in calls and "'--kill', 'yes'" in calls
+
+
+def test_permission_error_names_both_fixes(bench: Path, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("FAKE_NCU_MODE", "perm")
+    status, out, _ = run(["--", str(bench / "vectorAdd")])
+    assert status == 3
+    summary = json.loads((bench / "termination-log").read_text())
+    assert summary["boundType"] == "unknown"
+    assert "NVreg_RestrictProfilingToAdminUsers=0" in summary["reason"]
+    assert "CAP_SYS_ADMIN" in summary["reason"] and "CAP_PERFMON" in summary["reason"]
+    assert "ERR_NVGPUCTRPERM" in out  # ncu's own line reaches the Job's log
+
+
+def test_missing_ncu_is_explained(bench: Path, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("PATH", "/nonexistent")
+    status, _, _ = run(["--", str(bench / "vectorAdd")])
+    summary = json.loads((bench / "termination-log").read_text())
+    assert status == 127 and "ncu not found" in summary["reason"]
+
+
+def test_missing_executable_is_explained(bench: Path):
+    status, _, _ = run(["--", str(bench / "not-staged")])
+    summary = json.loads((bench / "termination-log").read_text())
+    assert status == 127 and "not-staged is missing" in summary["reason"]
+
+
+def test_no_workload_is_a_usage_error(bench: Path):
+    status, _, err = run(["--set", "basic"])
+    assert status == 2 and "no workload given" in err
+
+
+def test_unwritable_termination_log_still_prints_the_summary(bench: Path, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("KRATOS_TERMINATION_LOG", str(bench / "no-such-dir" / "log"))
+    status, out, err = run(["--", str(bench / "vectorAdd")])
+    assert status == 3 and "cannot write the summary" in err
+    assert json.loads(out.strip().splitlines()[-1])["kernels"] == 18
+
+
+def test_parse_subcommand_as_a_process():
+    fixture = require_fixtures() / "ncu" / "mdinfo-t4-two-kernel-basic-text.txt"
+    result = subprocess.run(
+        [sys.executable, "-m", "kratos_runner", "parse", str(fixture)],
+        cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO / "runner")}, capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0
+    assert json.loads(result.stdout)["boundType"] == "memory"
+    missing = subprocess.run(
+        [sys.executable, "-m", "kratos_runner", "parse", "/no/such/file.csv"],
+        cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO / "runner")}, capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert missing.returncode == 2 and "No such file" in missing.stderr and "Traceback" not in missing.stderr
