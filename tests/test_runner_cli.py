@@ -96,9 +96,7 @@ def test_profiles_the_workload_writes_the_summary_and_keeps_its_exit_code(bench:
 
 
 def test_extra_ncu_arguments_and_set(bench: Path):
-    status, _, _ = run(
-        ["--set", "full", "--ncu-arg=--kill", "--ncu-arg=yes", "--", str(bench / "vectorAdd")]
-    )
+    status, _, _ = run(["--set", "full", "--ncu-arg=--kill", "--ncu-arg=yes", "--", str(bench / "vectorAdd")])
     assert status == 3
     calls = (bench / "ncu-calls.log").read_text()
     assert "'--set', 'full'" in calls and "'--kill', 'yes'" in calls
