@@ -18,6 +18,7 @@ from kratos_admit.admission import AdmissionEngine
 from kratos_admit.catalog import CatalogError, load_catalog
 from kratos_admit.certs import CertsError, generate
 from kratos_admit.config import Config, ConfigError, load_config
+from kratos_admit.kube import KubeConfigError
 from kratos_admit.logs import configure_logging
 from kratos_admit.policy import PolicyContext
 from kratos_admit.review import InputError, load_documents, review_document
@@ -25,6 +26,7 @@ from kratos_admit.server import serve
 from kratos_admit.signing import DEVELOPMENT_KEY, SigningKeyError, load_signing_key
 from kratos_admit.stores import FileNodeStore, FileProfileStore, StoreError
 from kratos_admit.tls import CertificateError
+from kratos_controller.main import run_controller
 
 log = logging.getLogger("kratos")
 
@@ -69,6 +71,11 @@ def build_parser() -> argparse.ArgumentParser:
     review.add_argument("--user", default="kratos-review")
     review.add_argument("--signing-key", type=Path)
     review.add_argument("-o", "--output", choices=("yaml", "json", "patch"), default="yaml")
+
+    controller = commands.add_parser("controller", help="run the profiler controller (leader-elected)")
+    controller.add_argument("--config", type=Path)
+    controller.add_argument("--kubeconfig", type=Path)
+    controller.add_argument("--signing-key", type=Path)
 
     certs = commands.add_parser("certs", help="certificates for the webhook")
     certs_commands = certs.add_subparsers(dest="certs_command", required=True, parser_class=_Parser)
@@ -166,6 +173,16 @@ def cmd_webhook(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> Exi
     return ExitStatus.OK
 
 
+def cmd_controller(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> ExitStatus:
+    config = _config(args, signingKeyFile=args.signing_key)
+    if config.signing_key_file is None:
+        raise UsageError("the controller needs --signing-key FILE, the secret it shares with the webhook")
+    key = load_signing_key(config.signing_key_file)
+    configure_logging(config.log_level, stderr)
+    status = asyncio.run(run_controller(config, key, args.kubeconfig))
+    return ExitStatus.OK if status == 0 else ExitStatus.DENIED
+
+
 def cmd_certs(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> ExitStatus:
     result = generate(
         service=args.service, namespace=args.namespace, out=args.out, days=args.days, force=args.force
@@ -178,7 +195,7 @@ def cmd_certs(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> ExitS
     return ExitStatus.OK
 
 
-COMMANDS = {"review": cmd_review, "webhook": cmd_webhook, "certs": cmd_certs}
+COMMANDS = {"review": cmd_review, "webhook": cmd_webhook, "controller": cmd_controller, "certs": cmd_certs}
 
 
 def main(
@@ -197,6 +214,7 @@ def main(
         SigningKeyError,
         CertificateError,
         CertsError,
+        KubeConfigError,
     ) as exc:
         print(f"kratos-admit: {exc}", file=stderr)
         return ExitStatus.UNUSABLE

@@ -57,6 +57,11 @@ class Config(BaseModel):
     profiles_dir: Path | None = None
     nodes_file: Path | None = None
     shutdown_grace_seconds: float = Field(default=20.0, ge=0)
+    lease_namespace: str = "kratos-system"
+    lease_name: str = "kratos-profiler-controller"
+    lease_duration_seconds: int = Field(default=15, ge=3)
+    resync_seconds: float = Field(default=300.0, ge=1)
+    controller_metrics_listen: str = "0.0.0.0:9090"
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
 
     @field_validator("profiling_capabilities")
@@ -67,7 +72,7 @@ class Config(BaseModel):
                 raise ValueError(f"{cap!r} is not a capability name such as PERFMON or SYS_ADMIN")
         return caps
 
-    @field_validator("listen", "metrics_listen")
+    @field_validator("listen", "metrics_listen", "controller_metrics_listen")
     @classmethod
     def _is_host_port(cls, value: str | None) -> str | None:
         if value is not None:

@@ -1,0 +1,157 @@
+"""The kubernetes_asyncio edge shared by the webhook's live stores and the profiler controller.
+
+Only this module and the I/O shells that use it touch the network; the policy modules never do.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import random
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+from kubernetes_asyncio import client, config, watch
+from kubernetes_asyncio.client.exceptions import ApiException
+
+log = logging.getLogger("kratos.kube")
+Obj = dict[str, Any]
+ListFunc = Callable[..., Awaitable[Any]]
+
+
+class KubeConfigError(ValueError):
+    """No usable cluster credentials; the message says what was tried."""
+
+
+async def api_client(kubeconfig: Path | None = None) -> client.ApiClient:
+    """In-cluster service account when in a Pod, else --kubeconfig, $KUBECONFIG, ~/.kube/config."""
+    configuration = client.Configuration()
+    if kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
+        config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+        return client.ApiClient(configuration)
+    path = kubeconfig or (
+        Path(os.environ["KUBECONFIG"]) if os.environ.get("KUBECONFIG") else Path.home() / ".kube" / "config"
+    )
+    if not path.is_file():
+        raise KubeConfigError(
+            f"no cluster credentials: not in a Pod, and kubeconfig {path} does not exist (pass --kubeconfig)"
+        )
+    try:
+        await config.load_kube_config(config_file=str(path), client_configuration=configuration)
+    except (config.ConfigException, OSError, ValueError) as exc:
+        raise KubeConfigError(f"kubeconfig {path}: {exc}") from None
+    return client.ApiClient(configuration)
+
+
+def is_status(exc: BaseException, *codes: int) -> bool:
+    return isinstance(exc, ApiException) and exc.status in codes
+
+
+async def list_raw(list_func: ListFunc, **kwargs: Any) -> Obj:
+    """Call a generated list function and return the raw JSON (no model round trip loses fields)."""
+    response = await list_func(_preload_content=False, **kwargs)
+    try:
+        body: Obj = json.loads(await response.read())
+    finally:
+        response.release()
+    return body
+
+
+class Backoff:
+    """Exponential backoff with full jitter (AWS architecture blog), reset after a success."""
+
+    def __init__(self, base: float = 0.5, cap: float = 30.0) -> None:
+        self.base, self.cap, self.attempt = base, cap, 0
+
+    def next_delay(self) -> float:
+        delay = random.uniform(0, min(self.cap, self.base * 2**self.attempt))
+        self.attempt += 1
+        return delay
+
+    def reset(self) -> None:
+        self.attempt = 0
+
+
+class Informer:
+    """List, then watch from the list's resourceVersion; relist on 410 Gone; back off on errors.
+
+    ``on_replace`` gets every object after each (re)list, ``on_event`` each watch event after that.
+    ``synced`` is set after the first successful list and stays set: the cache keeps answering
+    from memory while the API is away.
+    """
+
+    def __init__(
+        self,
+        list_func: ListFunc,
+        *,
+        name: str,
+        on_replace: Callable[[list[Obj]], None],
+        on_event: Callable[[str, Obj], None],
+        label_selector: str | None = None,
+        watch_timeout: int = 300,
+        backoff: Backoff | None = None,
+    ) -> None:
+        self.list_func, self.name = list_func, name
+        self.on_replace, self.on_event = on_replace, on_event
+        self.label_selector = label_selector
+        self.watch_timeout = watch_timeout
+        self.backoff = backoff or Backoff()
+        self.synced = asyncio.Event()
+        self.relists = 0
+        self.resource_version = ""
+
+    def _selector(self) -> dict[str, Any]:
+        return {"label_selector": self.label_selector} if self.label_selector else {}
+
+    async def run(self) -> None:
+        while True:
+            try:
+                await self._list()
+                while True:
+                    await self._watch()
+            except asyncio.CancelledError:
+                raise
+            except ApiException as exc:
+                if exc.status == 410:
+                    log.info("watch expired, relisting", extra={"informer": self.name})
+                    continue
+                await self._pause(f"API error {exc.status}: {exc.reason}")
+            except Exception as exc:  # network errors of every kind: keep serving from the cache
+                await self._pause(f"{type(exc).__name__}: {exc}")
+
+    async def _pause(self, reason: str) -> None:
+        delay = self.backoff.next_delay()
+        log.warning(
+            "list/watch failed, retrying",
+            extra={"informer": self.name, "reason": reason, "retryIn": round(delay, 2)},
+        )
+        await asyncio.sleep(delay)
+
+    async def _list(self) -> None:
+        body = await list_raw(self.list_func, **self._selector())
+        self.resource_version = str(body.get("metadata", {}).get("resourceVersion", ""))
+        self.on_replace(list(body.get("items") or []))
+        self.relists += 1
+        self.synced.set()
+        self.backoff.reset()
+
+    async def _watch(self) -> None:
+        stream = watch.Watch()
+        async with stream:
+            async for event in stream.stream(
+                self.list_func,
+                resource_version=self.resource_version,
+                timeout_seconds=self.watch_timeout,
+                allow_watch_bookmarks=True,
+                **self._selector(),
+            ):
+                raw: Obj = event.get("raw_object") or event.get("object") or {}
+                version = raw.get("metadata", {}).get("resourceVersion")
+                if version:
+                    self.resource_version = str(version)
+                if event["type"] in ("ADDED", "MODIFIED", "DELETED"):
+                    self.on_event(event["type"], raw)
+                self.backoff.reset()

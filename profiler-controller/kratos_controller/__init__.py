@@ -1,0 +1,1 @@
+"""The KRATOS profiler controller: finished profiling Jobs become WorkloadProfiles and execution Jobs."""

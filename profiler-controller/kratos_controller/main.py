@@ -1,0 +1,79 @@
+"""``kratos-admit controller``: credentials, leader election, metrics port, run until SIGTERM."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+import uuid
+from pathlib import Path
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from kratos_admit.config import Config, split_host_port
+from kratos_admit.kube import api_client
+from kratos_admit.server import wait_for_termination
+from kratos_controller.controller import ControllerMetrics, ProfilerController, run_when_leading
+from kratos_controller.leader import LeaderElector
+
+log = logging.getLogger("kratos.controller")
+
+
+def controller_identity() -> str:
+    return os.environ.get("POD_NAME") or f"{socket.gethostname()}-{uuid.uuid4().hex[:6]}"
+
+
+def metrics_app(metrics: ControllerMetrics) -> web.Application:
+    async def serve_metrics(_: web.Request) -> web.Response:
+        response = web.Response(body=generate_latest(metrics.registry))
+        response.headers["Content-Type"] = CONTENT_TYPE_LATEST
+        return response
+
+    async def ok(_: web.Request) -> web.Response:
+        return web.Response(text="ok\n")
+
+    app = web.Application()
+    app.router.add_get("/metrics", serve_metrics)
+    app.router.add_get("/healthz", ok)
+    app.router.add_get("/readyz", ok)  # a standby replica is ready too: it waits for the Lease
+    return app
+
+
+async def run_controller(config: Config, signing_key: bytes, kubeconfig: Path | None) -> int:
+    """0 after SIGTERM; 1 when leadership is lost (the Pod restarts and campaigns again)."""
+    api = await api_client(kubeconfig)
+    metrics = ControllerMetrics()
+    identity = controller_identity()
+    elector = LeaderElector(
+        api,
+        namespace=config.lease_namespace,
+        name=config.lease_name,
+        identity=identity,
+        lease_seconds=config.lease_duration_seconds,
+    )
+    controller = ProfilerController(
+        api, signing_key=signing_key, metrics=metrics, resync_seconds=config.resync_seconds
+    )
+    runner = web.AppRunner(metrics_app(metrics), access_log=None)
+    await runner.setup()
+    host, port = split_host_port(config.controller_metrics_listen)
+    await web.TCPSite(runner, host, port).start()
+    log.info(
+        "controller started",
+        extra={"identity": identity, "lease": f"{config.lease_namespace}/{config.lease_name}"},
+    )
+    leading = asyncio.create_task(run_when_leading(controller, elector))
+    stop = asyncio.create_task(wait_for_termination())
+    try:
+        await asyncio.wait({leading, stop}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in (leading, stop):
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        await runner.cleanup()
+        await api.close()
+    return 1 if elector.lost.is_set() else 0
