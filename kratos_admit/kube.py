@@ -54,9 +54,14 @@ async def list_raw(list_func: ListFunc, **kwargs: Any) -> Obj:
     """Call a generated list function and return the raw JSON (no model round trip loses fields)."""
     response = await list_func(_preload_content=False, **kwargs)
     try:
-        body: Obj = json.loads(await response.read())
+        raw = await response.read()
     finally:
         response.release()
+    # with _preload_content=False kubernetes_asyncio hands back error responses instead of raising;
+    # an error read as an empty list would wipe the cache, so raise as the preloading path does
+    if not 200 <= response.status < 300:
+        raise ApiException(status=response.status, reason=response.reason)
+    body: Obj = json.loads(raw)
     return body
 
 

@@ -55,6 +55,7 @@ class Request:
     method: str
     path: str
     query: dict[str, str]
+    user_agent: str = ""
 
 
 @dataclass
@@ -140,7 +141,9 @@ class KubeDouble:
         return app
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
-        self.requests.append(Request(request.method, request.path, dict(request.query)))
+        self.requests.append(
+            Request(request.method, request.path, dict(request.query), request.headers.get("User-Agent", ""))
+        )
         if self.down:
             return _status(503, "ServiceUnavailable", "the test double is down")
         for i, (method, pattern, status) in enumerate(self.failures):

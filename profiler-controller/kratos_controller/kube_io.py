@@ -32,8 +32,9 @@ class KubeIO:
         self.custom = client.CustomObjectsApi(self.api)
 
     async def _exists(self, call: Any, *args: Any) -> bool:
+        # not _preload_content=False: kubernetes_asyncio then returns a 404 instead of raising it
         try:
-            await call(*args, _preload_content=False)
+            await call(*args)
         except ApiException as exc:
             if exc.status == 404:
                 return False

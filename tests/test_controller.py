@@ -1,0 +1,223 @@
+"""The controller's Kubernetes I/O against the in-process API test double (tests/kube_double.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from aiohttp.test_utils import TestServer
+from kubernetes_asyncio import client
+
+from kratos_admit import vocabulary as v
+from kratos_controller.controller import ControllerMetrics, ProfilerController, run_when_leading
+from kratos_controller.leader import LeaderElector
+from tests.conftest import TEST_KEY
+from tests.controller_helpers import finish, profiling_job, runner_pod, runner_summary
+from tests.kube_double import KubeDouble
+
+JOBS, PODS, PROFILES = (
+    ("apis/batch/v1", "jobs"),
+    ("api/v1", "pods"),
+    ("apis/gpu.scheduler.io/v1alpha1", "workloadprofiles"),
+)
+CONFIGMAPS, LEASES = ("api/v1", "configmaps"), ("apis/coordination.k8s.io/v1", "leases")
+
+
+@contextlib.asynccontextmanager
+async def api_server(kube: KubeDouble) -> AsyncIterator[TestServer]:
+    server = TestServer(kube.app())
+    await server.start_server()
+    try:
+        yield server
+    finally:
+        await server.close()
+
+
+def api_for(server: TestServer, agent: str = "kratos-test") -> client.ApiClient:
+    configuration = client.Configuration(host=str(server.make_url("")).rstrip("/"))
+    api = client.ApiClient(configuration)
+    api.user_agent = agent
+    return api
+
+
+async def eventually(check, timeout: float = 10.0) -> Any:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        result = check()
+        if result:
+            return result
+        if asyncio.get_running_loop().time() > deadline:
+            pytest.fail("condition not met in time")
+        await asyncio.sleep(0.05)
+
+
+@contextlib.asynccontextmanager
+async def controller_running(
+    server: TestServer, *, agent: str = "controller-a", resync: float = 300.0
+) -> AsyncIterator[ProfilerController]:
+    api = api_for(server, agent)
+    controller = ProfilerController(
+        api, signing_key=TEST_KEY, metrics=ControllerMetrics(), resync_seconds=resync, watch_timeout=5
+    )
+    task = asyncio.create_task(controller.run())
+    try:
+        yield controller
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        await api.close()
+
+
+def seed_finished(
+    kube: KubeDouble, name: str, message: str | None, condition: str = "Complete"
+) -> dict[str, Any]:
+    job = finish(profiling_job(name), condition)
+    kube.put(*PODS, runner_pod(job, message, exit_code=0 if message else 1))
+    return kube.put(*JOBS, job)
+
+
+def execution_jobs(kube: KubeDouble) -> list[dict[str, Any]]:
+    return [j for j in kube.items(*JOBS) if j["metadata"].get("labels", {}).get(v.ROLE_LABEL) == "execution"]
+
+
+async def test_finished_profiling_job_becomes_profile_configmap_and_one_execution_job():
+    kube = KubeDouble()
+    async with api_server(kube) as server:
+        seed_finished(kube, "vector-add", runner_summary())
+        async with controller_running(server) as controller:
+            await eventually(lambda: execution_jobs(kube))
+            profile = await eventually(lambda: kube.get(*PROFILES, "team-a", "vector-add-profile"))
+            assert profile["spec"] == {"workload": "vector-add"}
+            assert profile["status"]["phase"] == "Ready" and profile["status"]["boundType"] == "memory"
+            configmap = kube.get(*CONFIGMAPS, "team-a", "vector-add-profile-summary")
+            assert (
+                configmap and configmap["data"]["boundType"] == "memory" and configmap["data"]["summary.json"]
+            )
+            assert [j["metadata"]["name"] for j in execution_jobs(kube)] == ["vector-add-execution"]
+            assert controller.metrics.execution_jobs_created._value.get() == 1
+            assert controller.metrics.profiles_published.labels("ready")._value.get() == 1
+            # status went through the status subresource
+            assert kube.calls("PATCH", r"/workloadprofiles/vector-add-profile/status$")
+
+
+async def test_one_execution_job_per_profiling_job_across_a_restart_half_way():
+    kube = KubeDouble()
+    async with api_server(kube) as server:
+        seed_finished(kube, "vector-add", runner_summary())
+        kube.fail(
+            "POST", r"/apis/batch/v1/namespaces/team-a/jobs$", 500
+        )  # dies before the execution Job exists
+        async with controller_running(server) as first:
+            await eventually(lambda: kube.get(*PROFILES, "team-a", "vector-add-profile"))
+            await eventually(lambda: first.metrics.reconcile_errors._value.get() >= 1)
+            await asyncio.sleep(0.1)
+        created_before = len(execution_jobs(kube))
+        async with controller_running(server, agent="controller-restarted") as second:
+            await eventually(lambda: execution_jobs(kube))
+            await asyncio.sleep(0.3)
+            assert len(execution_jobs(kube)) == 1
+            assert (
+                created_before
+                + second.metrics.execution_jobs_created._value.get()
+                + first.metrics.execution_jobs_created._value.get()
+                == 1
+            )
+        async with controller_running(server, agent="controller-third") as third:
+            await eventually(third.informer.synced.is_set)
+            await asyncio.sleep(0.5)
+            assert len(execution_jobs(kube)) == 1
+            assert not [r for r in kube.calls("POST", r"/jobs$") if r.user_agent == "controller-third"], (
+                "nothing left to do"
+            )
+
+
+async def test_failed_profiling_still_releases_the_workload():
+    kube = KubeDouble()
+    async with api_server(kube) as server:
+        seed_finished(kube, "vector-add", None, condition="Failed")
+        async with controller_running(server) as controller:
+            await eventually(lambda: execution_jobs(kube))
+            profile = kube.get(*PROFILES, "team-a", "vector-add-profile")
+            assert profile and profile["status"]["phase"] == "Failed"
+            assert "profiling-runner ended Error (exit 1)" in profile["status"]["message"]
+            assert controller.metrics.profiles_published.labels("failed")._value.get() == 1
+
+
+async def test_watch_events_after_a_410_relist_are_handled():
+    kube = KubeDouble()
+    async with api_server(kube) as server, controller_running(server) as controller:
+        await eventually(controller.informer.synced.is_set)
+        running = profiling_job("late")
+        kube.put(*JOBS, running)
+        await asyncio.sleep(0.3)
+        kube.put(*PODS, runner_pod(finish(running), runner_summary()))
+        kube.put(*JOBS, {**finish(running), "metadata": kube.get(*JOBS, "team-a", "late")["metadata"]})  # type: ignore[index]
+        kube.compact()  # the watch closes and its resourceVersion is now too old: 410, relist
+        await eventually(
+            lambda: [j for j in execution_jobs(kube) if j["metadata"]["name"] == "late-execution"]
+        )
+        assert controller.informer.relists >= 2
+
+
+async def test_two_controllers_sharing_a_lease_never_both_act():
+    kube = KubeDouble()
+    async with api_server(kube) as server:
+        for i in range(3):
+            seed_finished(kube, f"job-{i}", runner_summary())
+        apis = [api_for(server, "controller-a"), api_for(server, "controller-b")]
+        controllers = [
+            ProfilerController(api, signing_key=TEST_KEY, metrics=ControllerMetrics(), watch_timeout=5)
+            for api in apis
+        ]
+        electors = [
+            LeaderElector(
+                api,
+                namespace="kratos-system",
+                name="kratos-profiler-controller",
+                identity=agent,
+                lease_seconds=3,
+                retry_seconds=0.2,
+            )
+            for api, agent in zip(apis, ("controller-a", "controller-b"), strict=True)
+        ]
+        tasks = [
+            asyncio.create_task(run_when_leading(c, e)) for c, e in zip(controllers, electors, strict=True)
+        ]
+        try:
+            await eventually(lambda: len(execution_jobs(kube)) == 3)
+            await asyncio.sleep(0.5)
+            leaders = [e.identity for e in electors if e.leading.is_set()]
+            assert len(leaders) == 1
+            actors = {
+                r.user_agent
+                for r in kube.requests
+                if r.method in ("POST", "PATCH", "PUT") and "/leases" not in r.path
+            }
+            assert actors == set(leaders), "only the Lease holder wrote anything"
+            lease = kube.get(*LEASES, "kratos-system", "kratos-profiler-controller")
+            assert lease and lease["spec"]["holderIdentity"] == leaders[0]
+
+            # the leader cannot renew any more: it stops acting, the other takes over after expiry
+            leader = next(e for e in electors if e.leading.is_set())
+            follower = next(e for e in electors if e is not leader)
+            kube.fail("PUT", r"/leases/", 500)
+            for _ in range(40):
+                kube.fail("PUT", r"/leases/", 500)
+                kube.fail("GET", r"/leases/", 500)
+            await eventually(leader.lost.is_set, timeout=15)
+            kube.failures.clear()
+            await eventually(follower.leading.is_set, timeout=15)
+            seed_finished(kube, "job-after-failover", runner_summary())
+            await eventually(lambda: len(execution_jobs(kube)) == 4, timeout=15)
+            assert len(execution_jobs(kube)) == 4
+        finally:
+            for task in tasks:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+            for api in apis:
+                await api.close()
