@@ -56,11 +56,11 @@ async def eventually(check, timeout: float = 10.0) -> Any:
 
 @contextlib.asynccontextmanager
 async def controller_running(
-    server: TestServer, *, agent: str = "controller-a", resync: float = 300.0
+    server: TestServer, *, agent: str = "controller-a", resync: float = 300.0, signing_key: bytes = TEST_KEY
 ) -> AsyncIterator[ProfilerController]:
     api = api_for(server, agent)
     controller = ProfilerController(
-        api, signing_key=TEST_KEY, metrics=ControllerMetrics(), resync_seconds=resync, watch_timeout=5
+        api, signing_key=signing_key, metrics=ControllerMetrics(), resync_seconds=resync, watch_timeout=5
     )
     task = asyncio.create_task(controller.run())
     try:

@@ -1,0 +1,124 @@
+"""The whole KRATOS loop in one test, with only the GPU simulated:
+
+user Job -> `review` rewrites it for profiling -> the profiling-runner command runs for real under a
+stand-in ncu that plays back a real Nsight Compute report -> the controller (against the API test
+double) publishes the WorkloadProfile and creates the execution Job -> `review` of that Job gives hints.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import stat
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from kratos_admit import vocabulary as v
+from kratos_admit.cli import main as kratos_admit
+from kratos_admit.signing import load_signing_key
+from kratos_runner.cli import main as kratos_runner
+from tests.conftest import EXAMPLES, assert_valid_kubernetes, require_fixtures
+from tests.controller_helpers import finish, runner_pod
+from tests.kube_double import KubeDouble
+from tests.test_controller import (
+    JOBS,
+    PODS,
+    PROFILES,
+    api_server,
+    controller_running,
+    eventually,
+    execution_jobs,
+)
+from tests.test_runner_cli import STAND_IN_NCU
+
+SIGNING_KEY = "f" * 64
+
+
+def review(path: Path, profiles: Path, key: Path) -> dict:
+    out, err = io.StringIO(), io.StringIO()
+    status = kratos_admit(
+        ["review", "-f", str(path), "--profiles", str(profiles), "--nodes", str(EXAMPLES / "nodes.yaml"),
+         "--signing-key", str(key), "-o", "json"],
+        stdout=out, stderr=err,
+    )  # fmt: skip
+    assert status == 0, err.getvalue()
+    result: dict = json.loads(out.getvalue())
+    return result
+
+
+async def test_profile_once_then_every_run_is_placed_by_the_profile(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    key = tmp_path / "signing.key"
+    key.write_text(SIGNING_KEY)
+    profiles = tmp_path / "profiles"
+    profiles.mkdir()
+
+    # 1. the user's Job is admitted with no profile: rewritten into its profiling form
+    first = review(EXAMPLES / "vector-add-job.yaml", profiles, key)
+    assert first["action"] == "profiling"
+    profiling_job = first["object"]
+    runner = profiling_job["spec"]["template"]["spec"]["containers"][0]
+    assert runner["name"] == "profiling-runner"
+
+    # 2. the profiling pod runs: stage the workload, run the runner's own command under a stand-in ncu
+    stage = tmp_path / "stage"
+    stage.mkdir()
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    ncu = bin_dir / "ncu"
+    ncu.write_text(STAND_IN_NCU.format(python=sys.executable))
+    workload = stage / "vectorAdd"
+    workload.write_text("#!/bin/sh\necho '[Vector addition of 50000 elements]'\necho 'Test PASSED'\n")
+    for path in (ncu, workload):
+        path.chmod(path.stat().st_mode | stat.S_IXUSR)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}/usr/bin{os.pathsep}/bin")
+    monkeypatch.setenv("FAKE_NCU_LOG", str(tmp_path / "ncu.log"))
+    monkeypatch.setenv(
+        "FAKE_NCU_EXPORT", str(require_fixtures() / "ncu" / "mdinfo-t4-two-kernel-basic-text.txt")
+    )
+    monkeypatch.setenv("KRATOS_TERMINATION_LOG", str(tmp_path / "termination-log"))
+    command = runner["command"]
+    assert command[:3] == ["python3", "-m", "kratos_runner"]
+    argv = [str(stage / Path(a).name) if a.startswith(v.STAGE_MOUNT_PATH) else a for a in command[3:]]
+    out = io.StringIO()
+    assert kratos_runner(argv, stdout=out, stderr=io.StringIO()) == 0
+    assert "Test PASSED" in out.getvalue()
+    termination_message = (tmp_path / "termination-log").read_text()
+
+    # 3. the Job finishes; the controller publishes the profile and releases the execution Job
+    kube = KubeDouble()
+    profiling_job["metadata"]["uid"] = "uid-vector-add"
+    done = finish(profiling_job)
+    kube.put(*JOBS, done)
+    kube.put(*PODS, runner_pod(done, termination_message))
+    async with api_server(kube) as server, controller_running(server, signing_key=load_signing_key(key)):
+        created = await eventually(lambda: execution_jobs(kube))
+    profile = kube.get(*PROFILES, "team-a", "vector-add-profile")
+    assert profile is not None and profile["status"]["phase"] == "Ready"
+    assert profile["status"]["boundType"] == "memory"  # the T4 report: 73.6 % memory vs 33.2 % SM
+
+    # 4. the execution Job is admitted again and now gets hints from the published profile
+    (profiles / "vector-add-profile.yaml").write_text(yaml.safe_dump(profile))
+    execution = tmp_path / "execution.yaml"
+    execution.write_text(yaml.safe_dump(created[0]))
+    second = review(execution, profiles, key)
+    assert second["allowed"] and second["action"] == "hints"
+    hinted = second["object"]
+    assert hinted["metadata"]["name"] == "vector-add-execution"
+    assert hinted["metadata"]["labels"][v.ROLE_LABEL] == "execution"
+    assert hinted["metadata"]["annotations"][v.PROFILE_ANNOTATION].startswith("vector-add-profile@")
+    ranked = [
+        r["product"] for r in json.loads(hinted["metadata"]["annotations"][v.HINTS_ANNOTATION])["ranked"]
+    ]
+    assert ranked.index("NVIDIA-A100-SXM4-80GB") < ranked.index("NVIDIA-L40S"), (
+        "memory-bound: bandwidth first"
+    )
+    spec = hinted["spec"]["template"]["spec"]
+    assert spec["containers"][0]["command"] == ["/cuda-samples/vectorAdd"], "the user's own workload runs"
+    assert spec["runtimeClassName"] == "nvidia"
+    assert_valid_kubernetes(hinted)
