@@ -13,6 +13,7 @@ import os
 import stat
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -38,7 +39,7 @@ from tests.test_runner_cli import STAND_IN_NCU
 SIGNING_KEY = "f" * 64
 
 
-def review(path: Path, profiles: Path, key: Path) -> dict:
+def review(path: Path, profiles: Path, key: Path) -> dict[str, Any]:
     out, err = io.StringIO(), io.StringIO()
     status = kratos_admit(
         ["review", "-f", str(path), "--profiles", str(profiles), "--nodes", str(EXAMPLES / "nodes.yaml"),
@@ -46,7 +47,7 @@ def review(path: Path, profiles: Path, key: Path) -> dict:
         stdout=out, stderr=err,
     )  # fmt: skip
     assert status == 0, err.getvalue()
-    result: dict = json.loads(out.getvalue())
+    result: dict[str, Any] = json.loads(out.getvalue())
     return result
 
 
