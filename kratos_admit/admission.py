@@ -110,6 +110,35 @@ def review(body: bytes, *, webhook: Webhook, engine: AdmissionEngine) -> ReviewR
     return answer(parsed["apiVersion"], request, webhook=webhook, engine=engine)
 
 
+def request_namespace(request: Mapping[str, Any]) -> str:
+    meta = as_mapping(as_mapping(request.get("object")).get("metadata"))
+    return str(request.get("namespace") or meta.get("namespace") or "default")
+
+
+def profile_key(request: Mapping[str, Any]) -> tuple[str, str] | None:
+    """(namespace, workload) whose profile this request needs, or None when it needs none."""
+    kind, _ = request_kind(request)
+    obj = request.get("object")
+    if kind is None or not isinstance(obj, dict) or request.get("subResource"):
+        return None
+    if request.get("operation") not in ("CREATE", "UPDATE"):
+        return None
+    workload = as_mapping(as_mapping(obj.get("metadata")).get("labels")).get(v.WORKLOAD_LABEL)
+    if not isinstance(workload, str) or not v.is_dns1123_label(workload):
+        return None
+    return request_namespace(request), workload
+
+
+async def review_live(body: bytes, *, webhook: Webhook, engine: AdmissionEngine) -> ReviewResult:
+    """The server's path: as ``review``, but a profile cache miss first asks the store to refresh."""
+    parsed = decode_review(body)
+    request: dict[str, Any] = parsed["request"]
+    key = profile_key(request)
+    if key is not None and engine.profiles.get(*key) is None:
+        await engine.profiles.refresh(*key)
+    return answer(parsed["apiVersion"], request, webhook=webhook, engine=engine)
+
+
 def answer(
     api_version: str, request: dict[str, Any], *, webhook: Webhook, engine: AdmissionEngine
 ) -> ReviewResult:
@@ -118,7 +147,7 @@ def answer(
     kind, kind_name = request_kind(request)
     obj = request.get("object")
     meta = as_mapping(as_mapping(obj).get("metadata"))
-    namespace = request.get("namespace") or meta.get("namespace") or "default"
+    namespace = request_namespace(request)
     name = request.get("name") or meta.get("name") or meta.get("generateName") or ""
     decision = Decision(allowed=True)
     if (

@@ -17,8 +17,9 @@ from kratos_admit import __version__
 from kratos_admit.admission import AdmissionEngine
 from kratos_admit.catalog import CatalogError, load_catalog
 from kratos_admit.certs import CertsError, generate
+from kratos_admit.cluster import ClusterNodeStore, ClusterProfileStore
 from kratos_admit.config import Config, ConfigError, load_config
-from kratos_admit.kube import KubeConfigError
+from kratos_admit.kube import KubeConfigError, api_client
 from kratos_admit.logs import configure_logging
 from kratos_admit.policy import PolicyContext
 from kratos_admit.review import InputError, load_documents, review_document
@@ -161,16 +162,24 @@ def cmd_webhook(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> Exi
         raise UsageError(
             "--tls-cert and --tls-key are required (HTTPS only); kratos-admit certs generate makes them"
         )
-    if config.source != "files":
-        raise UsageError(
-            "watching a cluster needs the live stores, which this build does not have; "
-            "pass --profiles DIR and/or --nodes FILE to serve from files"
-        )
     configure_logging(config.log_level, stderr)
-    key = _signing_key(config.signing_key_file, allow_development=True, stderr=stderr)
-    engine = _engine(config, key, config.profiles_dir, config.nodes_file)
-    asyncio.run(serve(engine, config=config))
+    if config.source == "files":
+        key = _signing_key(config.signing_key_file, allow_development=True, stderr=stderr)
+        asyncio.run(serve(_engine(config, key, config.profiles_dir, config.nodes_file), config=config))
+        return ExitStatus.OK
+    key = _signing_key(config.signing_key_file, allow_development=False, stderr=stderr)
+    asyncio.run(_serve_cluster(config, key, args.kubeconfig))
     return ExitStatus.OK
+
+
+async def _serve_cluster(config: Config, key: bytes, kubeconfig: Path | None) -> None:
+    api = await api_client(kubeconfig)
+    try:
+        ctx = PolicyContext(config=config, catalog=load_catalog(config.catalog_file), signing_key=key)
+        engine = AdmissionEngine(ctx=ctx, profiles=ClusterProfileStore(api), nodes=ClusterNodeStore(api))
+        await serve(engine, config=config)
+    finally:
+        await api.close()
 
 
 def cmd_controller(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> ExitStatus:

@@ -17,7 +17,7 @@ from kratos_admit.profile import WorkloadProfile
 from kratos_admit.quantity import parse_quantity
 from kratos_admit.ranking import RankedProduct, rank_gpu_products
 from kratos_admit.signing import sign_block
-from kratos_admit.workload import Kind, as_list, as_mapping
+from kratos_admit.workload import Kind, as_list, as_mapping, child, child_list
 
 Expression = dict[str, Any]
 
@@ -66,15 +66,15 @@ def required_variants(cc: tuple[int, int] | None, memory_mib: int | None) -> lis
 
 
 def _and_into_terms(pod_spec: dict[str, Any], variants: list[list[Expression]]) -> bool:
-    affinity = pod_spec.setdefault("affinity", {})
-    node_affinity = affinity.setdefault("nodeAffinity", {})
-    required = node_affinity.setdefault("requiredDuringSchedulingIgnoredDuringExecution", {})
+    affinity = child(pod_spec, "affinity")
+    node_affinity = child(affinity, "nodeAffinity")
+    required = child(node_affinity, "requiredDuringSchedulingIgnoredDuringExecution")
     existing = [t for t in as_list(required.get("nodeSelectorTerms")) if isinstance(t, dict)] or [{}]
     terms: list[dict[str, Any]] = []
     for term in existing:
         for variant in variants:
             new_term = json.loads(json.dumps(term))
-            expressions = new_term.setdefault("matchExpressions", [])
+            expressions = child_list(new_term, "matchExpressions")
             for expression in variant:
                 if expression not in expressions:
                     expressions.append(expression)
@@ -85,7 +85,7 @@ def _and_into_terms(pod_spec: dict[str, Any], variants: list[list[Expression]]) 
 
 
 def _prefer_products(pod_spec: dict[str, Any], ranked: list[RankedProduct]) -> bool:
-    node_affinity = pod_spec.setdefault("affinity", {}).setdefault("nodeAffinity", {})
+    node_affinity = child(child(pod_spec, "affinity"), "nodeAffinity")
     preferred = node_affinity.get("preferredDuringSchedulingIgnoredDuringExecution")
     for term in as_list(preferred):
         expressions = as_list(as_mapping(as_mapping(term).get("preference")).get("matchExpressions"))
@@ -130,10 +130,10 @@ def _set_missing(mapping: dict[str, Any], key: str, value: object) -> bool:
 def _pod_parts(obj: dict[str, Any], kind: Kind) -> tuple[dict[str, Any], dict[str, Any]]:
     """(pod metadata, pod spec) of the deep copy, created where absent."""
     if kind == "Pod":
-        return obj.setdefault("metadata", {}), obj.setdefault("spec", {})
-    template = obj.setdefault("spec", {}).setdefault("template", {})
-    pod_meta = template.setdefault("metadata", {})
-    return pod_meta, template.setdefault("spec", {})
+        return child(obj, "metadata"), child(obj, "spec")
+    template = child(child(obj, "spec"), "template")
+    pod_meta = child(template, "metadata")
+    return pod_meta, child(template, "spec")
 
 
 def apply_hints(
@@ -148,7 +148,7 @@ def apply_hints(
     signing_key: bytes,
 ) -> HintResult:
     """Inject every hint DESIGN lists into ``obj`` (a deep copy), record them, sign what was written."""
-    metadata = obj.setdefault("metadata", {})
+    metadata = child(obj, "metadata")
     annotations = as_mapping(metadata.get("annotations"))
     user_annotations = {k: val for k, val in annotations.items() if isinstance(val, str)}
     pod_meta, pod_spec = _pod_parts(obj, kind)
@@ -179,7 +179,7 @@ def apply_hints(
             injected.append("schedulerName")
         blocks = [pod_meta] if kind == "Pod" else [metadata, pod_meta]
         for block in blocks:
-            if _set_missing(block.setdefault("labels", {}), v.KAI_QUEUE_LABEL, config.kai_queue):
+            if _set_missing(child(block, "labels"), v.KAI_QUEUE_LABEL, config.kai_queue):
                 injected.append(f"labels[{v.KAI_QUEUE_LABEL}]")
     elif config.scheduler == "volcano" and _set_missing(pod_spec, "schedulerName", v.VOLCANO_SCHEDULER_NAME):
         injected.append("schedulerName")
@@ -206,7 +206,7 @@ def apply_hints(
     )
     blocks = [metadata] if kind == "Pod" else [metadata, pod_meta]
     for block in blocks:
-        block_annotations = block.setdefault("annotations", {})
+        block_annotations = child(block, "annotations")
         block_annotations[v.HINTS_ANNOTATION] = record
         block_annotations[v.PROFILE_ANNOTATION] = profile.reference
         sign_block(block, namespace=namespace, key=signing_key)

@@ -14,7 +14,7 @@ from kratos_admit import vocabulary as v
 from kratos_admit.config import Config
 from kratos_admit.gpu_requests import ContainerGpus
 from kratos_admit.signing import sign_block, signature_valid
-from kratos_admit.workload import as_list, as_mapping
+from kratos_admit.workload import as_list, as_mapping, child
 
 # Job fields that name containers or indexes the profiling run no longer has.
 _DROPPED_JOB_FIELDS = (
@@ -130,8 +130,8 @@ def _runner_container(user: Mapping[str, Any], executable: str, config: Config) 
         {"name": v.STAGE_VOLUME, "mountPath": v.STAGE_MOUNT_PATH, "readOnly": True},
     ]
     if config.profiling_capabilities:
-        security = runner.setdefault("securityContext", {})
-        capabilities = security.setdefault("capabilities", {})
+        security = child(runner, "securityContext")
+        capabilities = child(security, "capabilities")
         added = [c for c in as_list(capabilities.get("add")) if isinstance(c, str)]
         capabilities["add"] = [*added, *(c for c in config.profiling_capabilities if c not in added)]
     return runner
@@ -148,9 +148,9 @@ def rewrite_for_profiling(
 ) -> None:
     """Turn the Job (a deep copy) into its profiling form, in place; the Job keeps its name."""
     original = encode_original_template(job)
-    spec = job.setdefault("spec", {})
-    template = spec.setdefault("template", {})
-    pod_spec = template.setdefault("spec", {})
+    spec = child(job, "spec")
+    template = child(spec, "template")
+    pod_spec = child(template, "spec")
     user = target.container.raw
     pod_spec["initContainers"] = [
         *as_list(pod_spec.get("initContainers")),
@@ -170,10 +170,10 @@ def rewrite_for_profiling(
         backoffLimit=0,
         activeDeadlineSeconds=config.profiling_deadline_seconds,
     )
-    metadata = job.setdefault("metadata", {})
-    metadata.setdefault("labels", {})[v.ROLE_LABEL] = "profiling"
-    metadata.setdefault("annotations", {})[v.ORIGINAL_TEMPLATE_ANNOTATION] = original
-    pod_meta = template.setdefault("metadata", {})
-    pod_meta.setdefault("labels", {})[v.ROLE_LABEL] = "profiling"
+    metadata = child(job, "metadata")
+    child(metadata, "labels")[v.ROLE_LABEL] = "profiling"
+    child(metadata, "annotations")[v.ORIGINAL_TEMPLATE_ANNOTATION] = original
+    pod_meta = child(template, "metadata")
+    child(pod_meta, "labels")[v.ROLE_LABEL] = "profiling"
     sign_block(metadata, namespace=namespace, key=signing_key)
     sign_block(pod_meta, namespace=namespace, key=signing_key)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from kratos_admit.admission import AdmissionEngine, AdmissionRequestError, Webhook, error_body, review
+from kratos_admit.admission import AdmissionEngine, AdmissionRequestError, Webhook, error_body, review_live
 from kratos_admit.config import Config, split_host_port
 from kratos_admit.metrics import AdmissionMetrics
 from kratos_admit.tls import ServingCertificate
@@ -63,7 +63,7 @@ def _handler(webhook: Webhook) -> Callable[[web.Request], Awaitable[web.Response
             state.metrics.requests.labels(webhook, "unknown", "unknown", "error").inc()
             return _json(413, error_body(f"body larger than the limit of {state.max_body_bytes} bytes"))
         try:
-            result = review(body, webhook=webhook, engine=state.engine)
+            result = await review_live(body, webhook=webhook, engine=state.engine)
         except AdmissionRequestError as exc:
             state.metrics.requests.labels(webhook, "unknown", "unknown", "error").inc()
             log.warning("bad admission request", extra={"webhook": webhook, "reason": str(exc)})
@@ -223,10 +223,12 @@ async def serve(engine: AdmissionEngine, *, config: Config) -> None:
                 )
             )
         watcher = asyncio.create_task(certificate.watch())
+        stores = [asyncio.create_task(engine.profiles.run()), asyncio.create_task(engine.nodes.run())]
         log.info("serving", extra={"listen": config.listen, "metricsListen": config.metrics_listen})
         try:
             await wait_for_termination()
             log.info("SIGTERM: finishing in-flight requests")
         finally:
-            watcher.cancel()
+            for task in (watcher, *stores):
+                task.cancel()
     log.info("stopped")

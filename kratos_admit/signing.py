@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from kratos_admit import vocabulary as v
+from kratos_admit.workload import child
 
 SIGNATURE_PREFIX: Final = "hmac-sha256:"
 MIN_KEY_BYTES: Final = 32
@@ -77,6 +78,4 @@ def signature_valid(meta: Mapping[str, Any], *, namespace: str, key: bytes) -> b
 
 def sign_block(meta: dict[str, Any], *, namespace: str, key: bytes) -> None:
     """Write (or refresh) the signature of a block the caller has just given KRATOS-only keys."""
-    meta.setdefault("annotations", {})[v.SIGNATURE_ANNOTATION] = compute_signature(
-        meta, namespace=namespace, key=key
-    )
+    child(meta, "annotations")[v.SIGNATURE_ANNOTATION] = compute_signature(meta, namespace=namespace, key=key)

@@ -25,11 +25,18 @@ class ProfileStore(Protocol):
     def get(self, namespace: str, workload: str) -> WorkloadProfile | None: ...
     def ready(self) -> bool: ...
     def __len__(self) -> int: ...
+    async def refresh(self, namespace: str, workload: str) -> None:
+        """Called on a cache miss before the answer; a store that cannot miss does nothing."""
+
+    async def run(self) -> None:
+        """Keep the store current until cancelled; a store read once at start returns at once."""
 
 
 class NodeStore(Protocol):
     def gpu_products(self) -> frozenset[str]: ...
     def ready(self) -> bool: ...
+    async def run(self) -> None:
+        """Keep the store current until cancelled; a store read once at start returns at once."""
 
 
 class ProfileIndex:
@@ -140,6 +147,12 @@ class FileProfileStore:
     def __len__(self) -> int:
         return len(self._index)
 
+    async def refresh(self, namespace: str, workload: str) -> None:
+        """Every profile is in memory: a miss is an answer."""
+
+    async def run(self) -> None:
+        """Read once at start: nothing to keep current."""
+
 
 class FileNodeStore:
     """Nodes from a (multi-document) YAML file, read once at start."""
@@ -152,3 +165,6 @@ class FileNodeStore:
 
     def ready(self) -> bool:
         return True
+
+    async def run(self) -> None:
+        """Read once at start: nothing to keep current."""

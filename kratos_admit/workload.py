@@ -25,6 +25,26 @@ def as_list(value: object) -> list[Any]:
     return value if isinstance(value, list) else []
 
 
+def child(parent: dict[str, Any], key: str) -> dict[str, Any]:
+    """``parent[key]`` as a dict we may write into, created when absent or null.
+
+    Kubernetes accepts ``null`` for an unset map (``annotations: null``), so ``setdefault`` alone
+    would hand back None; anything else that is not a map is replaced, as the API server would
+    have refused it.
+    """
+    value = parent.get(key)
+    if not isinstance(value, dict):
+        value = parent[key] = {}
+    return value
+
+
+def child_list(parent: dict[str, Any], key: str) -> list[Any]:
+    value = parent.get(key)
+    if not isinstance(value, list):
+        value = parent[key] = []
+    return value
+
+
 def string_map(value: object) -> dict[str, str]:
     """Labels or annotations as str -> str, ignoring entries the API server would have rejected."""
     return {k: val for k, val in as_mapping(value).items() if isinstance(k, str) and isinstance(val, str)}

@@ -25,6 +25,12 @@ class MemoryProfiles:
     def __len__(self) -> int:
         return len(self.index)
 
+    async def refresh(self, namespace: str, workload: str) -> None:
+        """Nothing to fetch: the tests put every profile in memory."""
+
+    async def run(self) -> None:
+        """Nothing to watch."""
+
 
 class MemoryNodes:
     def __init__(self, products: Iterable[str] = ()) -> None:
@@ -35,6 +41,9 @@ class MemoryNodes:
 
     def ready(self) -> bool:
         return True
+
+    async def run(self) -> None:
+        """Nothing to watch."""
 
 
 MIXED_CLUSTER = ("NVIDIA-A100-SXM4-80GB", "NVIDIA-L40S", "NVIDIA-L4", "NVIDIA-H100-80GB-HBM3")

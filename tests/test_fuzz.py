@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import json
+import os
 from typing import Any
 
 from aiohttp import web
@@ -142,7 +143,11 @@ def test_random_and_mutated_reviews_never_get_a_500():
         response = await client.post(path, data=body, headers={"Content-Type": "application/json"})
         return response.status, await response.json()
 
-    @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @settings(
+        max_examples=int(os.environ.get("KRATOS_FUZZ_EXAMPLES", "400")),
+        deadline=None,
+        suppress_health_check=[HealthCheck.too_slow],
+    )
     @given(body=reviews(), path=st.sampled_from(["/mutate", "/validate"]))
     def check(body: bytes, path: str) -> None:
         status, answer = loop.run_until_complete(post(path, body))
