@@ -19,6 +19,7 @@ from kratos_admit.catalog import CatalogError, load_catalog
 from kratos_admit.certs import CertsError, generate
 from kratos_admit.cluster import ClusterNodeStore, ClusterProfileStore
 from kratos_admit.config import Config, ConfigError, load_config
+from kratos_admit.inject import WEBHOOK_CONFIGURATION, Injected, InjectError, inject_ca, read_ca
 from kratos_admit.kube import KubeConfigError, api_client
 from kratos_admit.logs import configure_logging
 from kratos_admit.policy import PolicyContext
@@ -86,6 +87,14 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--out", type=Path, required=True)
     gen.add_argument("--days", type=int, default=365)
     gen.add_argument("--force", action="store_true", help="overwrite existing files")
+    inject = certs_commands.add_parser(
+        "inject", help="write the CA into the webhook configurations' caBundle"
+    )
+    inject.add_argument("--ca", type=Path, required=True)
+    inject.add_argument("--kubeconfig", type=Path)
+    inject.add_argument(
+        "--name", default=WEBHOOK_CONFIGURATION, help="webhook configuration name (kratos-admit)"
+    )
     return parser
 
 
@@ -193,6 +202,11 @@ def cmd_controller(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> 
 
 
 def cmd_certs(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> ExitStatus:
+    if args.certs_command == "inject":
+        ca = read_ca(args.ca)
+        for done in asyncio.run(_inject(ca, args.kubeconfig, args.name)):
+            print(f"{done.kind} {done.name}: caBundle set on {done.webhooks} webhook(s)", file=stdout)
+        return ExitStatus.OK
     result = generate(
         service=args.service, namespace=args.namespace, out=args.out, days=args.days, force=args.force
     )
@@ -202,6 +216,14 @@ def cmd_certs(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> ExitS
         file=stdout,
     )
     return ExitStatus.OK
+
+
+async def _inject(ca: bytes, kubeconfig: Path | None, name: str) -> list[Injected]:
+    api = await api_client(kubeconfig)
+    try:
+        return await inject_ca(api, ca, name=name)
+    finally:
+        await api.close()
 
 
 COMMANDS = {"review": cmd_review, "webhook": cmd_webhook, "controller": cmd_controller, "certs": cmd_certs}
@@ -224,6 +246,7 @@ def main(
         CertificateError,
         CertsError,
         KubeConfigError,
+        InjectError,
     ) as exc:
         print(f"kratos-admit: {exc}", file=stderr)
         return ExitStatus.UNUSABLE

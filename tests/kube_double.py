@@ -21,6 +21,8 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
+import jsonpatch
+import jsonpointer
 from aiohttp import web
 
 Obj = dict[str, Any]
@@ -201,6 +203,11 @@ class KubeDouble:
                     "the object has been modified; please apply your changes to the latest version",
                 )
             updated = copy.deepcopy(body)
+        elif request.method == "PATCH" and request.content_type == "application/json-patch+json":
+            try:
+                updated = jsonpatch.apply_patch(current, body)
+            except (jsonpatch.JsonPatchException, jsonpointer.JsonPointerException) as exc:
+                return _status(422, "Invalid", str(exc))
         elif request.method == "PATCH":
             updated = _merge(copy.deepcopy(current), body)
         else:

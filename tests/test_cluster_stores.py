@@ -1,0 +1,191 @@
+"""The webhook's live stores against the in-process Kubernetes API test double (tests/kube_double.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+from aiohttp.test_utils import TestClient, TestServer
+
+from kratos_admit import vocabulary as v
+from kratos_admit.admission import AdmissionEngine
+from kratos_admit.cluster import ClusterNodeStore, ClusterProfileStore
+from kratos_admit.metrics import AdmissionMetrics
+from kratos_admit.server import create_app
+from tests.builders import make_job
+from tests.conftest import make_ctx
+from tests.kube_double import KubeDouble
+from tests.test_controller import PROFILES, api_for, api_server, eventually
+from tests.test_server import review_of
+
+NODES = ("api/v1", "nodes")
+
+
+def profile(
+    workload: str, namespace: str = "team-a", *, phase: str = "Ready", bound: str = "memory"
+) -> dict[str, Any]:
+    return {
+        "apiVersion": v.API_VERSION,
+        "kind": v.PROFILE_KIND,
+        "metadata": {"name": f"{workload}-profile", "namespace": namespace},
+        "spec": {"workload": workload},
+        "status": {
+            "phase": phase,
+            "boundType": bound,
+            "metrics": {"smThroughput": "12.0", "memoryThroughput": "85.0"},
+        },
+    }
+
+
+def node(name: str, product: str, *, gpu: bool = True) -> dict[str, Any]:
+    labels = {"kubernetes.io/hostname": name}
+    if gpu:
+        labels |= {v.GPU_PRESENT_LABEL: "true", v.GPU_PRODUCT_LABEL: product}
+    return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": labels}}
+
+
+@contextlib.asynccontextmanager
+async def stores_running(kube: KubeDouble) -> AsyncIterator[tuple[ClusterProfileStore, ClusterNodeStore]]:
+    async with api_server(kube) as server:
+        api = api_for(server, "kratos-webhook")
+        profiles, nodes = ClusterProfileStore(api, get_timeout=0.5), ClusterNodeStore(api)
+        for informer in (profiles.informer, nodes.informer):
+            informer.watch_timeout = 5
+            informer.backoff.cap = 0.2
+        tasks = [asyncio.create_task(profiles.run()), asyncio.create_task(nodes.run())]
+        try:
+            yield profiles, nodes
+        finally:
+            for task in tasks:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+            await api.close()
+
+
+def api_calls(kube: KubeDouble) -> int:
+    return len([r for r in kube.requests if r.query.get("watch", "").lower() not in ("true", "1")])
+
+
+async def test_first_sync_then_watch_events():
+    kube = KubeDouble()
+    kube.put(*PROFILES, profile("vector-add"))
+    kube.put(*NODES, node("gpu-a", "NVIDIA-A100-SXM4-80GB"))
+    kube.put(*NODES, node("cpu-1", "", gpu=False))
+    async with stores_running(kube) as (profiles, nodes):
+        await eventually(lambda: profiles.ready() and nodes.ready())
+        assert profiles.get("team-a", "vector-add") is not None and len(profiles) == 1
+        assert nodes.gpu_products() == {"NVIDIA-A100-SXM4-80GB"}, "only nvidia.com/gpu.present=true nodes"
+        kube.put(*PROFILES, profile("nbody", bound="compute"))
+        kube.put(*NODES, node("gpu-l", "NVIDIA-L40S"))
+        await eventually(
+            lambda: profiles.get("team-a", "nbody") is not None and len(nodes.gpu_products()) == 2
+        )
+        kube.put(*PROFILES, profile("nbody", phase="Failed"))
+        await eventually(lambda: (p := profiles.get("team-a", "nbody")) is not None and p.failed)
+        kube.remove(*PROFILES, "team-a", "nbody-profile")
+        kube.remove(*NODES, "", "gpu-l")
+        await eventually(
+            lambda: (
+                profiles.get("team-a", "nbody") is None and nodes.gpu_products() == {"NVIDIA-A100-SXM4-80GB"}
+            )
+        )
+
+
+async def test_410_gone_relists():
+    kube = KubeDouble()
+    kube.put(*PROFILES, profile("vector-add"))
+    async with stores_running(kube) as (profiles, _):
+        await eventually(profiles.ready)
+        kube.put(*PROFILES, profile("late"))
+        await eventually(lambda: profiles.get("team-a", "late") is not None)
+        kube.down = True  # the watch ends; what happens now is never sent as an event ...
+        await asyncio.sleep(0.3)
+        kube.remove(*PROFILES, "team-a", "vector-add-profile")
+        kube.put(*PROFILES, profile("later"))
+        kube.compact()  # ... and the history is gone: reconnecting from the old resourceVersion gets 410
+        kube.down = False
+        await eventually(lambda: profiles.informer.relists >= 2)
+        await eventually(lambda: profiles.get("team-a", "later") is not None)
+        assert profiles.get("team-a", "vector-add") is None
+
+
+async def test_api_going_away_keeps_the_cache_answering_and_ready():
+    kube = KubeDouble()
+    kube.put(*PROFILES, profile("vector-add"))
+    async with stores_running(kube) as (profiles, nodes):
+        await eventually(lambda: profiles.ready() and nodes.ready())
+        kube.down = True
+        kube.compact()
+        await asyncio.sleep(1.0)
+        assert profiles.ready() and nodes.ready()
+        assert profiles.get("team-a", "vector-add") is not None
+        kube.down = False
+        kube.put(*PROFILES, profile("after-outage"))
+        await eventually(lambda: profiles.get("team-a", "after-outage") is not None)
+
+
+async def test_a_miss_does_one_get_and_a_hit_does_none():
+    kube = KubeDouble()
+    async with stores_running(kube) as (profiles, _):
+        await eventually(profiles.ready)
+        kube.down = True  # the watch will not deliver what is written next ...
+        kube.compact()
+        kube.down = False
+        kube.put(*PROFILES, profile("just-written"))
+        gets_before = len(kube.calls("GET", r"/workloadprofiles/just-written-profile$"))
+        assert profiles.get("team-a", "just-written") is None
+        await profiles.refresh("team-a", "just-written")  # ... but the direct GET does
+        assert profiles.get("team-a", "just-written") is not None
+        assert len(kube.calls("GET", r"/workloadprofiles/just-written-profile$")) == gets_before + 1
+        await profiles.refresh("team-a", "missing")
+        await profiles.refresh("team-a", "missing")  # negative result remembered for a moment
+        assert len(kube.calls("GET", r"/workloadprofiles/missing-profile$")) == 1
+
+
+async def test_server_path_hit_makes_no_api_call_and_miss_makes_one():
+    kube = KubeDouble()
+    kube.put(*PROFILES, profile("vector-add"))
+    async with stores_running(kube) as (profiles, nodes):
+        await eventually(lambda: profiles.ready() and nodes.ready())
+        app = create_app(
+            AdmissionEngine(make_ctx(), profiles, nodes), metrics=AdmissionMetrics(), max_body_bytes=1 << 20
+        )
+        async with TestClient(TestServer(app)) as http:
+            await asyncio.sleep(0.2)
+            before = api_calls(kube)
+            for _ in range(20):
+                response = await http.post(
+                    "/mutate",
+                    data=json.dumps(review_of(make_job().build())),
+                    headers={"Content-Type": "application/json"},
+                )
+                assert (await response.json())["response"]["patchType"] == "JSONPatch"
+            assert api_calls(kube) == before, "cache hits answer from memory"
+            response = await http.post(
+                "/mutate",
+                data=json.dumps(review_of(make_job("other").build())),
+                headers={"Content-Type": "application/json"},
+            )
+            assert response.status == 200
+            assert api_calls(kube) == before + 1, "one GET for the miss"
+            kube.put(*PROFILES, profile("other"))
+            await eventually(lambda: profiles.get("team-a", "other") is not None)
+
+
+async def test_readiness_waits_for_the_first_sync():
+    kube = KubeDouble()
+    kube.down = True
+    async with stores_running(kube) as (profiles, nodes):
+        await asyncio.sleep(0.5)
+        assert not profiles.ready() and not nodes.ready()
+        app = create_app(AdmissionEngine(make_ctx(), profiles, nodes), metrics=AdmissionMetrics(), max_body_bytes=1 << 20,
+                         ready=lambda: profiles.ready() and nodes.ready())  # fmt: skip
+        async with TestClient(TestServer(app)) as http:
+            assert (await http.get("/readyz")).status == 503
+            kube.down = False
+            await eventually(lambda: profiles.ready() and nodes.ready())
+            assert (await http.get("/readyz")).status == 200
