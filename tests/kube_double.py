@@ -208,8 +208,17 @@ class KubeDouble:
                 updated = jsonpatch.apply_patch(current, body)
             except (jsonpatch.JsonPatchException, jsonpointer.JsonPointerException) as exc:
                 return _status(422, "Invalid", str(exc))
-        elif request.method == "PATCH":
+        elif request.method == "PATCH" and request.content_type in (
+            "application/merge-patch+json",
+            "application/strategic-merge-patch+json",
+        ):
             updated = _merge(copy.deepcopy(current), body)
+        elif request.method == "PATCH":
+            return _status(
+                415,
+                "UnsupportedMediaType",
+                f"the body of the request was in an unknown format: {request.content_type}",
+            )
         else:
             return _status(405, "MethodNotAllowed", request.method)
         updated.setdefault("metadata", {})

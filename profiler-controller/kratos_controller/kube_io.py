@@ -123,8 +123,16 @@ class KubeIO:
             except ApiException as exc:
                 if exc.status != 409:
                     raise
-            await self.custom.patch_namespaced_custom_object_status(
-                v.GROUP, v.VERSION, action.namespace, v.PROFILE_PLURAL, action.name, {"status": action.status}
+            # _content_type is accepted at run time but missing from the generated signature
+            await self.custom.patch_namespaced_custom_object_status(  # type: ignore[call-arg]
+                v.GROUP,
+                v.VERSION,
+                action.namespace,
+                v.PROFILE_PLURAL,
+                action.name,
+                {"status": action.status},
+                # a dict body would otherwise go out as application/json-patch+json and be refused
+                _content_type="application/merge-patch+json",
             )
             return outcome
         try:
