@@ -12,9 +12,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-import jsonpatch
-
 from kratos_admit import vocabulary as v
+from kratos_admit.patch import diff
 from kratos_admit.policy import Decision, PolicyContext, mutate, validate
 from kratos_admit.stores import NodeStore, ProfileStore
 from kratos_admit.workload import Kind, as_mapping
@@ -99,8 +98,7 @@ def deny_message(decision: Decision) -> str:
 
 
 def make_patch(original: Mapping[str, Any], mutated: Mapping[str, Any]) -> list[dict[str, Any]]:
-    ops: list[dict[str, Any]] = jsonpatch.make_patch(original, mutated).patch
-    return ops
+    return diff(original, mutated)
 
 
 def review(body: bytes, *, webhook: Webhook, engine: AdmissionEngine) -> ReviewResult:

@@ -13,6 +13,7 @@ from typing import Any
 from kratos_admit import vocabulary as v
 from kratos_admit.catalog import Catalog
 from kratos_admit.config import Config
+from kratos_admit.patch import clone
 from kratos_admit.profile import WorkloadProfile
 from kratos_admit.quantity import parse_quantity
 from kratos_admit.ranking import RankedProduct, rank_gpu_products
@@ -73,7 +74,7 @@ def _and_into_terms(pod_spec: dict[str, Any], variants: list[list[Expression]]) 
     terms: list[dict[str, Any]] = []
     for term in existing:
         for variant in variants:
-            new_term = json.loads(json.dumps(term))
+            new_term = clone(term)
             expressions = child_list(new_term, "matchExpressions")
             for expression in variant:
                 if expression not in expressions:

@@ -6,7 +6,6 @@ object is never silently passed on unchanged when it is broken.
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -17,6 +16,7 @@ from kratos_admit.config import Config
 from kratos_admit.fields import FieldError
 from kratos_admit.gpu_requests import read_pod_gpus
 from kratos_admit.hints import apply_hints
+from kratos_admit.patch import clone
 from kratos_admit.profile import WorkloadProfile
 from kratos_admit.profiling import profiling_wanted, rewrite_for_profiling
 from kratos_admit.signing import signature_valid
@@ -133,7 +133,7 @@ def mutate(
     if already_hinted(workload, namespace, key) or role == "profiling":
         return Decision(allowed=True)
     if profile is not None and profile.ready:
-        mutated = copy.deepcopy(dict(obj))
+        mutated: dict[str, Any] = clone(obj)
         result = apply_hints(
             mutated,
             kind,
@@ -176,14 +176,19 @@ def mutate(
     target = gpus.gpu_containers[0]
     executable = profiling_executable(workload, target)
     assert executable is not None, "profiling-target validation guarantees an executable"
-    mutated = copy.deepcopy(dict(obj))
+    rewritten: dict[str, Any] = clone(obj)
     rewrite_for_profiling(
-        mutated, target=target, executable=executable, namespace=namespace, config=ctx.config, signing_key=key
+        rewritten,
+        target=target,
+        executable=executable,
+        namespace=namespace,
+        config=ctx.config,
+        signing_key=key,
     )
     return Decision(
         allowed=True,
         action="profiling",
-        mutated=mutated,
+        mutated=rewritten,
         warnings=[
             f"no WorkloadProfile for workload {name} yet: this Job runs once under Nsight Compute; "
             "the controller then creates the execution Job with hints"

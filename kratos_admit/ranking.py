@@ -11,6 +11,7 @@ share (latency, launch gaps) is assumed not to scale with the product.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal
@@ -80,23 +81,53 @@ def rank_gpu_products(
     min_compute_capability: tuple[int, int] | None = None,
     min_memory_mib: int | None = None,
 ) -> list[RankedProduct]:
-    """Products best first, weights 1..100 (the best gets 100). Unknown products get no entry."""
+    """Products best first, weights 1..100 (the best gets 100). Unknown products get no entry.
+
+    The ranking depends only on the profile's figures, the cluster's products and the config, so
+    it is computed once per distinct input and served from a bounded cache after that.
+    """
     shares = throughput_shares(profile)
     if shares is None:
         return []
     profiled = profile.status.gpu.product if profile.status else None
+    return list(
+        _rank(
+            catalog,
+            shares=shares,
+            profiled=profiled,
+            node_products=frozenset(node_products),
+            strategy=strategy,
+            reference_product=reference_product,
+            min_compute_capability=min_compute_capability,
+            min_memory_mib=min_memory_mib,
+        )
+    )
+
+
+@functools.lru_cache(maxsize=4096)
+def _rank(
+    catalog: Catalog,
+    *,
+    shares: tuple[float, float],
+    profiled: str | None,
+    node_products: frozenset[str],
+    strategy: Strategy,
+    reference_product: str,
+    min_compute_capability: tuple[int, int] | None,
+    min_memory_mib: int | None,
+) -> tuple[RankedProduct, ...]:
     reference = (catalog.lookup(profiled) if profiled else None) or catalog.lookup(reference_product)
     if reference is None:
-        return []
+        return ()
     labels_by_product: dict[str, tuple[GpuProduct, list[str]]] = {}
-    candidates = list(node_products) or [p.product for p in catalog.products]
+    candidates = sorted(node_products) or [p.product for p in catalog.products]
     for label in candidates:
         entry = catalog.lookup(label)
         if entry is None or not _meets(entry, min_compute_capability, min_memory_mib):
             continue
         labels_by_product.setdefault(entry.product, (entry, []))[1].append(label)
     if not labels_by_product:
-        return []
+        return ()
     sm, mem = shares
     scored = []
     for entry, labels in labels_by_product.values():
@@ -108,7 +139,7 @@ def rank_gpu_products(
         for score, entry, labels, rel in scored
     ]
     ranked.sort(key=lambda r: (-r.weight, r.relative_time, r.product.product))
-    return ranked
+    return tuple(ranked)
 
 
 def _meets(entry: GpuProduct, min_cc: tuple[int, int] | None, min_memory_mib: int | None) -> bool:
