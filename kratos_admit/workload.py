@@ -17,8 +17,13 @@ Kind = Literal["Job", "Pod"]
 JsonObject = dict[str, Any]
 
 
+_EMPTY: Mapping[str, Any] = {}
+
+
 def as_mapping(value: object) -> Mapping[str, Any]:
-    return value if isinstance(value, Mapping) else {}
+    if type(value) is dict:  # JSON gives plain dicts: skip the slower ABC check on the hot path
+        return value
+    return value if isinstance(value, Mapping) else _EMPTY
 
 
 def as_list(value: object) -> list[Any]:
@@ -89,39 +94,29 @@ class Container:
         return [a for a in as_list(self.raw.get("args")) if isinstance(a, str)]
 
 
-@dataclass(frozen=True, slots=True)
 class Workload:
-    """A Job or a Pod, with the paths of the parts KRATOS reads."""
+    """A Job or a Pod, with the paths of the parts KRATOS reads (computed once per object)."""
 
-    kind: Kind
-    raw: Mapping[str, Any]
+    __slots__ = ("blocks", "kind", "metadata", "pod_metadata", "pod_spec", "pod_spec_path", "raw")
 
-    @property
-    def metadata(self) -> MetadataBlock:
-        return MetadataBlock(METADATA, as_mapping(self.raw.get("metadata")))
-
-    @property
-    def pod_metadata(self) -> MetadataBlock:
-        if self.kind == "Pod":
-            return self.metadata
-        template = as_mapping(as_mapping(self.raw.get("spec")).get("template"))
-        return MetadataBlock(TEMPLATE.child("metadata"), as_mapping(template.get("metadata")))
-
-    @property
-    def blocks(self) -> tuple[MetadataBlock, ...]:
-        """Every metadata block that may carry KRATOS-only keys."""
-        return (self.metadata,) if self.kind == "Pod" else (self.metadata, self.pod_metadata)
-
-    @property
-    def pod_spec_path(self) -> Path:
-        return ROOT.child("spec") if self.kind == "Pod" else TEMPLATE.child("spec")
-
-    @property
-    def pod_spec(self) -> Mapping[str, Any]:
-        spec = as_mapping(self.raw.get("spec"))
-        if self.kind == "Pod":
-            return spec
-        return as_mapping(as_mapping(spec.get("template")).get("spec"))
+    def __init__(self, kind: Kind, raw: Mapping[str, Any]) -> None:
+        self.kind = kind
+        self.raw = raw
+        self.metadata = MetadataBlock(METADATA, as_mapping(raw.get("metadata")))
+        spec = as_mapping(raw.get("spec"))
+        if kind == "Pod":
+            self.pod_metadata = self.metadata
+            self.pod_spec_path = ROOT.child("spec")
+            self.pod_spec: Mapping[str, Any] = spec
+            self.blocks: tuple[MetadataBlock, ...] = (self.metadata,)
+        else:
+            template = as_mapping(spec.get("template"))
+            self.pod_metadata = MetadataBlock(
+                TEMPLATE.child("metadata"), as_mapping(template.get("metadata"))
+            )
+            self.pod_spec_path = TEMPLATE.child("spec")
+            self.pod_spec = as_mapping(template.get("spec"))
+            self.blocks = (self.metadata, self.pod_metadata)
 
     @property
     def name(self) -> str:
