@@ -24,7 +24,7 @@ from kratos_admit.kube import KubeConfigError, api_client
 from kratos_admit.logs import configure_logging
 from kratos_admit.policy import PolicyContext
 from kratos_admit.review import InputError, load_documents, review_document
-from kratos_admit.server import serve
+from kratos_admit.server import serve, serve_processes
 from kratos_admit.signing import DEVELOPMENT_KEY, SigningKeyError, load_signing_key
 from kratos_admit.stores import FileNodeStore, FileProfileStore, StoreError
 from kratos_admit.tls import CertificateError
@@ -63,6 +63,9 @@ def build_parser() -> argparse.ArgumentParser:
     webhook.add_argument("--kubeconfig", type=Path)
     webhook.add_argument("--profiles", type=Path, help="directory of WorkloadProfile YAML (no cluster)")
     webhook.add_argument("--nodes", type=Path, help="YAML file of Nodes (no cluster)")
+    webhook.add_argument(
+        "--workers", type=int, default=1, help="serving processes sharing the port (default 1)"
+    )
 
     review = commands.add_parser("review", help="run both webhooks offline on a manifest")
     review.add_argument("-f", "--filename", required=True, help="manifest file, or - for stdin")
@@ -171,14 +174,21 @@ def cmd_webhook(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> Exi
         raise UsageError(
             "--tls-cert and --tls-key are required (HTTPS only); kratos-admit certs generate makes them"
         )
+    if not 1 <= args.workers <= 64:
+        raise UsageError("--workers must be between 1 and 64")
     configure_logging(config.log_level, stderr)
     if config.source == "files":
         key = _signing_key(config.signing_key_file, allow_development=True, stderr=stderr)
-        asyncio.run(serve(_engine(config, key, config.profiles_dir, config.nodes_file), config=config))
-        return ExitStatus.OK
+        engine = _engine(config, key, config.profiles_dir, config.nodes_file)  # loaded once, shared by forks
+        status = serve_processes(lambda: engine, config=config, workers=args.workers)
+        return ExitStatus.OK if status == 0 else ExitStatus.DENIED
     key = _signing_key(config.signing_key_file, allow_development=False, stderr=stderr)
-    asyncio.run(_serve_cluster(config, key, args.kubeconfig))
-    return ExitStatus.OK
+    if args.workers == 1:
+        asyncio.run(_serve_cluster(config, key, args.kubeconfig))
+        return ExitStatus.OK
+    raise UsageError(
+        "--workers above 1 serves file stores only; in a cluster, scale the Deployment's replicas"
+    )
 
 
 async def _serve_cluster(config: Config, key: bytes, kubeconfig: Path | None) -> None:

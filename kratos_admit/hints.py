@@ -5,6 +5,7 @@ Appliers work on the caller's deep copy of the raw object and return the name of
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass
 from decimal import Decimal
@@ -137,6 +138,23 @@ def _pod_parts(obj: dict[str, Any], kind: Kind) -> tuple[dict[str, Any], dict[st
     return pod_meta, child(template, "spec")
 
 
+@functools.lru_cache(maxsize=4096)
+def hints_record(
+    profile: str, bound_type: str, strategy: str, injected: tuple[str, ...], ranked: tuple[RankedProduct, ...]
+) -> str:
+    """The gpu.scheduler.io/hints annotation: what was injected and why (memoised, it repeats)."""
+    return json.dumps(
+        {
+            "profile": profile,
+            "boundType": bound_type,
+            "strategy": strategy,
+            "injected": list(injected),
+            "ranked": [r.as_dict() for r in ranked],
+        },
+        separators=(",", ":"),
+    )
+
+
 def apply_hints(
     obj: dict[str, Any],
     kind: Kind,
@@ -195,15 +213,12 @@ def apply_hints(
             )
         elif _set_missing(pod_spec, "priorityClassName", priority_class):
             injected.append("priorityClassName")
-    record = json.dumps(
-        {
-            "profile": profile.metadata.name,
-            "boundType": profile.status.bound_type if profile.status else "unknown",
-            "strategy": config.hint_strategy,
-            "injected": injected,
-            "ranked": [r.as_dict() for r in ranked],
-        },
-        separators=(",", ":"),
+    record = hints_record(
+        profile.metadata.name,
+        profile.status.bound_type if profile.status else "unknown",
+        config.hint_strategy,
+        tuple(injected),
+        tuple(ranked),
     )
     blocks = [metadata] if kind == "Pod" else [metadata, pod_meta]
     for block in blocks:

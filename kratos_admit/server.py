@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 import signal
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -191,7 +192,7 @@ async def wait_for_termination() -> None:
     await stop.wait()
 
 
-async def serve(engine: AdmissionEngine, *, config: Config) -> None:
+async def serve(engine: AdmissionEngine, *, config: Config, reuse_port: bool = False) -> None:
     """Serve until SIGTERM/SIGINT, then finish in-flight requests and return."""
     assert config.tls_cert_file is not None and config.tls_key_file is not None
     metrics = AdmissionMetrics()
@@ -211,7 +212,7 @@ async def serve(engine: AdmissionEngine, *, config: Config) -> None:
                 app, host, port, certificate=certificate, shutdown_timeout=config.shutdown_grace_seconds
             )
         )
-        if config.metrics_listen:
+        if config.metrics_listen and not reuse_port:
             m_host, m_port = split_host_port(config.metrics_listen)
             await stack.enter_async_context(
                 running_site(
@@ -232,3 +233,39 @@ async def serve(engine: AdmissionEngine, *, config: Config) -> None:
             for task in (watcher, *stores):
                 task.cancel()
     log.info("stopped")
+
+
+def serve_processes(make_engine: Callable[[], AdmissionEngine], *, config: Config, workers: int) -> int:
+    """Serve from ``workers`` processes sharing one port (SO_REUSEPORT; the kernel spreads connections).
+
+    The parent forks before any event loop exists, forwards SIGTERM/SIGINT to its children and
+    returns 0 once all have drained and exited cleanly. Each child keeps its own metrics registry,
+    so with several workers scrape each process, or run one worker per Pod and scale replicas.
+    """
+    if workers == 1:
+        asyncio.run(serve(make_engine(), config=config))
+        return 0
+    children: list[int] = []
+    for _ in range(workers):
+        pid = os.fork()
+        if pid == 0:  # the child: serve, then leave without running the parent's cleanup
+            code = 1
+            try:
+                asyncio.run(serve(make_engine(), config=config, reuse_port=True))
+                code = 0
+            finally:
+                os._exit(code)
+        children.append(pid)
+
+    def forward(signum: int, _: object) -> None:
+        for child in children:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(child, signum)
+
+    signal.signal(signal.SIGTERM, forward)
+    signal.signal(signal.SIGINT, forward)
+    failed = 0
+    for child in children:
+        _, status = os.waitpid(child, 0)
+        failed += os.waitstatus_to_exitcode(status) != 0
+    return 1 if failed else 0

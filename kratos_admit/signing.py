@@ -6,6 +6,7 @@ a user's by identity; a signature keyed by a secret shared by webhook and contro
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import hmac
 import json
@@ -53,8 +54,16 @@ def reserved_keys(meta: Mapping[str, Any]) -> tuple[dict[str, str], dict[str, st
 
 def compute_signature(meta: Mapping[str, Any], *, namespace: str, key: bytes) -> str:
     labels, annotations = reserved_keys(meta)
+    return _signature(namespace, tuple(sorted(labels.items())), tuple(sorted(annotations.items())), key)
+
+
+@functools.lru_cache(maxsize=4096)
+def _signature(
+    namespace: str, labels: tuple[tuple[str, str], ...], annotations: tuple[tuple[str, str], ...], key: bytes
+) -> str:
+    """Memoised: the Job and its template carry the same keys, and hinted workloads repeat."""
     message = json.dumps(
-        {"namespace": namespace, "labels": labels, "annotations": annotations},
+        {"namespace": namespace, "labels": dict(labels), "annotations": dict(annotations)},
         sort_keys=True,
         separators=(",", ":"),
     ).encode()

@@ -1,0 +1,494 @@
+"""KRATOS admission benchmark: the webhook against a no-op aiohttp floor, in one run, on one machine.
+
+    .venv/bin/python bench/admission_bench.py            # full run: writes docs/benchmarks.md and a JSON result
+    .venv/bin/python bench/admission_bench.py --smoke    # seconds; what CI runs so the benchmark keeps working
+
+Both servers run as separate processes with the same TLS setup and the same --workers model, and
+are driven by the same keep-alive HTTPS load (wrk when installed: `apt-get install wrk`; else a
+Python asyncio client, which costs CPU on the same cores and so understates both servers).
+Per scenario and concurrency it reports requests/s, p50/p95/p99/max latency, server CPU time per
+request, and KRATOS's ratio to the floor; then a paced run at half the floor's peak rate for the
+p99 target, and an in-process benchmark of the pure decision path with a profile of its hot spots.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import cProfile
+import datetime as dt
+import io
+import json
+import os
+import platform
+import pstats
+import shutil
+import socket
+import ssl
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from kratos_admit.admission import AdmissionEngine, Webhook, review  # noqa: E402
+from kratos_admit.catalog import load_catalog  # noqa: E402
+from kratos_admit.certs import generate  # noqa: E402
+from kratos_admit.config import Config  # noqa: E402
+from kratos_admit.policy import PolicyContext  # noqa: E402
+from kratos_admit.review import review_document  # noqa: E402
+from kratos_admit.stores import FileNodeStore, FileProfileStore  # noqa: E402
+
+EXAMPLES = REPO / "examples"
+HOST = "kratos-webhook.kratos-system.svc"
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+@dataclass
+class Scenario:
+    name: str
+    path: str
+    body: bytes
+    what: str
+
+
+@dataclass
+class LoadResult:
+    server: str
+    scenario: str
+    connections: int
+    requests: int
+    seconds: float
+    errors: int
+    rps: float
+    p50_ms: float
+    p95_ms: float
+    p99_ms: float
+    max_ms: float
+    cpu_ms_per_request: float
+    paced_rate: float | None = None
+
+
+@dataclass
+class Report:
+    started: str
+    machine: dict[str, Any]
+    client: str
+    workers: int
+    duration_s: float
+    load: list[LoadResult] = field(default_factory=list)
+    paced: list[LoadResult] = field(default_factory=list)
+    decision_path: dict[str, float] = field(default_factory=dict)
+    profile_top: list[str] = field(default_factory=list)
+    targets: dict[str, Any] = field(default_factory=dict)
+
+
+def admission_review(obj: dict[str, Any], uid: str = "bench") -> bytes:
+    group, _, version = obj["apiVersion"].rpartition("/")
+    request = {
+        "uid": uid,
+        "kind": {"group": group, "version": version, "kind": obj["kind"]},
+        "resource": {"group": group, "version": version, "resource": obj["kind"].lower() + "s"},
+        "operation": "CREATE",
+        "namespace": obj["metadata"].get("namespace", "team-a"),
+        "userInfo": {"username": "system:serviceaccount:team-a:ci", "groups": ["system:authenticated"]},
+        "object": obj,
+        "dryRun": False,
+    }
+    return json.dumps(
+        {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": request}
+    ).encode()
+
+
+def make_engine(signing_key: bytes) -> AdmissionEngine:
+    ctx = PolicyContext(config=Config(), catalog=load_catalog(), signing_key=signing_key)
+    return AdmissionEngine(
+        ctx, FileProfileStore(EXAMPLES / "profiles"), FileNodeStore(EXAMPLES / "nodes.yaml")
+    )
+
+
+def scenarios(signing_key: bytes) -> list[Scenario]:
+    job = yaml.safe_load((EXAMPLES / "vector-add-job.yaml").read_text())
+    new = yaml.safe_load((EXAMPLES / "new-workload-job.yaml").read_text())
+    pod = {
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "bad", "namespace": "team-a", "labels": {"gpu.scheduler.io/workload": "vector-add"},
+                     "annotations": {"gpu.scheduler.io/priority": "urgent"}},
+        "spec": {"containers": [{"name": "c", "image": "cuda:12", "resources": {"limits": {"nvidia.com/gpu": "1.5"}}}]},
+    }  # fmt: skip
+    hinted = review_document(
+        job, index=0, engine=make_engine(signing_key), namespace=None, user="bench"
+    ).object
+    return [
+        Scenario("hints", "/mutate", admission_review(job), "Job with a Ready profile: hints injected"),
+        Scenario(
+            "profiling", "/mutate", admission_review(new), "Job without a profile: rewritten for profiling"
+        ),
+        Scenario("denied-pod", "/validate", admission_review(pod), "Pod with two violations: denied"),
+        Scenario("validate", "/validate", admission_review(hinted), "the hinted Job re-validated: allowed"),
+    ]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime+stime of a process and its direct children (the --workers forks)."""
+    total = 0.0
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(entry.name) == pid or int(fields[1]) == pid:
+            total += (int(fields[11]) + int(fields[12])) / CLK_TCK
+    return total
+
+
+@contextlib.contextmanager
+def server(name: str, command: list[str], port: int, ca: Path) -> Iterator[subprocess.Popen[bytes]]:
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=REPO)
+    context = ssl.create_default_context(cafile=str(ca))
+    context.check_hostname = False
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            with urllib.request.urlopen(f"https://127.0.0.1:{port}/healthz", context=context, timeout=1):
+                break
+        except OSError:
+            if process.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit(f"{name} did not start: {' '.join(command)}") from None
+            time.sleep(0.1)
+    try:
+        yield process
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+
+
+def run_wrk(
+    port: int, scenario: Scenario, *, connections: int, duration: float, body_file: Path, delay_ms: float = 0
+) -> tuple[int, float, int, list[float]]:
+    env = {**os.environ, "KRATOS_BODY": str(body_file), "KRATOS_DELAY_MS": str(int(delay_ms))}
+    out = subprocess.run(
+        ["wrk", "-t1", f"-c{connections}", f"-d{duration}s", "--timeout", "5s", "-s", str(REPO / "bench" / "wrk_post.lua"),
+         f"https://127.0.0.1:{port}{scenario.path}"],
+        capture_output=True, text=True, env=env, check=True,
+    )  # fmt: skip
+    line = next(row for row in out.stdout.splitlines() if row.startswith("KRATOS_RESULT "))
+    data = json.loads(line.split(" ", 1)[1])
+    lat = [data["p50_us"] / 1000, data["p95_us"] / 1000, data["p99_us"] / 1000, data["max_us"] / 1000]
+    return data["requests"], data["duration_us"] / 1e6, data["errors"] + data["non2xx"], lat
+
+
+async def _python_load(
+    port: int, scenario: Scenario, *, connections: int, duration: float, ca: Path, rate: float | None
+) -> tuple[int, float, int, list[float]]:
+    context = ssl.create_default_context(cafile=str(ca))
+    context.check_hostname = False
+    latencies: list[float] = []
+    errors = 0
+    url = f"https://127.0.0.1:{port}{scenario.path}"
+    interval = connections / rate if rate else 0.0
+
+    async def worker(session: aiohttp.ClientSession, stop_at: float) -> None:
+        nonlocal errors
+        next_at = time.perf_counter()
+        while (now := time.perf_counter()) < stop_at:
+            if interval:
+                await asyncio.sleep(max(0.0, next_at - now))
+                next_at += interval
+            started = time.perf_counter()
+            try:
+                async with session.post(
+                    url, data=scenario.body, headers={"Content-Type": "application/json"}, ssl=context
+                ) as r:
+                    await r.read()
+                    if r.status != 200:
+                        errors += 1
+            except aiohttp.ClientError:
+                errors += 1
+            latencies.append(time.perf_counter() - started)
+
+    connector = aiohttp.TCPConnector(limit=connections)
+    async with aiohttp.ClientSession(connector=connector) as session:
+        start = time.perf_counter()
+        await asyncio.gather(*(worker(session, start + duration) for _ in range(connections)))
+        elapsed = time.perf_counter() - start
+    latencies.sort()
+    return (
+        len(latencies),
+        elapsed,
+        errors,
+        [_percentile(latencies, q) for q in (0.50, 0.95, 0.99, 1.0)],
+    )
+
+
+def _percentile(ordered: list[float], q: float) -> float:
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000 if ordered else 0.0
+
+
+def load(client: str, name: str, pid: int, port: int, scenario: Scenario, *, connections: int, duration: float,
+         ca: Path, body_file: Path, rate: float | None = None) -> LoadResult:  # fmt: skip
+    cpu_before = cpu_seconds(pid)
+    if client == "wrk":
+        delay_ms = connections * 1000 / rate if rate else 0
+        requests, seconds, errors, lat = run_wrk(
+            port, scenario, connections=connections, duration=duration, body_file=body_file, delay_ms=delay_ms
+        )
+    else:
+        requests, seconds, errors, lat = asyncio.run(
+            _python_load(port, scenario, connections=connections, duration=duration, ca=ca, rate=rate)
+        )
+    cpu = cpu_seconds(pid) - cpu_before
+    return LoadResult(
+        server=name, scenario=scenario.name, connections=connections, requests=requests, seconds=round(seconds, 3),
+        errors=errors, rps=round(requests / seconds, 1) if seconds else 0.0, p50_ms=round(lat[0], 3),
+        p95_ms=round(lat[1], 3), p99_ms=round(lat[2], 3), max_ms=round(lat[3], 3),
+        cpu_ms_per_request=round(cpu * 1000 / requests, 4) if requests else 0.0, paced_rate=rate,
+    )  # fmt: skip
+
+
+def decision_path(
+    all_scenarios: list[Scenario], signing_key: bytes, rounds: int, per_round: int
+) -> tuple[dict[str, float], list[str]]:
+    """Reviews per second of the pure decision path on one core (best of several rounds)."""
+    engine = make_engine(signing_key)
+    rates: dict[str, float] = {}
+    for scenario in all_scenarios:
+        webhook: Webhook = "mutate" if scenario.path == "/mutate" else "validate"
+        best = 0.0
+        for _ in range(rounds):
+            started = time.process_time()
+            for _ in range(per_round):
+                review(scenario.body, webhook=webhook, engine=engine)
+            elapsed = time.process_time() - started
+            best = max(best, per_round / elapsed if elapsed else 0.0)
+        rates[scenario.name] = round(best, 1)
+    profiler = cProfile.Profile()
+    hints = all_scenarios[0]
+    profiler.enable()
+    for _ in range(per_round):
+        review(hints.body, webhook="mutate", engine=engine)
+    profiler.disable()
+    text = io.StringIO()
+    pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(12)
+    rows = [row for row in text.getvalue().splitlines() if row.strip() and (row.strip()[0].isdigit())]
+    return rates, rows[:12]
+
+
+def machine() -> dict[str, Any]:
+    wrk = shutil.which("wrk")
+    version = (
+        subprocess.run(["wrk", "--version"], capture_output=True, text=True, check=False).stdout.splitlines()[
+            0
+        ]
+        if wrk
+        else ""
+    )
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=REPO, check=False
+    ).stdout.strip()
+    return {
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "wrk": version,
+        "commit": commit,
+    }
+
+
+def markdown(report: Report) -> str:
+    lines = [
+        "# Admission benchmark",
+        "",
+        f"Produced by `.venv/bin/python bench/admission_bench.py` on {report.started} (commit {report.machine['commit']}),",
+        f"{report.machine['cpus']} CPUs, Python {report.machine['python']}, load from {report.client}"
+        + (f" ({report.machine['wrk']})" if report.client == "wrk" else "")
+        + f", {report.workers} server worker(s) each, {report.duration_s:g} s per run.",
+        "The floor is `bench/noop_webhook.py`: the same aiohttp, TLS and keep-alive, answering `allowed: true` with the",
+        "uid echoed. CPU time per request is the server processes' user+system time divided by the requests served.",
+        "",
+        "## Throughput and latency at each concurrency",
+        "",
+        "| scenario | conns | floor req/s | KRATOS req/s | ratio | KRATOS p50 / p95 / p99 / max ms | floor p99 ms | KRATOS CPU ms/req | floor CPU ms/req |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    floors = {(r.scenario, r.connections): r for r in report.load if r.server == "floor"}
+    for r in (r for r in report.load if r.server == "kratos"):
+        f = floors[(r.scenario, r.connections)]
+        ratio = r.rps / f.rps if f.rps else 0.0
+        lines.append(
+            f"| {r.scenario} | {r.connections} | {f.rps:,.0f} | {r.rps:,.0f} | {ratio:.0%} | "
+            f"{r.p50_ms:.2f} / {r.p95_ms:.2f} / {r.p99_ms:.2f} / {r.max_ms:.1f} | {f.p99_ms:.2f} | "
+            f"{r.cpu_ms_per_request:.3f} | {f.cpu_ms_per_request:.3f} |"
+        )
+    lines += ["", "## Latency at half the floor's peak rate (hints scenario, paced)", "",
+              "| server | target req/s | achieved req/s | p50 ms | p95 ms | p99 ms | max ms | errors |", "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for r in report.paced:
+        lines.append(
+            f"| {r.server} | {r.paced_rate or 0:,.0f} | {r.rps:,.0f} | {r.p50_ms:.2f} | {r.p95_ms:.2f} | {r.p99_ms:.2f} | {r.max_ms:.1f} | {r.errors} |"
+        )
+    lines += [
+        "",
+        "## Decision path in process (one core, no HTTP, no TLS)",
+        "",
+        "| scenario | reviews/s per core |",
+        "|---|---|",
+    ]
+    lines += [f"| {name} | {rate:,.0f} |" for name, rate in report.decision_path.items()]
+    lines += ["", "Where a hinted review spends its time (cProfile, sorted by own time):", "", "```"]
+    lines += [
+        "   ncalls  tottime  percall  cumtime  percall filename:lineno(function)",
+        *report.profile_top,
+        "```",
+        "",
+    ]
+    lines += ["## Targets (issue 5)", "", "| target | measured | met |", "|---|---|---|"]
+    lines += [
+        f"| {t['target']} | {t['measured']} | {'yes' if t['met'] else 'no'} |" for t in report.targets["rows"]
+    ]
+    lines.append("")
+    return "\n".join(lines)
+
+
+def targets(report: Report) -> dict[str, Any]:
+    floors = {r.connections: r for r in report.load if r.server == "floor" and r.scenario == "hints"}
+    ours = {r.connections: r for r in report.load if r.server == "kratos" and r.scenario == "hints"}
+    worst = min((ours[c].rps / floors[c].rps, c) for c in ours if floors[c].rps) if ours else (0.0, 0)
+    paced = next((r for r in report.paced if r.server == "kratos"), None)
+    per_core = report.decision_path.get("hints", 0.0)
+    rows = [
+        {"target": "hints req/s >= 70% of the floor at the same concurrency (worst level)",
+         "measured": f"{worst[0]:.0%} at {worst[1]} connections", "met": worst[0] >= 0.7},
+        {"target": "hints p99 < 10 ms at half the floor's peak rate",
+         "measured": f"{paced.p99_ms:.2f} ms at {paced.rps:,.0f} req/s" if paced else "not run", "met": bool(paced and paced.p99_ms < 10)},
+        {"target": "decision path >= 5,000 hint reviews/s per core", "measured": f"{per_core:,.0f}/s", "met": per_core >= 5000},
+    ]  # fmt: skip
+    return {"rows": rows}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--duration", type=float, default=5.0, help="seconds per load run (5)")
+    parser.add_argument("--concurrency", default="1,8,32,64", help="connection counts (1,8,32,64)")
+    parser.add_argument("--workers", type=int, default=1, help="server processes for both servers (1)")
+    parser.add_argument("--client", choices=("auto", "wrk", "python"), default="auto")
+    parser.add_argument("--paced-connections", type=int, default=16)
+    parser.add_argument(
+        "--out-dir", type=Path, default=REPO, help="writes docs/benchmarks.md and bench/results/ under it"
+    )
+    parser.add_argument(
+        "--smoke", action="store_true", help="a few seconds in all: proves the benchmark still runs"
+    )
+    args = parser.parse_args(argv)
+    client = args.client if args.client != "auto" else ("wrk" if shutil.which("wrk") else "python")
+    if client == "wrk" and not shutil.which("wrk"):
+        parser.error("wrk is not installed (apt-get install wrk), use --client python")
+    duration = 1.0 if args.smoke else args.duration
+    levels = [4] if args.smoke else [int(c) for c in args.concurrency.split(",")]
+    signing_key = b"kratos-benchmark-signing-key-0123456789abcdef"
+    report = Report(started=dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"), machine=machine(), client=client,
+                    workers=args.workers, duration_s=duration)  # fmt: skip
+    all_scenarios = scenarios(signing_key)
+    with tempfile.TemporaryDirectory(prefix="kratos-bench-") as tmp:
+        work = Path(tmp)
+        generate(service="kratos-webhook", namespace="kratos-system", out=work / "certs")
+        (work / "signing.key").write_bytes(signing_key)
+        bodies = {}
+        for scenario in all_scenarios:
+            bodies[scenario.name] = work / f"{scenario.name}.json"
+            bodies[scenario.name].write_bytes(scenario.body)
+        ca, cert, key = work / "certs" / "ca.crt", work / "certs" / "tls.crt", work / "certs" / "tls.key"
+        floor_port, kratos_port = free_port(), free_port()
+        floor_cmd = [sys.executable, str(REPO / "bench" / "noop_webhook.py"), "--listen", f"127.0.0.1:{floor_port}",
+                     "--tls-cert", str(cert), "--tls-key", str(key), "--workers", str(args.workers)]  # fmt: skip
+        kratos_cmd = [sys.executable, "-m", "kratos_admit", "webhook", "--listen", f"127.0.0.1:{kratos_port}",
+                      "--tls-cert", str(cert), "--tls-key", str(key), "--signing-key", str(work / "signing.key"),
+                      "--profiles", str(EXAMPLES / "profiles"), "--nodes", str(EXAMPLES / "nodes.yaml"),
+                      "--workers", str(args.workers)]  # fmt: skip
+        with (
+            server("floor", floor_cmd, floor_port, ca) as floor,
+            server("kratos", kratos_cmd, kratos_port, ca) as kratos,
+        ):
+            for scenario in all_scenarios:
+                for connections in levels:
+                    for name, process, port in (
+                        ("floor", floor, floor_port),
+                        ("kratos", kratos, kratos_port),
+                    ):
+                        result = load(
+                            client,
+                            name,
+                            process.pid,
+                            port,
+                            scenario,
+                            connections=connections,
+                            duration=duration,
+                            ca=ca,
+                            body_file=bodies[scenario.name],
+                        )
+                        report.load.append(result)
+                        print(f"{scenario.name:>10} c={connections:<3} {name:>6}: {result.rps:8.0f} req/s  "
+                              f"p99 {result.p99_ms:7.2f} ms  cpu {result.cpu_ms_per_request:.3f} ms/req  errors {result.errors}")  # fmt: skip
+            peak = max(r.rps for r in report.load if r.server == "floor" and r.scenario == "hints")
+            rate = peak / 2
+            paced_connections = min(args.paced_connections, 4) if args.smoke else args.paced_connections
+            for name, process, port in (("floor", floor, floor_port), ("kratos", kratos, kratos_port)):
+                result = load(
+                    client,
+                    name,
+                    process.pid,
+                    port,
+                    all_scenarios[0],
+                    connections=paced_connections,
+                    duration=duration,
+                    ca=ca,
+                    body_file=bodies["hints"],
+                    rate=rate,
+                )
+                report.paced.append(result)
+                print(
+                    f"  paced {rate:.0f} req/s {name:>6}: achieved {result.rps:.0f} req/s  p99 {result.p99_ms:.2f} ms"
+                )
+    rounds, per_round = (1, 50) if args.smoke else (5, 2000)
+    report.decision_path, report.profile_top = decision_path(all_scenarios, signing_key, rounds, per_round)
+    for name, rate in report.decision_path.items():
+        print(f"decision path {name:>10}: {rate:8.0f} reviews/s per core")
+    report.targets = targets(report)
+    for row in report.targets["rows"]:
+        print(f"{'MET ' if row['met'] else 'MISS'} {row['target']}: {row['measured']}")
+    results = args.out_dir / "bench" / "results"
+    results.mkdir(parents=True, exist_ok=True)
+    (results / "latest.json").write_text(json.dumps(asdict(report), indent=2) + "\n")
+    docs = args.out_dir / "docs"
+    docs.mkdir(parents=True, exist_ok=True)
+    (docs / "benchmarks.md").write_text(markdown(report))
+    print(f"wrote {docs / 'benchmarks.md'} and {results / 'latest.json'}")
+    errors = sum(r.errors for r in report.load + report.paced)
+    return 1 if errors else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
