@@ -190,7 +190,7 @@ def run_wrk(
 ) -> tuple[int, float, int, list[float]]:
     env = {**os.environ, "KRATOS_BODY": str(body_file), "KRATOS_DELAY_MS": str(int(delay_ms))}
     out = subprocess.run(
-        ["wrk", "-t1", f"-c{connections}", f"-d{duration}s", "--timeout", "5s", "-s", str(REPO / "bench" / "wrk_post.lua"),
+        ["wrk", "-t1", f"-c{connections}", f"-d{max(1, round(duration))}s", "--timeout", "5s", "-s", str(REPO / "bench" / "wrk_post.lua"),
          f"https://127.0.0.1:{port}{scenario.path}"],
         capture_output=True, text=True, env=env, check=True,
     )  # fmt: skip

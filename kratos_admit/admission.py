@@ -7,10 +7,11 @@ Two channels, never mixed (controller-runtime): a broken request is an ``Admissi
 from __future__ import annotations
 
 import base64
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
+
+import orjson
 
 from kratos_admit import vocabulary as v
 from kratos_admit.patch import diff
@@ -53,8 +54,8 @@ class AdmissionEngine:
 
 def decode_review(body: bytes) -> dict[str, Any]:
     try:
-        review = json.loads(body)
-    except (ValueError, UnicodeDecodeError) as exc:
+        review = orjson.loads(body)  # orjson: 2-10x the stdlib's speed on the per-request JSON
+    except orjson.JSONDecodeError as exc:
         raise AdmissionRequestError(f"body is not JSON: {exc}") from None
     if not isinstance(review, dict) or review.get("kind") != "AdmissionReview":
         raise AdmissionRequestError("body is not an AdmissionReview (kind must be AdmissionReview)")
@@ -90,7 +91,7 @@ def request_kind(request: Mapping[str, Any]) -> tuple[Kind | None, str]:
 
 
 def encode_patch(ops: list[dict[str, Any]]) -> str:
-    return base64.b64encode(json.dumps(ops, separators=(",", ":")).encode()).decode()
+    return base64.b64encode(orjson.dumps(ops)).decode()
 
 
 def deny_message(decision: Decision) -> str:

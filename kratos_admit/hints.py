@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
@@ -127,6 +128,25 @@ def _set_missing(mapping: dict[str, Any], key: str, value: object) -> bool:
         return False
     mapping[key] = value
     return True
+
+
+def writable_copy(obj: Mapping[str, Any], kind: Kind) -> dict[str, Any]:
+    """A copy of ``obj`` in which every container ``apply_hints`` writes into is new; everything
+    else is shared with the request (never written), so the patch diff skips it by identity."""
+    out = dict(obj)
+    out["metadata"] = clone(obj.get("metadata")) if isinstance(obj.get("metadata"), dict) else {}
+    if kind == "Pod":
+        pod_spec = out["spec"] = dict(as_mapping(obj.get("spec")))
+    else:
+        spec = out["spec"] = dict(as_mapping(obj.get("spec")))
+        template = spec["template"] = dict(as_mapping(spec.get("template")))
+        template["metadata"] = (
+            clone(template.get("metadata")) if isinstance(template.get("metadata"), dict) else {}
+        )
+        pod_spec = template["spec"] = dict(as_mapping(template.get("spec")))
+    if isinstance(pod_spec.get("affinity"), dict):
+        pod_spec["affinity"] = clone(pod_spec["affinity"])
+    return out
 
 
 def _pod_parts(obj: dict[str, Any], kind: Kind) -> tuple[dict[str, Any], dict[str, Any]]:

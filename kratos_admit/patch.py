@@ -36,6 +36,8 @@ def diff(original: Any, mutated: Any, path: str = "") -> list[Op]:
 
 
 def _diff(original: Any, mutated: Any, path: str, ops: list[Op]) -> None:
+    if original is mutated:  # a subtree the mutation shared with the request, untouched
+        return
     if original == mutated and type(original) is type(mutated):
         return
     if isinstance(original, dict) and isinstance(mutated, dict):

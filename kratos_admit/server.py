@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
+import gc
 import logging
 import os
 import signal
@@ -12,6 +12,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 
+import orjson
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
@@ -37,9 +38,7 @@ STATE = web.AppKey("state", WebhookState)
 
 
 def _json(status: int, body: object) -> web.Response:
-    return web.Response(
-        status=status, body=json.dumps(body, separators=(",", ":")), content_type="application/json"
-    )
+    return web.Response(status=status, body=orjson.dumps(body), content_type="application/json")
 
 
 def _handler(webhook: Webhook) -> Callable[[web.Request], Awaitable[web.Response]]:
@@ -206,6 +205,10 @@ async def serve(engine: AdmissionEngine, *, config: Config, reuse_port: bool = F
 
     app = create_app(engine, metrics=metrics, max_body_bytes=config.max_body_bytes, ready=ready)
     host, port = split_host_port(config.listen)
+    # Everything imported and loaded so far lives as long as the process: take it out of the
+    # cyclic collector's view (90k objects, ~50 ms per full collection, paid by requests otherwise).
+    gc.collect()
+    gc.freeze()
     async with contextlib.AsyncExitStack() as stack:
         await stack.enter_async_context(
             running_site(
