@@ -76,7 +76,15 @@ def _handler(webhook: Webhook) -> Callable[[web.Request], Awaitable[web.Response
             m.violations.labels(error.rule).inc()
         if webhook == "mutate":
             m.mutations.labels(result.decision.action).inc()
-        log.info(
+        # Denials, profiling rewrites and warnings at INFO; plain allows and hints at DEBUG (a hinted
+        # object carries the decision in its gpu.scheduler.io/hints annotation already).
+        notable = (
+            result.outcome == "denied"
+            or result.decision.action == "profiling"
+            or bool(result.decision.warnings)
+        )
+        log.log(
+            logging.INFO if notable else logging.DEBUG,
             "admission",
             extra={
                 "uid": result.uid,

@@ -343,7 +343,7 @@ async def test_fixture_reviews_get_well_formed_answers_or_400(certs: Path):
 
 def test_sigterm_finishes_in_flight_requests_and_exits_0(certs: Path):
     port = free_port()
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "KRATOS_LOG_LEVEL": "DEBUG"}  # every admission logged
     proc = subprocess.Popen(
         [
             sys.executable,
