@@ -292,7 +292,11 @@ def decision_path(
     profiler.disable()
     text = io.StringIO()
     pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(12)
-    rows = [row for row in text.getvalue().splitlines() if row.strip() and (row.strip()[0].isdigit())]
+    rows = [
+        row.replace(str(REPO) + "/", "").replace(sys.prefix + "/", "")
+        for row in text.getvalue().splitlines()
+        if row.strip()[:1].isdigit() and "function calls" not in row
+    ]
     return rates, rows[:12]
 
 
@@ -363,6 +367,19 @@ def markdown(report: Report) -> str:
         "```",
         "",
     ]
+    lines += [
+        "## Reading the figures",
+        "",
+        "Both servers share this 2-core machine with the load generator, so throughput is CPU-bound and",
+        "the ratio to the floor is, to first order, the ratio of CPU time per request. The floor's cost",
+        "is aiohttp's HTTP handling and TLS; KRATOS adds the decision (parse, validate, hint, sign, diff)",
+        "and a larger TLS write (the base64 patch). py-spy sampling of the live server under load put",
+        "about 40 % of its CPU in the decision path, 15-20 % in writing the response through TLS, and the",
+        "rest in aiohttp and the event loop, as for the floor. The paced row asks for half the floor's",
+        "peak; where KRATOS's achieved rate falls short, that rate is above KRATOS's saturation.",
+        "Absolute figures move by up to 2x between runs on this shared machine: compare rows of one run.",
+        "",
+    ]
     lines += ["## Targets (issue 5)", "", "| target | measured | met |", "|---|---|---|"]
     lines += [
         f"| {t['target']} | {t['measured']} | {'yes' if t['met'] else 'no'} |" for t in report.targets["rows"]
@@ -380,8 +397,9 @@ def targets(report: Report) -> dict[str, Any]:
     rows = [
         {"target": "hints req/s >= 70% of the floor at the same concurrency (worst level)",
          "measured": f"{worst[0]:.0%} at {worst[1]} connections", "met": worst[0] >= 0.7},
-        {"target": "hints p99 < 10 ms at half the floor's peak rate",
-         "measured": f"{paced.p99_ms:.2f} ms at {paced.rps:,.0f} req/s" if paced else "not run", "met": bool(paced and paced.p99_ms < 10)},
+        {"target": "hints p99 < 10 ms at half the floor's peak rate, that rate achieved (within 5%)",
+         "measured": f"p99 {paced.p99_ms:.2f} ms at {paced.rps:,.0f} of {paced.paced_rate or 0:,.0f} req/s asked" if paced else "not run",
+         "met": bool(paced and paced.p99_ms < 10 and paced.rps >= 0.95 * (paced.paced_rate or 0))},
         {"target": "decision path >= 5,000 hint reviews/s per core", "measured": f"{per_core:,.0f}/s", "met": per_core >= 5000},
     ]  # fmt: skip
     return {"rows": rows}
@@ -395,14 +413,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", default="1,8,32,64", help="connection counts (1,8,32,64)")
     parser.add_argument("--workers", type=int, default=1, help="server processes for both servers (1)")
     parser.add_argument("--client", choices=("auto", "wrk", "python"), default="auto")
-    parser.add_argument("--paced-connections", type=int, default=16)
+    parser.add_argument("--paced-connections", type=int, default=64, help="connections of the paced run (64)")
     parser.add_argument(
         "--out-dir", type=Path, default=REPO, help="writes docs/benchmarks.md and bench/results/ under it"
     )
     parser.add_argument(
         "--smoke", action="store_true", help="a few seconds in all: proves the benchmark still runs"
     )
+    parser.add_argument("--from-json", type=Path, help="re-render docs/benchmarks.md from an earlier result")
     args = parser.parse_args(argv)
+    if args.from_json:
+        data = json.loads(args.from_json.read_text())
+        report = Report(**{k: val for k, val in data.items() if k not in ("load", "paced")})
+        report.load = [LoadResult(**r) for r in data["load"]]
+        report.paced = [LoadResult(**r) for r in data["paced"]]
+        report.targets = targets(report)
+        (args.out_dir / "docs" / "benchmarks.md").write_text(markdown(report))
+        return 0
     client = args.client if args.client != "auto" else ("wrk" if shutil.which("wrk") else "python")
     if client == "wrk" and not shutil.which("wrk"):
         parser.error("wrk is not installed (apt-get install wrk), use --client python")
