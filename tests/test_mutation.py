@@ -189,16 +189,21 @@ def test_profile_runtime_class_overrides_the_configured_default():
     assert _pod_spec(mutated)["runtimeClassName"] == "nvidia-legacy"
 
 
-def test_pods_created_by_a_hinted_job_are_left_alone():
-    eng = engine(make_ctx(), [PROFILE])
-    _, job = mutate_and_check(make_job().build(), eng)
+def pod_of(job):
+    """A Pod as the Job controller makes it: the template's metadata and spec, copied."""
     template = job["spec"]["template"]
-    pod = {
+    return {
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": copy.deepcopy(template["metadata"]),
         "spec": copy.deepcopy(template["spec"]),
     }
+
+
+def test_pods_created_by_a_hinted_job_are_left_alone():
+    eng = engine(make_ctx(), [PROFILE])
+    _, job = mutate_and_check(make_job().build(), eng)
+    pod = pod_of(job)
     pod["metadata"].update(name="vector-add-x7k2p", namespace="team-a")
     pod["metadata"].setdefault("labels", {}).update(
         {v.WORKLOAD_LABEL: "vector-add", "batch.kubernetes.io/job-name": "vector-add"}
@@ -285,13 +290,7 @@ def test_profiling_uses_the_executable_annotation_when_there_is_no_command():
 def test_pods_of_a_profiling_job_are_left_alone():
     eng = engine(make_ctx())
     _, job = mutate_and_check(make_job().build(), eng)
-    template = job["spec"]["template"]
-    pod = {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": copy.deepcopy(template["metadata"]),
-        "spec": copy.deepcopy(template["spec"]),
-    }
+    pod = pod_of(job)
     pod["metadata"]["labels"][v.WORKLOAD_LABEL] = "vector-add"
     result = admit(pod, eng)
     assert result.patch == [] and result.decision.warnings == []
@@ -351,7 +350,8 @@ def test_a_signature_from_another_namespace_is_not_valid():
     assert not result.decision.allowed
 
 
-def test_execution_job_from_the_controller_gets_hints_and_is_re_signed():
+def execution_job():
+    """An execution Job as the controller creates it: role execution, signed."""
     job = (
         make_job("vector-add-execution")
         .label(v.WORKLOAD_LABEL, "vector-add")
@@ -359,6 +359,11 @@ def test_execution_job_from_the_controller_gets_hints_and_is_re_signed():
         .build()
     )
     sign_block(job["metadata"], namespace="team-a", key=TEST_KEY)
+    return job
+
+
+def test_execution_job_from_the_controller_gets_hints_and_is_re_signed():
+    job = execution_job()
     eng = engine(make_ctx(), [PROFILE])
     result, mutated = mutate_and_check(job, eng)
     assert result.decision.action == "hints"
@@ -366,13 +371,7 @@ def test_execution_job_from_the_controller_gets_hints_and_is_re_signed():
 
 
 def test_execution_job_without_a_profile_is_never_profiled_again():
-    job = (
-        make_job("vector-add-execution")
-        .label(v.WORKLOAD_LABEL, "vector-add")
-        .label(v.ROLE_LABEL, "execution")
-        .build()
-    )
-    sign_block(job["metadata"], namespace="team-a", key=TEST_KEY)
+    job = execution_job()
     result = admit(job, engine(make_ctx()))
     assert result.outcome == "allowed" and result.patch == []
     assert "execution Job admitted without hints" in result.decision.warnings[0]

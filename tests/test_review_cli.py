@@ -166,18 +166,14 @@ def test_review_of_real_manifest(tmp_path: Path, name: str, with_profile: bool):
             )
 
 
+def review_example(manifest: str, *extra: str) -> tuple[int, str, str]:
+    """`review` of an example manifest against the example profiles and cluster."""
+    return run(["review", "-f", str(EXAMPLES / manifest), "--profiles", str(EXAMPLES / "profiles"),
+                "--nodes", str(EXAMPLES / "nodes.yaml"), *extra])  # fmt: skip
+
+
 def test_main_command_of_the_readme_prints_the_hinted_job():
-    status, out, err = run(
-        [
-            "review",
-            "-f",
-            str(EXAMPLES / "vector-add-job.yaml"),
-            "--profiles",
-            str(EXAMPLES / "profiles"),
-            "--nodes",
-            str(EXAMPLES / "nodes.yaml"),
-        ]
-    )
+    status, out, err = review_example("vector-add-job.yaml")
     assert status == 0
     job = yaml.safe_load(out)
     assert job["metadata"]["annotations"][v.PROFILE_ANNOTATION] == "vector-add-profile@4711"
@@ -187,17 +183,7 @@ def test_main_command_of_the_readme_prints_the_hinted_job():
 
 
 def test_review_shows_the_profiling_rewrite_for_a_new_workload():
-    status, out, _ = run(
-        [
-            "review",
-            "-f",
-            str(EXAMPLES / "new-workload-job.yaml"),
-            "--profiles",
-            str(EXAMPLES / "profiles"),
-            "--nodes",
-            str(EXAMPLES / "nodes.yaml"),
-        ]
-    )
+    status, out, _ = review_example("new-workload-job.yaml")
     assert status == 0
     job = yaml.safe_load(out)
     assert job["metadata"]["labels"][v.ROLE_LABEL] == "profiling"
