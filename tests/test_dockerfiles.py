@@ -1,0 +1,48 @@
+"""Static checks of the two Dockerfiles (no container runtime on the CI machine builds them)."""
+
+from __future__ import annotations
+
+import re
+
+from tests.conftest import REPO
+
+
+def instructions(path: str) -> list[tuple[str, str]]:
+    text = (REPO / path).read_text().replace("\\\n", " ")
+    return [
+        (m.group(1).upper(), m.group(2).strip())
+        for m in re.finditer(r"^(\w+)\s+(.*)$", text, re.M)
+        if not m.group(0).startswith("#")
+    ]
+
+
+def test_main_image_is_multi_stage_non_root_and_runs_kratos_admit():
+    steps = instructions("Dockerfile")
+    froms = [arg for op, arg in steps if op == "FROM"]
+    assert len(froms) == 2 and froms[0].endswith("AS build"), "a build stage, then a runtime stage"
+    runtime = steps[[i for i, (op, _) in enumerate(steps) if op == "FROM"][1] :]
+    users = [arg for op, arg in runtime if op == "USER"]
+    assert users and users[-1].split(":")[0] not in ("0", "root"), "runs as a non-root user"
+    assert ("ENTRYPOINT", '["kratos-admit"]') in runtime
+    assert any(op == "ENV" and "PYTHONDONTWRITEBYTECODE=1" in arg for op, arg in runtime), (
+        "read-only root filesystem: no .pyc writes"
+    )
+    assert not any(op == "RUN" and ("gcc" in arg or "build-essential" in arg) for op, arg in runtime)
+    copied = " ".join(arg for op, arg in steps if op == "COPY")
+    assert "kratos_admit" in copied and "profiler-controller" in copied
+
+
+def test_the_deployments_user_matches_the_image_user():
+    image_user = next(arg for op, arg in reversed(instructions("Dockerfile")) if op == "USER").split(":")[0]
+    deployment = (REPO / "webhook-config" / "webhook-deployment.yaml").read_text()
+    assert f"runAsUser: {image_user}" in deployment
+
+
+def test_runner_image_has_nsight_compute_python_and_the_runner():
+    steps = instructions("runner/Dockerfile")
+    assert steps[0][0] == "ARG" and any(op == "FROM" and "nvidia/cuda" in arg for op, arg in steps)
+    run = " ".join(arg for op, arg in steps if op == "RUN")
+    package = next(arg for op, arg in steps if op == "ARG" and arg.startswith("NSIGHT_PACKAGE="))
+    assert "python3" in run and "${NSIGHT_PACKAGE}" in run and "nsight-compute" in package
+    assert ("COPY", "kratos_runner /opt/kratos/kratos_runner") in steps
+    assert any(op == "ENV" and "/usr/local/cuda/bin" in arg for op, arg in steps), "ncu on PATH"
