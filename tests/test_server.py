@@ -434,3 +434,35 @@ async def test_concurrent_requests_all_succeed(certs: Path, count: int):
             *(hook.post("/mutate", review_of(make_job().build(), uid=f"u{i}")) for i in range(count))
         )
     assert [r[1]["response"]["uid"] for r in results] == [f"u{i}" for i in range(count)]
+
+
+async def test_requests_read_no_files_after_start_up(tmp_path: Path, certs: Path):
+    """The stores answer from memory: with their files gone, requests still get the same hints."""
+    import shutil
+
+    from kratos_admit.admission import AdmissionEngine
+    from kratos_admit.stores import FileNodeStore, FileProfileStore
+
+    shutil.copytree(EXAMPLES / "profiles", tmp_path / "profiles")
+    shutil.copy(EXAMPLES / "nodes.yaml", tmp_path / "nodes.yaml")
+    eng = AdmissionEngine(
+        make_ctx(), FileProfileStore(tmp_path / "profiles"), FileNodeStore(tmp_path / "nodes.yaml")
+    )
+    shutil.rmtree(tmp_path / "profiles")
+    (tmp_path / "nodes.yaml").unlink()
+    app = create_app(eng, metrics=AdmissionMetrics(), max_body_bytes=1 << 20)
+    port = free_port()
+    certificate = ServingCertificate(certs / "tls.crt", certs / "tls.key")
+    async with (
+        running_site(app, "127.0.0.1", port, certificate=certificate, shutdown_timeout=5),
+        aiohttp.ClientSession() as session,
+    ):
+        async with session.post(
+            f"https://127.0.0.1:{port}/mutate",
+            json=review_of(make_job().build()),
+            ssl=client_context(certs),
+            server_hostname=HOSTNAME,
+        ) as response:
+            answer = (await response.json())["response"]
+    patch = json.loads(base64.b64decode(answer["patch"]))
+    assert any(op["path"] == "/spec/template/spec/affinity" for op in patch)
