@@ -456,13 +456,13 @@ async def test_requests_read_no_files_after_start_up(tmp_path: Path, certs: Path
     async with (
         running_site(app, "127.0.0.1", port, certificate=certificate, shutdown_timeout=5),
         aiohttp.ClientSession() as session,
-    ):
-        async with session.post(
+        session.post(
             f"https://127.0.0.1:{port}/mutate",
             json=review_of(make_job().build()),
             ssl=client_context(certs),
             server_hostname=HOSTNAME,
-        ) as response:
-            answer = (await response.json())["response"]
+        ) as response,
+    ):
+        answer = (await response.json())["response"]
     patch = json.loads(base64.b64decode(answer["patch"]))
     assert any(op["path"] == "/spec/template/spec/affinity" for op in patch)
