@@ -68,6 +68,14 @@ def _handler(webhook: Webhook) -> Callable[[web.Request], Awaitable[web.Response
             state.metrics.requests.labels(webhook, "unknown", "unknown", "error").inc()
             log.warning("bad admission request", extra={"webhook": webhook, "reason": str(exc)})
             return _json(400, error_body(str(exc)))
+        except Exception:
+            # A KRATOS bug, not the caller's fault: log it with the request's uid and answer 500,
+            # which the API server turns into a denial under failurePolicy: Fail.
+            state.metrics.requests.labels(webhook, "unknown", "unknown", "error").inc()
+            log.exception(
+                "internal error answering an admission request", extra={"webhook": webhook, "uid": _uid(body)}
+            )
+            return _json(500, error_body("internal error in the KRATOS webhook; see its log"))
         elapsed = time.perf_counter() - started
         m = state.metrics
         m.duration.labels(webhook).observe(elapsed)
@@ -102,6 +110,13 @@ def _handler(webhook: Webhook) -> Callable[[web.Request], Awaitable[web.Response
         return _json(200, result.body)
 
     return handle
+
+
+def _uid(body: bytes) -> str:
+    try:
+        return str(orjson.loads(body)["request"]["uid"])
+    except Exception:
+        return ""
 
 
 async def healthz(_: web.Request) -> web.Response:

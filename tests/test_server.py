@@ -466,3 +466,46 @@ async def test_requests_read_no_files_after_start_up(tmp_path: Path, certs: Path
         answer = (await response.json())["response"]
     patch = json.loads(base64.b64decode(answer["patch"]))
     assert any(op["path"] == "/spec/template/spec/affinity" for op in patch)
+
+
+class ExplodingProfiles:
+    """A store with a bug in it, to see what a KRATOS-side failure looks like from outside."""
+
+    def get(self, namespace: str, workload: str):
+        raise RuntimeError("bug")
+
+    def ready(self) -> bool:
+        return True
+
+    def __len__(self) -> int:
+        return 0
+
+    async def refresh(self, namespace: str, workload: str) -> None:
+        raise RuntimeError("bug")
+
+    async def run(self) -> None:
+        return None
+
+
+async def test_an_internal_error_is_a_json_500_logged_with_the_uid(
+    certs: Path, caplog: pytest.LogCaptureFixture
+):
+    from aiohttp.test_utils import TestClient, TestServer
+
+    from kratos_admit.admission import AdmissionEngine
+    from tests.helpers import MemoryNodes
+
+    app = create_app(
+        AdmissionEngine(make_ctx(), ExplodingProfiles(), MemoryNodes()),
+        metrics=AdmissionMetrics(),
+        max_body_bytes=1 << 20,
+    )
+    async with TestClient(TestServer(app)) as http:
+        response = await http.post("/mutate", json=review_of(make_job().build(), uid="uid-boom"))
+        assert response.status == 500
+        assert await response.json() == {"error": "internal error in the KRATOS webhook; see its log"}
+        assert (await http.get("/healthz")).status == 200
+    record = next(
+        r for r in caplog.records if r.getMessage() == "internal error answering an admission request"
+    )
+    assert record.__dict__["uid"] == "uid-boom" and record.exc_info is not None
