@@ -58,3 +58,17 @@ def test_install_overlay_in_the_readme_renders(tmp_path: Path):
     loaded = load_config(tmp_path / "config.yaml", environ={})
     assert loaded.nsight_compute_image == "registry.example.com/gpu/kratos-nsight-compute-poc:0.1.0"
     assert loaded.signing_key_file == Path("/etc/kratos/signing/signing.key")
+
+
+def test_every_configuration_key_is_documented():
+    from kratos_admit.config import Config
+
+    table = readme().split("## Configuration", 1)[1]
+    missing = [f.alias for f in Config.model_fields.values() if f.alias and f"`{f.alias}`" not in table]
+    assert missing == []
+
+
+def test_every_validation_rule_is_documented():
+    from kratos_admit.validation import RULES
+
+    assert [rule for rule in RULES if f"| `{rule}` |" not in readme()] == []
