@@ -25,15 +25,27 @@ log = logging.getLogger("kratos.webhook")
 
 
 @dataclass(slots=True)
-class WebhookState:
-    engine: AdmissionEngine
+class Probes:
+    """What /healthz, /readyz, /metrics and the SIGTERM drain share, on every app the process serves."""
+
     metrics: AdmissionMetrics
     ready: Callable[[], bool]
-    max_body_bytes: int = 0
     inflight: int = 0
     draining: bool = False
 
 
+@dataclass(slots=True)
+class WebhookState:
+    engine: AdmissionEngine
+    probes: Probes
+    max_body_bytes: int
+
+    @property
+    def metrics(self) -> AdmissionMetrics:
+        return self.probes.metrics
+
+
+PROBES = web.AppKey("probes", Probes)
 STATE = web.AppKey("state", WebhookState)
 
 
@@ -44,11 +56,11 @@ def _json(status: int, body: object) -> web.Response:
 def _handler(webhook: Webhook) -> Callable[[web.Request], Awaitable[web.Response]]:
     async def handle(request: web.Request) -> web.Response:
         state = request.app[STATE]
-        state.inflight += 1
+        state.probes.inflight += 1
         try:
             return await _handle(request, state)
         finally:
-            state.inflight -= 1
+            state.probes.inflight -= 1
 
     async def _handle(request: web.Request, state: WebhookState) -> web.Response:
         started = time.perf_counter()
@@ -124,14 +136,14 @@ async def healthz(_: web.Request) -> web.Response:
 
 
 async def readyz(request: web.Request) -> web.Response:
-    state = request.app[STATE]
-    if not state.draining and state.ready():
+    probes = request.app[PROBES]
+    if not probes.draining and probes.ready():
         return web.Response(text="ok\n")
     return web.Response(status=503, text="caches not synced or certificate not loaded\n")
 
 
 async def metrics_handler(request: web.Request) -> web.Response:
-    payload = generate_latest(request.app[STATE].metrics.registry)
+    payload = generate_latest(request.app[PROBES].metrics.registry)
     response = web.Response(body=payload)
     response.headers["Content-Type"] = CONTENT_TYPE_LATEST
     return response
@@ -145,7 +157,8 @@ def create_app(
     ready: Callable[[], bool] = lambda: True,
 ) -> web.Application:
     app = web.Application(client_max_size=max_body_bytes)
-    app[STATE] = WebhookState(engine, metrics, ready, max_body_bytes)
+    app[PROBES] = Probes(metrics, ready)
+    app[STATE] = WebhookState(engine, app[PROBES], max_body_bytes)
     app.router.add_post("/mutate", _handler("mutate"))
     app.router.add_post("/validate", _handler("validate"))
     app.router.add_get("/healthz", healthz)
@@ -154,10 +167,11 @@ def create_app(
     return app
 
 
-def create_metrics_app(metrics: AdmissionMetrics, ready: Callable[[], bool]) -> web.Application:
-    """/metrics (and probes) on a plain-HTTP port, for scrapers that do not speak the webhook's TLS."""
+def create_metrics_app(probes: Probes) -> web.Application:
+    """/metrics (and probes) on a plain-HTTP port, for scrapers that do not speak the webhook's TLS;
+    it shares the webhook's Probes, so its /readyz also turns 503 while the webhook drains."""
     app = web.Application()
-    app[STATE] = WebhookState(engine=None, metrics=metrics, ready=ready)  # type: ignore[arg-type]
+    app[PROBES] = probes
     app.router.add_get("/metrics", metrics_handler)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
@@ -187,11 +201,11 @@ async def running_site(
     try:
         yield runner
     finally:
-        await drain(runner, app[STATE], shutdown_timeout)
+        await drain(runner, app[PROBES], shutdown_timeout)
         await runner.cleanup()
 
 
-async def drain(runner: web.AppRunner, state: WebhookState, timeout: float) -> None:
+async def drain(runner: web.AppRunner, state: Probes, timeout: float) -> None:
     """Stop accepting connections, then wait for requests already in a handler to finish.
 
     aiohttp's own cleanup drops body bytes that arrive after shutdown starts, so a request whose
@@ -242,7 +256,7 @@ async def serve(engine: AdmissionEngine, *, config: Config, reuse_port: bool = F
             m_host, m_port = split_host_port(config.metrics_listen)
             await stack.enter_async_context(
                 running_site(
-                    create_metrics_app(metrics, ready),
+                    create_metrics_app(app[PROBES]),
                     m_host,
                     m_port,
                     certificate=None,

@@ -114,7 +114,8 @@ def encode_summary(summary: dict[str, object], limit: int = MAX_SUMMARY_BYTES) -
         if drop in data:
             data[drop] = {} if drop == "gpu" else ""
         else:
-            metrics = dict(data.get("metrics", {}))  # type: ignore[call-overload]
+            current = data.get("metrics")
+            metrics = dict(current) if isinstance(current, dict) else {}
             metrics.pop(drop, None)
             data["metrics"] = metrics
         text = json.dumps(data, separators=(",", ":"), sort_keys=True)
