@@ -509,3 +509,38 @@ async def test_an_internal_error_is_a_json_500_logged_with_the_uid(
         r for r in caplog.records if r.getMessage() == "internal error answering an admission request"
     )
     assert record.__dict__["uid"] == "uid-boom" and record.exc_info is not None
+
+
+def test_metrics_on_a_plain_port_next_to_the_webhook(certs: Path):
+    import urllib.request
+
+    port, metrics_port = free_port(), free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "kratos_admit", "webhook", "--listen", f"127.0.0.1:{port}",
+         "--metrics-listen", f"127.0.0.1:{metrics_port}", "--tls-cert", str(certs / "tls.crt"),
+         "--tls-key", str(certs / "tls.key"), "--signing-key", str(certs / "signing.key"),
+         "--profiles", str(EXAMPLES / "profiles")],
+        cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                with urllib.request.urlopen(
+                    f"http://127.0.0.1:{metrics_port}/metrics", timeout=1
+                ) as response:
+                    text = response.read().decode()
+                    break
+            except OSError:
+                if time.monotonic() > deadline or proc.poll() is not None:
+                    pytest.fail("metrics port never answered")
+                time.sleep(0.1)
+        assert (
+            "kratos_tls_certificate_expiry_timestamp_seconds" in text
+            and "kratos_profile_cache_objects 2.0" in text
+        )
+        with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/readyz", timeout=1) as response:
+            assert response.status == 200
+    finally:
+        proc.terminate()
+        assert proc.wait(timeout=30) == 0
