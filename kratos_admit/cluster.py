@@ -49,7 +49,6 @@ class ClusterProfileStore:
         self.get_timeout = get_timeout
         self.negative_ttl = negative_ttl
         self._absent: dict[tuple[str, str], float] = {}
-        self.direct_gets = 0
         self.informer = Informer(
             functools.partial(self.custom.list_cluster_custom_object, v.GROUP, v.VERSION, v.PROFILE_PLURAL),
             name="workloadprofiles",
@@ -87,7 +86,6 @@ class ClusterProfileStore:
         key = (namespace, workload)
         if time.monotonic() < self._absent.get(key, 0.0):
             return
-        self.direct_gets += 1
         try:
             obj: Obj = await asyncio.wait_for(
                 self.custom.get_namespaced_custom_object(

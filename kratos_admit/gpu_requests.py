@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from kratos_admit import vocabulary as v
@@ -41,7 +41,6 @@ class KaiSharing:
 class PodGpus:
     containers: tuple[ContainerGpus, ...]
     sharing: KaiSharing
-    pod_claims: tuple[str, ...] = field(default=())
 
     @property
     def regular(self) -> tuple[ContainerGpus, ...]:
@@ -118,7 +117,4 @@ def read_pod_gpus(workload: Workload) -> PodGpus:
                 shared=target is not None and target.path == container.path,
             )
         )
-    pod_claims = tuple(
-        str(c.get("name")) for c in as_list(workload.pod_spec.get("resourceClaims")) if isinstance(c, Mapping)
-    )
-    return PodGpus(tuple(containers), sharing, pod_claims)
+    return PodGpus(tuple(containers), sharing)

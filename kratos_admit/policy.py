@@ -29,7 +29,6 @@ from kratos_admit.validation import (
 from kratos_admit.workload import Kind, Workload
 
 Action = Literal["hints", "profiling", "none"]
-Operation = Literal["CREATE", "UPDATE", "DELETE", "CONNECT"]
 
 
 @dataclass(frozen=True, slots=True)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -85,6 +85,3 @@ class WorkloadProfile(_Strict):
     def reference(self) -> str:
         """The value of the ``gpu.scheduler.io/profile`` annotation: ``<name>@<resourceVersion>``."""
         return f"{self.metadata.name}@{self.metadata.resource_version or '0'}"
-
-    def to_manifest(self) -> dict[str, Any]:
-        return self.model_dump(by_alias=True, exclude_none=True, mode="json")

@@ -37,10 +37,6 @@ class ValidationContext:
     profiling_needed: bool
 
 
-def labelled(workload: Workload) -> bool:
-    return workload.workload_label is not None
-
-
 def validate_workload(workload: Workload, ctx: ValidationContext) -> list[FieldError]:
     """All violations of an object labelled for KRATOS, in a stable order."""
     gpus = read_pod_gpus(workload)

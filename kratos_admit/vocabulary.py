@@ -34,8 +34,6 @@ RESERVED_ANNOTATIONS: Final = frozenset(
     {ORIGINAL_TEMPLATE_ANNOTATION, HINTS_ANNOTATION, PROFILE_ANNOTATION, SIGNATURE_ANNOTATION}
 )
 
-Role = Literal["profiling", "execution"]
-ROLES: Final = ("profiling", "execution")
 Priority = Literal["high", "normal", "low"]
 PRIORITIES: Final = ("high", "normal", "low")
 BoundType = Literal["compute", "memory", "balanced", "latency", "unknown"]

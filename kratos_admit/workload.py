@@ -14,7 +14,6 @@ from kratos_admit import vocabulary as v
 from kratos_admit.fields import METADATA, ROOT, TEMPLATE, Path
 
 Kind = Literal["Job", "Pod"]
-JsonObject = dict[str, Any]
 
 
 _EMPTY: Mapping[str, Any] = {}
@@ -153,7 +152,3 @@ def workload_kind(api_version: object, kind: object) -> Kind | None:
     if kind == "Pod" and api_version == "v1":
         return "Pod"
     return None
-
-
-def view(obj: Mapping[str, Any], kind: Kind) -> Workload:
-    return Workload(kind, obj)
