@@ -12,6 +12,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from kratos_admit import vocabulary as v
 from kratos_controller.reconcile import Observed, PublishProfile, reconcile
 from tests.conftest import EXAMPLES, K8S_VERSION, REPO, TEST_KEY
 from tests.controller_helpers import finish, profiling_job, runner_summary
@@ -85,7 +86,7 @@ def test_webhook_configurations_follow_design(rendered, kind: str):
     [hook] = find(rendered["base"], kind)["webhooks"]
     assert hook["namespaceSelector"] == {
         "matchExpressions": [
-            {"key": "gpu.scheduler.io/kratos", "operator": "In", "values": ["enabled"]},
+            {"key": v.NAMESPACE_LABEL, "operator": "In", "values": [v.NAMESPACE_LABEL_VALUE]},
             {
                 "key": "kubernetes.io/metadata.name",
                 "operator": "NotIn",
@@ -93,9 +94,7 @@ def test_webhook_configurations_follow_design(rendered, kind: str):
             },
         ]
     }
-    assert hook["objectSelector"] == {
-        "matchExpressions": [{"key": "gpu.scheduler.io/workload", "operator": "Exists"}]
-    }
+    assert hook["objectSelector"] == {"matchExpressions": [{"key": v.WORKLOAD_LABEL, "operator": "Exists"}]}
     assert hook["failurePolicy"] == "Fail" and hook["sideEffects"] == "None" and hook["timeoutSeconds"] == 5
     assert hook["matchPolicy"] == "Equivalent" and hook["admissionReviewVersions"] == ["v1"]
     assert hook["clientConfig"]["service"] == {
