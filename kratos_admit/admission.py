@@ -192,13 +192,8 @@ def decide(
     webhook: Webhook,
     engine: AdmissionEngine,
 ) -> Decision:
-    labels = as_mapping(as_mapping(obj.get("metadata")).get("labels"))
-    workload = labels.get(v.WORKLOAD_LABEL)
-    profile = (
-        engine.profiles.get(namespace, workload)
-        if isinstance(workload, str) and v.is_dns1123_label(workload)
-        else None
-    )
+    key = profile_key(request)
+    profile = engine.profiles.get(*key) if key is not None else None
     operation = str(request["operation"])
     if webhook == "mutate":
         return mutate(

@@ -103,8 +103,11 @@ def _handler(webhook: Webhook) -> Callable[[web.Request], Awaitable[web.Response
             or result.decision.action == "profiling"
             or bool(result.decision.warnings)
         )
+        level = logging.INFO if notable else logging.DEBUG
+        if not log.isEnabledFor(level):  # skip building the record's fields on the hot path
+            return _json(200, result.body)
         log.log(
-            logging.INFO if notable else logging.DEBUG,
+            level,
             "admission",
             extra={
                 "uid": result.uid,
