@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -14,6 +14,7 @@ from kratos_admit.admission import AdmissionEngine, answer
 from kratos_admit.fields import FieldError
 from kratos_admit.policy import Action
 from kratos_admit.quantity import parse_quantity
+from kratos_admit.stores import split_documents
 from kratos_admit.workload import Container, Workload, as_mapping, workload_kind
 
 
@@ -45,36 +46,23 @@ class Reviewed:
         }
 
 
-def _flatten(doc: object) -> Iterator[object]:
-    if (
-        isinstance(doc, dict)
-        and str(doc.get("kind", "")).endswith("List")
-        and isinstance(doc.get("items"), list)
-    ):
-        yield from doc["items"]
-    else:
-        yield doc
-
-
 def load_documents(text: str) -> list[dict[str, Any]]:
     """Every object in a YAML/JSON stream (Lists flattened), checked as the API server would first."""
     try:
-        raw_docs = [d for d in yaml.safe_load_all(text) if d is not None]
+        found = split_documents(text)
     except yaml.YAMLError as exc:
         raise InputError(f"not valid YAML: {' '.join(str(exc).split())}") from None
     docs: list[dict[str, Any]] = []
-    for raw in raw_docs:
-        for doc in _flatten(raw):
-            number = len(docs) + 1
-            if not isinstance(doc, dict):
-                raise InputError(f"document {number}: is not a Kubernetes object (a mapping)")
-            for key in ("apiVersion", "kind"):
-                if not isinstance(doc.get(key), str) or not doc[key]:
-                    raise InputError(f"document {number}: {key} is missing")
-            if not isinstance(doc.get("metadata", {}), dict):
-                raise InputError(f"document {number}: metadata must be a mapping")
-            _check_quantities(doc, number)
-            docs.append(doc)
+    for number, doc in enumerate(found, start=1):
+        if not isinstance(doc, dict):
+            raise InputError(f"document {number}: is not a Kubernetes object (a mapping)")
+        for key in ("apiVersion", "kind"):
+            if not isinstance(doc.get(key), str) or not doc[key]:
+                raise InputError(f"document {number}: {key} is missing")
+        if not isinstance(doc.get("metadata", {}), dict):
+            raise InputError(f"document {number}: metadata must be a mapping")
+        _check_quantities(doc, number)
+        docs.append(doc)
     if not docs:
         raise InputError("no Kubernetes object in the input")
     return docs

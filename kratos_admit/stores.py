@@ -83,24 +83,31 @@ def gpu_products_of(nodes: Iterable[Mapping[str, Any]]) -> frozenset[str]:
     return frozenset(products)
 
 
+def split_documents(text: str) -> list[object]:
+    """Every document of a YAML or JSON stream, empty ones skipped and ``*List`` objects flattened
+    into their items (as kubectl reads manifests). Raises yaml.YAMLError."""
+    documents: list[object] = []
+    for doc in yaml.safe_load_all(text):
+        if doc is None:
+            continue
+        if (
+            isinstance(doc, dict)
+            and str(doc.get("kind", "")).endswith("List")
+            and isinstance(doc.get("items"), list)
+        ):
+            documents.extend(doc["items"])
+        else:
+            documents.append(doc)
+    return documents
+
+
 def _documents(path: Path) -> Iterator[tuple[int, Any]]:
     try:
         text = path.read_text("utf-8")
     except OSError as exc:
         raise StoreError(f"{path}: cannot read: {exc.strerror}") from None
     try:
-        for i, doc in enumerate(yaml.safe_load_all(text)):
-            if doc is None:
-                continue
-            if (
-                isinstance(doc, dict)
-                and doc.get("kind", "").endswith("List")
-                and isinstance(doc.get("items"), list)
-            ):
-                for item in doc["items"]:
-                    yield i, item
-            else:
-                yield i, doc
+        yield from enumerate(split_documents(text))
     except yaml.YAMLError as exc:
         raise StoreError(f"{path}: not valid YAML: {' '.join(str(exc).split())}") from None
 
@@ -132,11 +139,11 @@ def profile_files(directory: Path) -> list[Path]:
     return sorted(p for p in directory.iterdir() if p.suffix in (".yaml", ".yml", ".json") and p.is_file())
 
 
-class FileProfileStore:
-    """WorkloadProfiles from a directory of YAML files, read once at start."""
+class StaticProfileStore:
+    """Profiles held in memory and fixed at start: read from files, or handed over directly."""
 
-    def __init__(self, directory: Path | None) -> None:
-        self._index = ProfileIndex(load_profiles(profile_files(directory)) if directory else ())
+    def __init__(self, profiles: Iterable[WorkloadProfile] = ()) -> None:
+        self._index = ProfileIndex(profiles)
 
     def get(self, namespace: str, workload: str) -> WorkloadProfile | None:
         return self._index.get(namespace, workload)
@@ -151,14 +158,21 @@ class FileProfileStore:
         """Every profile is in memory: a miss is an answer."""
 
     async def run(self) -> None:
-        """Read once at start: nothing to keep current."""
+        """Fixed at start: nothing to keep current."""
 
 
-class FileNodeStore:
-    """Nodes from a (multi-document) YAML file, read once at start."""
+class FileProfileStore(StaticProfileStore):
+    """WorkloadProfiles from a directory of YAML files, read once at start."""
 
-    def __init__(self, path: Path | None) -> None:
-        self._products = gpu_products_of(load_nodes(path)) if path else frozenset()
+    def __init__(self, directory: Path | None) -> None:
+        super().__init__(load_profiles(profile_files(directory)) if directory else ())
+
+
+class StaticNodeStore:
+    """The GPU products of a cluster, fixed at start."""
+
+    def __init__(self, products: Iterable[str] = ()) -> None:
+        self._products = frozenset(products)
 
     def gpu_products(self) -> frozenset[str]:
         return self._products
@@ -167,4 +181,11 @@ class FileNodeStore:
         return True
 
     async def run(self) -> None:
-        """Read once at start: nothing to keep current."""
+        """Fixed at start: nothing to keep current."""
+
+
+class FileNodeStore(StaticNodeStore):
+    """Nodes from a (multi-document) YAML file, read once at start."""
+
+    def __init__(self, path: Path | None) -> None:
+        super().__init__(gpu_products_of(load_nodes(path)) if path else ())

@@ -9,42 +9,7 @@ from typing import Any
 from kratos_admit.admission import AdmissionEngine, ReviewResult, Webhook, answer
 from kratos_admit.policy import PolicyContext
 from kratos_admit.profile import WorkloadProfile
-from kratos_admit.stores import ProfileIndex
-
-
-class MemoryProfiles:
-    def __init__(self, profiles: Iterable[WorkloadProfile] = ()) -> None:
-        self.index = ProfileIndex(profiles)
-
-    def get(self, namespace: str, workload: str) -> WorkloadProfile | None:
-        return self.index.get(namespace, workload)
-
-    def ready(self) -> bool:
-        return True
-
-    def __len__(self) -> int:
-        return len(self.index)
-
-    async def refresh(self, namespace: str, workload: str) -> None:
-        """Nothing to fetch: the tests put every profile in memory."""
-
-    async def run(self) -> None:
-        """Nothing to watch."""
-
-
-class MemoryNodes:
-    def __init__(self, products: Iterable[str] = ()) -> None:
-        self.products = frozenset(products)
-
-    def gpu_products(self) -> frozenset[str]:
-        return self.products
-
-    def ready(self) -> bool:
-        return True
-
-    async def run(self) -> None:
-        """Nothing to watch."""
-
+from kratos_admit.stores import StaticNodeStore, StaticProfileStore
 
 MIXED_CLUSTER = ("NVIDIA-A100-SXM4-80GB", "NVIDIA-L40S", "NVIDIA-L4", "NVIDIA-H100-80GB-HBM3")
 
@@ -52,7 +17,7 @@ MIXED_CLUSTER = ("NVIDIA-A100-SXM4-80GB", "NVIDIA-L40S", "NVIDIA-L4", "NVIDIA-H1
 def engine(
     ctx: PolicyContext, profiles: Iterable[WorkloadProfile] = (), products: Iterable[str] = MIXED_CLUSTER
 ) -> AdmissionEngine:
-    return AdmissionEngine(ctx=ctx, profiles=MemoryProfiles(profiles), nodes=MemoryNodes(products))
+    return AdmissionEngine(ctx=ctx, profiles=StaticProfileStore(profiles), nodes=StaticNodeStore(products))
 
 
 def admit(

@@ -23,6 +23,7 @@ from kratos_admit import vocabulary as v
 from kratos_admit.certs import generate
 from kratos_admit.metrics import AdmissionMetrics
 from kratos_admit.server import create_app, running_site
+from kratos_admit.stores import StaticProfileStore
 from kratos_admit.tls import CertificateError, ServingCertificate
 from tests.builders import make_job, make_pod, make_profile
 from tests.conftest import EXAMPLES, REPO, apply_patch, assert_valid_kubernetes, make_ctx, require_fixtures
@@ -468,23 +469,11 @@ async def test_requests_read_no_files_after_start_up(tmp_path: Path, certs: Path
     assert any(op["path"] == "/spec/template/spec/affinity" for op in patch)
 
 
-class ExplodingProfiles:
+class ExplodingProfiles(StaticProfileStore):
     """A store with a bug in it, to see what a KRATOS-side failure looks like from outside."""
 
     def get(self, namespace: str, workload: str):
         raise RuntimeError("bug")
-
-    def ready(self) -> bool:
-        return True
-
-    def __len__(self) -> int:
-        return 0
-
-    async def refresh(self, namespace: str, workload: str) -> None:
-        raise RuntimeError("bug")
-
-    async def run(self) -> None:
-        return None
 
 
 async def test_an_internal_error_is_a_json_500_logged_with_the_uid(
@@ -493,10 +482,10 @@ async def test_an_internal_error_is_a_json_500_logged_with_the_uid(
     from aiohttp.test_utils import TestClient, TestServer
 
     from kratos_admit.admission import AdmissionEngine
-    from tests.helpers import MemoryNodes
+    from kratos_admit.stores import StaticNodeStore
 
     app = create_app(
-        AdmissionEngine(make_ctx(), ExplodingProfiles(), MemoryNodes()),
+        AdmissionEngine(make_ctx(), ExplodingProfiles(), StaticNodeStore()),
         metrics=AdmissionMetrics(),
         max_body_bytes=1 << 20,
     )

@@ -67,3 +67,8 @@ def test_bad_profile_file_names_file_and_field(tmp_path: Path, text, message):
 def test_missing_profile_directory_is_a_clear_error(tmp_path: Path):
     with pytest.raises(StoreError, match="no such profile directory"):
         FileProfileStore(tmp_path / "nope")
+
+
+def test_documents_with_a_non_string_kind_are_skipped_not_a_crash(tmp_path: Path):
+    (tmp_path / "odd.yaml").write_text("kind: 5\nitems: [1]\n---\n{kind: 7}\n")
+    assert len(FileProfileStore(tmp_path)) == 0
