@@ -96,7 +96,9 @@ def test_profiles_the_workload_writes_the_summary_and_keeps_its_exit_code(bench:
 
 
 def test_extra_ncu_arguments_and_set(bench: Path):
-    status, _, _ = run(["--set", "full", "--ncu-arg=--kill", "--ncu-arg=yes", "--", str(bench / "vectorAdd")])
+    status, _, _ = run(
+        ["--set", "full", "--ncu-arg", "--kill", "--ncu-arg", "yes", "--", str(bench / "vectorAdd")]
+    )
     assert status == 3
     calls = (bench / "ncu-calls.log").read_text()
     assert "'--set', 'full'" in calls and "'--kill', 'yes'" in calls
@@ -151,3 +153,10 @@ def test_parse_subcommand_as_a_process():
         cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO / "runner")}, capture_output=True, text=True, check=False,
     )  # fmt: skip
     assert missing.returncode == 2 and "No such file" in missing.stderr and "Traceback" not in missing.stderr
+
+
+def test_ncu_args_may_start_with_a_dash_and_the_workload_args_are_left_alone():
+    from kratos_runner.cli import join_ncu_args
+
+    argv = ["--ncu-arg", "--kill", "--ncu-arg", "yes", "--", "/x", "--ncu-arg", "-v"]
+    assert join_ncu_args(argv) == ["--ncu-arg=--kill", "--ncu-arg=yes", "--", "/x", "--ncu-arg", "-v"]

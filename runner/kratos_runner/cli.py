@@ -12,7 +12,7 @@ import sys
 import tempfile
 from typing import Sequence, TextIO
 
-from kratos_runner.parse import parse_report
+from kratos_runner.parse import Report, parse_report
 from kratos_runner.summary import encode_summary, summarise
 
 DEFAULT_TERMINATION_LOG = "/dev/termination-log"
@@ -65,15 +65,8 @@ def write_summary(summary: dict[str, object], stdout: TextIO, stderr: TextIO) ->
 
 
 def _failed(reason: str, exit_code: int, version: str = "") -> dict[str, object]:
-    return {
-        "boundType": "unknown",
-        "metrics": {"kernelCount": "0"},
-        "gpu": {},
-        "kernels": 0,
-        "exitCode": exit_code,
-        "ncuVersion": version,
-        "reason": reason,
-    }
+    """The summary of a run that profiled nothing, for the stated reason."""
+    return summarise(Report("none"), exit_code=exit_code, ncu_version=version, reason=reason)
 
 
 def _run_streaming(command: list[str], stdout: TextIO) -> tuple[int, str]:
@@ -135,8 +128,7 @@ def profile(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> int:
         reason = PERMISSION_HELP if PERMISSION_MARKER in output else ""
         report_file = report_base + ".ncu-rep"
         if not os.path.exists(report_file):
-            summary = summarise(parse_report(output), exit_code=exit_code, ncu_version=version)
-            summary["reason"] = reason or str(summary["reason"]) or "ncu wrote no report"
+            summary = summarise(parse_report(output), exit_code=exit_code, ncu_version=version, reason=reason)
             write_summary(summary, stdout, stderr)
             return exit_code
         export = subprocess.run(
@@ -164,6 +156,24 @@ def parse_file(path: str, stdout: TextIO, stderr: TextIO) -> int:
     return 0
 
 
+def join_ncu_args(argv: list[str]) -> list[str]:
+    """``--ncu-arg VALUE`` as DESIGN writes it, even when VALUE starts with ``-`` (``--ncu-arg --kill``),
+    which argparse alone would read as an option: rewrite it to ``--ncu-arg=VALUE`` before parsing."""
+    out: list[str] = []
+    tokens = iter(argv)
+    for token in tokens:
+        if token == "--":
+            out.append(token)
+            out.extend(tokens)
+            break
+        if token == "--ncu-arg":
+            value = next(tokens, None)
+            out.append(token if value is None else f"--ncu-arg={value}")
+        else:
+            out.append(token)
+    return out
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python3 -m kratos_runner",
@@ -179,7 +189,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--ncu-arg",
         action="append",
         default=[],
-        help="extra argument for ncu (repeatable; write --ncu-arg=--flag for flags)",
+        help="extra argument for ncu (repeatable; values may start with -)",
     )
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- EXE [ARGS...]")
     return parser
@@ -194,7 +204,7 @@ def main(argv: Sequence[str], stdout: TextIO | None = None, stderr: TextIO | Non
             print("usage: python3 -m kratos_runner parse FILE", file=stderr)
             return 2
         return parse_file(argv[1], stdout, stderr)
-    args = build_parser().parse_args(argv)
+    args = build_parser().parse_args(join_ncu_args(argv))
     if args.launch_count < 1:
         print("kratos-runner: --launch-count must be at least 1", file=stderr)
         return 2

@@ -85,7 +85,9 @@ def summarise(
     durations = [k.metrics["duration"] for k in kernels if "duration" in k.metrics]
     if durations:
         metrics["gpuTimeNs"] = str(round(sum(durations)))
-    reasons = [r for r in (reason, why if bound == "unknown" else "") if r]
+    # an explicit reason for an empty report (ncu missing, permission denied) says it all
+    explained_empty = bool(reason) and not kernels
+    reasons = [r for r in (reason, why if bound == "unknown" and not explained_empty else "") if r]
     return {
         "boundType": bound,
         "metrics": metrics,
