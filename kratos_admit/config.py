@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import os
 import re
+import types
+import typing
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
@@ -91,6 +93,14 @@ def env_name(key: str) -> str:
     return ENV_PREFIX + re.sub(r"(?<!^)(?=[A-Z])", "_", key).upper()
 
 
+def _is_text(annotation: Any) -> bool:
+    """str, Path, and optional or union forms of them: taken as written, never read as YAML
+    (which would make ``on`` a bool and ``0755`` an int)."""
+    is_union = typing.get_origin(annotation) in (typing.Union, types.UnionType)
+    members = typing.get_args(annotation) if is_union else (annotation,)
+    return any(member in (str, Path) for member in members)
+
+
 def _env_overrides(environ: Mapping[str, str]) -> tuple[dict[str, Any], dict[str, str]]:
     values: dict[str, Any] = {}
     origin: dict[str, str] = {}
@@ -99,7 +109,7 @@ def _env_overrides(environ: Mapping[str, str]) -> tuple[dict[str, Any], dict[str
         raw = environ.get(env_name(key))
         if raw is None:
             continue
-        parsed = raw if field.annotation is str else yaml.safe_load(raw) if raw.strip() else None
+        parsed = raw if _is_text(field.annotation) else yaml.safe_load(raw) if raw.strip() else None
         values[key] = parsed
         origin[key] = env_name(key)
     return values, origin

@@ -61,3 +61,13 @@ def test_bad_configuration_is_one_line_naming_the_key(tmp_path: Path, text, envi
     with pytest.raises(ConfigError) as err:
         load_config(path, environ=environ)
     assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_text_settings_from_the_environment_are_taken_as_written():
+    config = load_config(
+        environ={"KRATOS_PROFILES_DIR": "on", "KRATOS_TLS_CERT_FILE": "0755", "KRATOS_METRICS_LISTEN": "127.0.0.1:9090",
+                 "KRATOS_KAI_QUEUE": "yes", "KRATOS_PROFILING_DEFAULT": "false"}
+    )  # fmt: skip
+    assert config.profiles_dir == Path("on") and config.tls_cert_file == Path("0755")
+    assert config.metrics_listen == "127.0.0.1:9090" and config.kai_queue == "yes"
+    assert config.profiling_default is False  # non-text settings are still read as YAML
