@@ -27,6 +27,7 @@ Expression = dict[str, Any]
 
 @dataclass(frozen=True, slots=True)
 class HintResult:
+    hinted: dict[str, Any]  # the object with its hints; shares untouched subtrees with the request
     injected: tuple[str, ...]
     ranked: tuple[RankedProduct, ...]
     warnings: tuple[str, ...]
@@ -130,7 +131,7 @@ def _set_missing(mapping: dict[str, Any], key: str, value: object) -> bool:
     return True
 
 
-def writable_copy(obj: Mapping[str, Any], kind: Kind) -> dict[str, Any]:
+def _writable_copy(obj: Mapping[str, Any], kind: Kind) -> dict[str, Any]:
     """A copy of ``obj`` in which every container ``apply_hints`` writes into is new; everything
     else is shared with the request (never written), so the patch diff skips it by identity."""
     out = dict(obj)
@@ -150,7 +151,7 @@ def writable_copy(obj: Mapping[str, Any], kind: Kind) -> dict[str, Any]:
 
 
 def _pod_parts(obj: dict[str, Any], kind: Kind) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(pod metadata, pod spec) of the deep copy, created where absent."""
+    """(pod metadata, pod spec) of the writable copy, created where absent."""
     if kind == "Pod":
         return child(obj, "metadata"), child(obj, "spec")
     template = child(child(obj, "spec"), "template")
@@ -176,7 +177,7 @@ def hints_record(
 
 
 def apply_hints(
-    obj: dict[str, Any],
+    request_object: Mapping[str, Any],
     kind: Kind,
     *,
     profile: WorkloadProfile,
@@ -186,7 +187,8 @@ def apply_hints(
     catalog: Catalog,
     signing_key: bytes,
 ) -> HintResult:
-    """Inject every hint DESIGN lists into ``obj`` (a deep copy), record them, sign what was written."""
+    """The object with every hint DESIGN lists, recorded and signed; ``request_object`` is not changed."""
+    obj = _writable_copy(request_object, kind)
     metadata = child(obj, "metadata")
     annotations = as_mapping(metadata.get("annotations"))
     user_annotations = {k: val for k, val in annotations.items() if isinstance(val, str)}
@@ -250,4 +252,4 @@ def apply_hints(
         warnings.append(
             f"no GPU product preference: profile {profile.metadata.name} gives nothing to rank by"
         )
-    return HintResult(tuple(injected), tuple(ranked), tuple(warnings))
+    return HintResult(obj, tuple(injected), tuple(ranked), tuple(warnings))

@@ -15,7 +15,7 @@ from kratos_admit.catalog import Catalog
 from kratos_admit.config import Config
 from kratos_admit.fields import FieldError
 from kratos_admit.gpu_requests import read_pod_gpus
-from kratos_admit.hints import apply_hints, writable_copy
+from kratos_admit.hints import apply_hints
 from kratos_admit.patch import clone
 from kratos_admit.profile import WorkloadProfile
 from kratos_admit.profiling import profiling_wanted, rewrite_for_profiling
@@ -132,9 +132,8 @@ def mutate(
     if already_hinted(workload, namespace, key) or role == "profiling":
         return Decision(allowed=True)
     if profile is not None and profile.ready:
-        mutated = writable_copy(obj, kind)
         result = apply_hints(
-            mutated,
+            obj,
             kind,
             profile=profile,
             node_products=node_products,
@@ -143,7 +142,7 @@ def mutate(
             catalog=ctx.catalog,
             signing_key=key,
         )
-        return Decision(allowed=True, action="hints", mutated=mutated, warnings=list(result.warnings))
+        return Decision(allowed=True, action="hints", mutated=result.hinted, warnings=list(result.warnings))
     if profile is not None:
         reason = profile.status.message if profile.status and profile.status.message else "no reason given"
         return Decision(

@@ -86,8 +86,12 @@ def staged_path(executable: str) -> str:
     return posixpath.join(v.STAGE_MOUNT_PATH, posixpath.basename(executable.rstrip("/")))
 
 
+def _user_mounts(user: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    return [m for m in as_list(user.get("volumeMounts")) if isinstance(m, Mapping)]
+
+
 def _stage_container(user: Mapping[str, Any], executable: str) -> dict[str, Any]:
-    mounts = [m for m in as_list(user.get("volumeMounts")) if isinstance(m, Mapping)]
+    mounts = _user_mounts(user)
     container: dict[str, Any] = {
         "name": v.STAGE_CONTAINER,
         "image": user.get("image"),
@@ -124,7 +128,7 @@ def _runner_container(user: Mapping[str, Any], executable: str, config: Config) 
     for key in _USER_CONTAINER_FIELDS:
         if key in user:
             runner[key] = copy.deepcopy(user[key])
-    mounts = [m for m in as_list(user.get("volumeMounts")) if isinstance(m, Mapping)]
+    mounts = _user_mounts(user)
     runner["volumeMounts"] = [
         *copy.deepcopy(mounts),
         {"name": v.STAGE_VOLUME, "mountPath": v.STAGE_MOUNT_PATH, "readOnly": True},
