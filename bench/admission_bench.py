@@ -42,11 +42,10 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from kratos_admit.admission import AdmissionEngine, Webhook, review  # noqa: E402
-from kratos_admit.catalog import load_catalog  # noqa: E402
+from kratos_admit.admission import AdmissionEngine, Webhook, build_engine, review  # noqa: E402
 from kratos_admit.certs import generate  # noqa: E402
 from kratos_admit.config import Config  # noqa: E402
-from kratos_admit.policy import PolicyContext  # noqa: E402
+from kratos_admit.request import admission_review  # noqa: E402
 from kratos_admit.review import review_document  # noqa: E402
 from kratos_admit.stores import FileNodeStore, FileProfileStore  # noqa: E402
 
@@ -94,27 +93,16 @@ class Report:
     targets: dict[str, Any] = field(default_factory=dict)
 
 
-def admission_review(obj: dict[str, Any], uid: str = "bench") -> bytes:
-    group, _, version = obj["apiVersion"].rpartition("/")
-    request = {
-        "uid": uid,
-        "kind": {"group": group, "version": version, "kind": obj["kind"]},
-        "resource": {"group": group, "version": version, "resource": obj["kind"].lower() + "s"},
-        "operation": "CREATE",
-        "namespace": obj["metadata"].get("namespace", "team-a"),
-        "userInfo": {"username": "system:serviceaccount:team-a:ci", "groups": ["system:authenticated"]},
-        "object": obj,
-        "dryRun": False,
-    }
-    return json.dumps(
-        {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": request}
-    ).encode()
+def review_body(obj: dict[str, Any]) -> bytes:
+    return json.dumps(admission_review(obj, uid="bench", user="system:serviceaccount:team-a:ci")).encode()
 
 
 def make_engine(signing_key: bytes) -> AdmissionEngine:
-    ctx = PolicyContext(config=Config(), catalog=load_catalog(), signing_key=signing_key)
-    return AdmissionEngine(
-        ctx, FileProfileStore(EXAMPLES / "profiles"), FileNodeStore(EXAMPLES / "nodes.yaml")
+    return build_engine(
+        Config(),
+        signing_key=signing_key,
+        profiles=FileProfileStore(EXAMPLES / "profiles"),
+        nodes=FileNodeStore(EXAMPLES / "nodes.yaml"),
     )
 
 
@@ -131,12 +119,10 @@ def scenarios(signing_key: bytes) -> list[Scenario]:
         job, index=0, engine=make_engine(signing_key), namespace=None, user="bench"
     ).object
     return [
-        Scenario("hints", "/mutate", admission_review(job), "Job with a Ready profile: hints injected"),
-        Scenario(
-            "profiling", "/mutate", admission_review(new), "Job without a profile: rewritten for profiling"
-        ),
-        Scenario("denied-pod", "/validate", admission_review(pod), "Pod with two violations: denied"),
-        Scenario("validate", "/validate", admission_review(hinted), "the hinted Job re-validated: allowed"),
+        Scenario("hints", "/mutate", review_body(job), "Job with a Ready profile: hints injected"),
+        Scenario("profiling", "/mutate", review_body(new), "Job without a profile: rewritten for profiling"),
+        Scenario("denied-pod", "/validate", review_body(pod), "Pod with two violations: denied"),
+        Scenario("validate", "/validate", review_body(hinted), "the hinted Job re-validated: allowed"),
     ]
 
 

@@ -7,8 +7,9 @@ from functools import cached_property
 from importlib import resources
 from pathlib import Path
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from kratos_admit.manifests import ManifestError, parse_yaml
 
 _CC = r"^[0-9]+\.[0-9]+$"
 # GFD appends "-SHARED" under time-slicing/MPS and "-MIG-<profile>" under the MIG single strategy.
@@ -66,10 +67,10 @@ class Catalog:
 
 def _parse(text: str, origin: str) -> Catalog:
     try:
-        data = yaml.safe_load(text)
+        data = parse_yaml(text, origin)
         return Catalog(CatalogFile.model_validate(data).products)
-    except yaml.YAMLError as exc:
-        raise CatalogError(f"{origin}: not valid YAML: {exc}") from None
+    except ManifestError as exc:
+        raise CatalogError(str(exc)) from None
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"])

@@ -21,8 +21,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from pydantic.alias_generators import to_camel
 
 from kratos_admit import vocabulary as v
+from kratos_admit.manifests import ManifestError, parse_yaml
 
-Strategy = Literal["performance", "cost", "balanced"]
 SchedulerBackend = Literal["default", "kai", "volcano"]
 StoreSource = Literal["cluster", "files"]
 ENV_PREFIX = "KRATOS_"
@@ -46,7 +46,7 @@ class Config(BaseModel):
     scheduler: SchedulerBackend = "default"
     kai_queue: str = "default-queue"
     priority_classes: dict[v.Priority, str] = Field(default_factory=dict)
-    hint_strategy: Strategy = "performance"
+    hint_strategy: v.Strategy = "performance"
     reference_product: str = "NVIDIA-A100-SXM4-80GB"
     catalog_file: Path | None = None
     listen: str = "0.0.0.0:8443"
@@ -124,11 +124,11 @@ def load_config(
     if path is not None:
         where = str(path)
         try:
-            loaded = yaml.safe_load(path.read_text("utf-8"))
+            loaded = parse_yaml(path.read_text("utf-8"), str(path))
         except OSError as exc:
             raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"{path}: not valid YAML: {' '.join(str(exc).split())}") from None
+        except ManifestError as exc:
+            raise ConfigError(str(exc)) from None
         if loaded is not None and not isinstance(loaded, dict):
             raise ConfigError(f"{path}: must be a mapping of configuration keys")
         data.update(loaded or {})

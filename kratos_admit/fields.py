@@ -3,6 +3,21 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Final, Literal, get_args
+
+# DESIGN "Validation rules": the ids are stable; metrics and messages use them.
+Rule = Literal[
+    "gpu-count",
+    "gpu-max",
+    "mig-profile",
+    "gpu-sharing",
+    "no-gpu",
+    "hint-format",
+    "workload-name",
+    "reserved-key",
+    "profiling-target",
+]
+RULES: Final[tuple[Rule, ...]] = get_args(Rule)
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,11 +47,13 @@ TEMPLATE = SPEC.child("template")
 
 @dataclass(frozen=True, slots=True)
 class FieldError:
-    """One user mistake: which rule, where, and why. Never raised; collected and reported together."""
+    """One user mistake: which rule, where, the bad value, and why (apimachinery's field.Error).
+    Never raised; collected and reported together."""
 
-    rule: str
+    rule: Rule
     path: Path
     detail: str
+    value: object = None  # the offending value as found, None where the mistake is an absence
 
     @property
     def field(self) -> str:

@@ -8,7 +8,8 @@ from typing import Any
 
 from kratos_admit import vocabulary as v
 from kratos_admit.quantity import parse_positive_integer
-from kratos_admit.workload import Container, Workload, as_list, as_mapping
+from kratos_admit.raw import as_list, as_mapping
+from kratos_admit.workload import Container, Workload
 
 
 @dataclass(frozen=True, slots=True)

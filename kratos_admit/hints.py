@@ -15,12 +15,12 @@ from typing import Any
 from kratos_admit import vocabulary as v
 from kratos_admit.catalog import Catalog
 from kratos_admit.config import Config
-from kratos_admit.patch import clone
 from kratos_admit.profile import WorkloadProfile
 from kratos_admit.quantity import parse_quantity
 from kratos_admit.ranking import RankedProduct, rank_gpu_products
+from kratos_admit.raw import as_list, as_mapping, child, child_list, clone
 from kratos_admit.signing import sign_block
-from kratos_admit.workload import Kind, as_list, as_mapping, child, child_list
+from kratos_admit.workload import Kind
 
 Expression = dict[str, Any]
 
@@ -28,8 +28,6 @@ Expression = dict[str, Any]
 @dataclass(frozen=True, slots=True)
 class HintResult:
     hinted: dict[str, Any]  # the object with its hints; shares untouched subtrees with the request
-    injected: tuple[str, ...]
-    ranked: tuple[RankedProduct, ...]
     warnings: tuple[str, ...]
 
 
@@ -252,4 +250,4 @@ def apply_hints(
         warnings.append(
             f"no GPU product preference: profile {profile.metadata.name} gives nothing to rank by"
         )
-    return HintResult(obj, tuple(injected), tuple(ranked), tuple(warnings))
+    return HintResult(obj, tuple(warnings))

@@ -16,16 +16,11 @@ from kratos_admit.config import Config
 from kratos_admit.fields import FieldError
 from kratos_admit.gpu_requests import read_pod_gpus
 from kratos_admit.hints import apply_hints
-from kratos_admit.patch import clone
 from kratos_admit.profile import WorkloadProfile
-from kratos_admit.profiling import profiling_wanted, rewrite_for_profiling
-from kratos_admit.signing import signature_valid
-from kratos_admit.validation import (
-    ValidationContext,
-    new_violations,
-    profiling_executable,
-    validate_workload,
-)
+from kratos_admit.profiling import profiling_needed, profiling_target, profiling_wanted, rewrite_for_profiling
+from kratos_admit.raw import clone
+from kratos_admit.signing import signature_valid, signed_role
+from kratos_admit.validation import ValidationContext, new_violations, validate_workload
 from kratos_admit.workload import Kind, Workload
 
 Action = Literal["hints", "profiling", "none"]
@@ -47,28 +42,9 @@ class Decision:
     warnings: list[str] = field(default_factory=list)
 
 
-def _signed(workload: Workload, namespace: str, key: bytes) -> bool:
-    return signature_valid(workload.metadata.raw, namespace=namespace, key=key)
-
-
-def signed_role(workload: Workload, namespace: str, key: bytes) -> str | None:
-    role = workload.metadata.labels.get(v.ROLE_LABEL)
-    return role if role is not None and _signed(workload, namespace, key) else None
-
-
 def already_hinted(workload: Workload, namespace: str, key: bytes) -> bool:
-    return v.HINTS_ANNOTATION in workload.metadata.annotations and _signed(workload, namespace, key)
-
-
-def profiling_needed(
-    workload: Workload, *, operation: str, profile: WorkloadProfile | None, namespace: str, ctx: PolicyContext
-) -> bool:
-    return (
-        workload.kind == "Job"
-        and operation == "CREATE"
-        and profile is None
-        and profiling_wanted(workload.metadata.annotations, ctx.config)
-        and signed_role(workload, namespace, ctx.signing_key) is None
+    return v.HINTS_ANNOTATION in workload.metadata.annotations and signature_valid(
+        workload.metadata.raw, namespace=namespace, key=key
     )
 
 
@@ -81,7 +57,12 @@ def _violations(
         max_gpus_per_pod=ctx.config.max_gpus_per_pod,
         mig_profiles=ctx.catalog.mig_profiles,
         profiling_needed=profiling_needed(
-            workload, operation=operation, profile=profile, namespace=namespace, ctx=ctx
+            workload,
+            operation=operation,
+            profile=profile,
+            namespace=namespace,
+            config=ctx.config,
+            signing_key=ctx.signing_key,
         ),
     )
     return validate_workload(workload, vctx)
@@ -99,8 +80,6 @@ def validate(
 ) -> Decision:
     workload = Workload(kind, obj)
     old_workload = Workload(kind, old) if old is not None else None
-    if workload.workload_label is None and (old_workload is None or old_workload.workload_label is None):
-        return Decision(allowed=True)
     errors = _violations(workload, operation=operation, profile=profile, namespace=namespace, ctx=ctx)
     if operation == "UPDATE" and old_workload is not None and old_workload.workload_label is not None:
         old_errors = _violations(
@@ -120,15 +99,15 @@ def mutate(
     node_products: frozenset[str],
     ctx: PolicyContext,
 ) -> Decision:
+    if operation != "CREATE":
+        return Decision(allowed=True)
     workload = Workload(kind, obj)
     name = workload.workload_label
-    if name is None or operation != "CREATE":
-        return Decision(allowed=True)
     errors = _violations(workload, operation=operation, profile=profile, namespace=namespace, ctx=ctx)
     if errors:
         return Decision(allowed=False, violations=errors)
     key = ctx.signing_key
-    role = signed_role(workload, namespace, key)
+    role = signed_role(workload.metadata.raw, namespace=namespace, key=key)
     if already_hinted(workload, namespace, key) or role == "profiling":
         return Decision(allowed=True)
     if profile is not None and profile.ready:
@@ -170,10 +149,9 @@ def mutate(
             allowed=True,
             warnings=[f"no WorkloadProfile for workload {name} and profiling is off: admitted without hints"],
         )
-    gpus = read_pod_gpus(workload)
-    target = gpus.gpu_containers[0]
-    executable = profiling_executable(workload, target)
-    assert executable is not None, "profiling-target validation guarantees an executable"
+    found = profiling_target(workload, read_pod_gpus(workload))
+    assert found is not None, "profiling-target validation refused a Job without a target"
+    target, executable = found
     rewritten: dict[str, Any] = clone(obj)
     rewrite_for_profiling(
         rewritten,

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import base64
-import copy
 import gzip
 import json
 import posixpath
@@ -12,9 +11,12 @@ from typing import Any
 
 from kratos_admit import vocabulary as v
 from kratos_admit.config import Config
-from kratos_admit.gpu_requests import ContainerGpus
-from kratos_admit.signing import sign_block, signature_valid
-from kratos_admit.workload import as_list, as_mapping, child
+from kratos_admit.fields import FieldError
+from kratos_admit.gpu_requests import ContainerGpus, PodGpus
+from kratos_admit.profile import WorkloadProfile
+from kratos_admit.raw import as_list, as_mapping, child, clone
+from kratos_admit.signing import sign_block, signature_valid, signed_role
+from kratos_admit.workload import Workload
 
 # Job fields that name containers or indexes the profiling run no longer has.
 _DROPPED_JOB_FIELDS = (
@@ -82,6 +84,69 @@ def profiling_wanted(annotations: Mapping[str, str], config: Config) -> bool:
     return config.profiling_default if value is None else value == "true"
 
 
+def profiling_needed(
+    workload: Workload,
+    *,
+    operation: str,
+    profile: WorkloadProfile | None,
+    namespace: str,
+    config: Config,
+    signing_key: bytes,
+) -> bool:
+    """A Job created without a profile, profiling wanted, and not already a KRATOS-made Job."""
+    return (
+        workload.kind == "Job"
+        and operation == "CREATE"
+        and profile is None
+        and profiling_wanted(workload.metadata.annotations, config)
+        and signed_role(workload.metadata.raw, namespace=namespace, key=signing_key) is None
+    )
+
+
+def profiling_executable(workload: Workload, gpu_container: ContainerGpus) -> str | None:
+    """The absolute executable to stage: the annotation, else command[0]; None when neither is one."""
+    exe = workload.metadata.annotations.get(v.EXECUTABLE_ANNOTATION)
+    if exe is None:
+        command = gpu_container.container.command
+        exe = command[0] if command else None
+    return exe if exe is not None and exe.startswith("/") else None
+
+
+def profiling_target_errors(workload: Workload, gpus: PodGpus) -> list[FieldError]:
+    candidates = gpus.gpu_containers
+    containers = workload.pod_spec_path.child("containers")
+    if len(candidates) != 1:
+        return [
+            FieldError(
+                "profiling-target",
+                containers,
+                f"profiling needs exactly one container that uses a GPU, found {len(candidates)}; "
+                f'set {v.PROFILING_ANNOTATION}: "false" to run without a profile',
+            )
+        ]
+    target = candidates[0]
+    if profiling_executable(workload, target) is None:
+        return [
+            FieldError(
+                "profiling-target",
+                target.container.path.child("command"),
+                "profiling needs an absolute executable: make command[0] an absolute path or set "
+                f"the {v.EXECUTABLE_ANNOTATION} annotation",
+            )
+        ]
+    return []
+
+
+def profiling_target(workload: Workload, gpus: PodGpus) -> tuple[ContainerGpus, str] | None:
+    """The container to profile and its absolute executable, or None when profiling cannot be done
+    (``profiling_target_errors`` says why)."""
+    if len(gpus.gpu_containers) != 1:
+        return None
+    target = gpus.gpu_containers[0]
+    executable = profiling_executable(workload, target)
+    return None if executable is None else (target, executable)
+
+
 def staged_path(executable: str) -> str:
     return posixpath.join(v.STAGE_MOUNT_PATH, posixpath.basename(executable.rstrip("/")))
 
@@ -96,7 +161,7 @@ def _stage_container(user: Mapping[str, Any], executable: str) -> dict[str, Any]
         "name": v.STAGE_CONTAINER,
         "image": user.get("image"),
         "command": ["sh", "-c", STAGE_SCRIPT, v.STAGE_CONTAINER, executable],
-        "volumeMounts": [*copy.deepcopy(mounts), {"name": v.STAGE_VOLUME, "mountPath": v.STAGE_MOUNT_PATH}],
+        "volumeMounts": [*clone(mounts), {"name": v.STAGE_VOLUME, "mountPath": v.STAGE_MOUNT_PATH}],
         "terminationMessagePolicy": "FallbackToLogsOnError",
     }
     if "imagePullPolicy" in user:
@@ -127,10 +192,10 @@ def _runner_container(user: Mapping[str, Any], executable: str, config: Config) 
     }
     for key in _USER_CONTAINER_FIELDS:
         if key in user:
-            runner[key] = copy.deepcopy(user[key])
+            runner[key] = clone(user[key])
     mounts = _user_mounts(user)
     runner["volumeMounts"] = [
-        *copy.deepcopy(mounts),
+        *clone(mounts),
         {"name": v.STAGE_VOLUME, "mountPath": v.STAGE_MOUNT_PATH, "readOnly": True},
     ]
     if config.profiling_capabilities:

@@ -14,12 +14,10 @@ from __future__ import annotations
 import functools
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Literal
 
 from kratos_admit.catalog import Catalog, GpuProduct
 from kratos_admit.profile import WorkloadProfile
-
-Strategy = Literal["performance", "cost", "balanced"]
+from kratos_admit.vocabulary import Strategy
 
 # When a profile has a bound type but no throughputs (an older runner), assume typical shares.
 _SHARES_BY_BOUND: dict[str, tuple[float, float]] = {

@@ -16,9 +16,10 @@ import orjson
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from kratos_admit.admission import AdmissionEngine, AdmissionRequestError, Webhook, error_body, review_live
+from kratos_admit.admission import AdmissionEngine, Webhook, review_live
 from kratos_admit.config import Config, split_host_port
 from kratos_admit.metrics import AdmissionMetrics
+from kratos_admit.request import AdmissionRequestError
 from kratos_admit.tls import ServingCertificate
 
 log = logging.getLogger("kratos.webhook")
@@ -47,6 +48,11 @@ class WebhookState:
 
 PROBES = web.AppKey("probes", Probes)
 STATE = web.AppKey("state", WebhookState)
+
+
+def error_body(message: str) -> dict[str, str]:
+    """The one-line JSON error of a 400/413/415/500: the transport's answer, never a review."""
+    return {"error": " ".join(message.split())}
 
 
 def _json(status: int, body: object) -> web.Response:
@@ -91,7 +97,8 @@ def _handler(webhook: Webhook) -> Callable[[web.Request], Awaitable[web.Response
         elapsed = time.perf_counter() - started
         m = state.metrics
         m.duration.labels(webhook).observe(elapsed)
-        m.requests.labels(webhook, result.kind, result.operation, result.outcome).inc()
+        asked = result.request
+        m.requests.labels(webhook, asked.kind_name, asked.operation, result.outcome).inc()
         for error in result.decision.violations:
             m.violations.labels(error.rule).inc()
         if webhook == "mutate":
@@ -110,12 +117,12 @@ def _handler(webhook: Webhook) -> Callable[[web.Request], Awaitable[web.Response
             level,
             "admission",
             extra={
-                "uid": result.uid,
+                "uid": asked.uid,
                 "webhook": webhook,
-                "kind": result.kind,
-                "namespace": result.namespace,
-                "objectName": result.name,
-                "operation": result.operation,
+                "kind": asked.kind_name,
+                "namespace": asked.namespace,
+                "objectName": asked.name,
+                "operation": asked.operation,
                 "outcome": result.outcome,
                 "action": result.decision.action,
                 "violations": [str(e) for e in result.decision.violations],

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from kratos_admit import vocabulary as v
-from kratos_admit.workload import child
+from kratos_admit.raw import child
 
 SIGNATURE_PREFIX: Final = "hmac-sha256:"
 MIN_KEY_BYTES: Final = 32
@@ -88,3 +88,10 @@ def signature_valid(meta: Mapping[str, Any], *, namespace: str, key: bytes) -> b
 def sign_block(meta: dict[str, Any], *, namespace: str, key: bytes) -> None:
     """Write (or refresh) the signature of a block the caller has just given KRATOS-only keys."""
     child(meta, "annotations")[v.SIGNATURE_ANNOTATION] = compute_signature(meta, namespace=namespace, key=key)
+
+
+def signed_role(meta: Mapping[str, Any], *, namespace: str, key: bytes) -> str | None:
+    """The block's ``gpu.scheduler.io/role`` when KRATOS signed it; a forged role counts as none."""
+    labels = meta.get("labels")
+    role = labels.get(v.ROLE_LABEL) if isinstance(labels, Mapping) else None
+    return role if isinstance(role, str) and signature_valid(meta, namespace=namespace, key=key) else None

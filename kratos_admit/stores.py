@@ -10,10 +10,10 @@ from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
-import yaml
 from pydantic import ValidationError
 
 from kratos_admit import vocabulary as v
+from kratos_admit.manifests import ManifestError, split_documents
 from kratos_admit.profile import WorkloadProfile
 
 
@@ -83,33 +83,15 @@ def gpu_products_of(nodes: Iterable[Mapping[str, Any]]) -> frozenset[str]:
     return frozenset(products)
 
 
-def split_documents(text: str) -> list[object]:
-    """Every document of a YAML or JSON stream, empty ones skipped and ``*List`` objects flattened
-    into their items (as kubectl reads manifests). Raises yaml.YAMLError."""
-    documents: list[object] = []
-    for doc in yaml.safe_load_all(text):
-        if doc is None:
-            continue
-        if (
-            isinstance(doc, dict)
-            and str(doc.get("kind", "")).endswith("List")
-            and isinstance(doc.get("items"), list)
-        ):
-            documents.extend(doc["items"])
-        else:
-            documents.append(doc)
-    return documents
-
-
 def _documents(path: Path) -> Iterator[tuple[int, Any]]:
     try:
         text = path.read_text("utf-8")
     except OSError as exc:
         raise StoreError(f"{path}: cannot read: {exc.strerror}") from None
     try:
-        yield from enumerate(split_documents(text))
-    except yaml.YAMLError as exc:
-        raise StoreError(f"{path}: not valid YAML: {' '.join(str(exc).split())}") from None
+        yield from enumerate(split_documents(text, str(path)))
+    except ManifestError as exc:
+        raise StoreError(str(exc)) from None
 
 
 def load_profiles(paths: Iterable[Path]) -> list[WorkloadProfile]:

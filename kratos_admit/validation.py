@@ -7,23 +7,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from kratos_admit import vocabulary as v
-from kratos_admit.fields import FieldError
-from kratos_admit.gpu_requests import ContainerGpus, PodGpus, mig_profile, read_pod_gpus, resource_maps
+from kratos_admit.fields import FieldError, Path
+from kratos_admit.gpu_requests import PodGpus, mig_profile, read_pod_gpus, resource_maps
+from kratos_admit.profiling import profiling_target_errors
 from kratos_admit.quantity import parse_positive_integer, parse_quantity
 from kratos_admit.signing import has_reserved_keys, reserved_keys, signature_valid
 from kratos_admit.workload import MetadataBlock, Workload
 
-RULES = (
-    "gpu-count",
-    "gpu-max",
-    "mig-profile",
-    "gpu-sharing",
-    "no-gpu",
-    "hint-format",
-    "workload-name",
-    "reserved-key",
-    "profiling-target",
-)
 _COMPUTE_CAPABILITY = re.compile(r"^[0-9]{1,2}\.[0-9]{1,2}$")
 _KAI_MEMORY = re.compile(r"^[1-9][0-9]*$")
 
@@ -63,6 +53,7 @@ def _workload_name(workload: Workload) -> Iterator[FieldError]:
                 block.path.child("labels").key(v.WORKLOAD_LABEL),
                 f"{value!r} must be a DNS-1123 label: lowercase letters, digits and '-', "
                 f"starting and ending alphanumeric, at most {v.DNS1123_LABEL_MAX} characters",
+                value,
             )
 
 
@@ -73,15 +64,15 @@ def _reserved_keys(workload: Workload, ctx: ValidationContext) -> Iterator[Field
         ):
             continue
         labels, annotations = reserved_keys(block.raw)
-        paths = [block.path.child("labels").key(k) for k in sorted(labels)]
-        paths += [block.path.child("annotations").key(k) for k in sorted(annotations)]
-        if not paths:
-            paths = [block.path.child("annotations").key(v.SIGNATURE_ANNOTATION)]
+        values: dict[Path, str] = {block.path.child("labels").key(k): labels[k] for k in sorted(labels)}
+        values |= {block.path.child("annotations").key(k): annotations[k] for k in sorted(annotations)}
+        paths = list(values) or [block.path.child("annotations").key(v.SIGNATURE_ANNOTATION)]
         for path in paths:
             yield FieldError(
                 "reserved-key",
                 path,
                 f"is written by KRATOS only and this block has no valid {v.SIGNATURE_ANNOTATION}",
+                values.get(path),
             )
 
 
@@ -112,7 +103,9 @@ def _hint_format(workload: Workload) -> Iterator[FieldError]:
         checks.append((v.EXECUTABLE_ANNOTATION, ok, 'an absolute path like "/usr/local/bin/app"'))
     for key, ok, expected in checks:
         if not ok:
-            yield FieldError("hint-format", base.key(key), f"{annotations[key]!r} must be {expected}")
+            yield FieldError(
+                "hint-format", base.key(key), f"{annotations[key]!r} must be {expected}", annotations[key]
+            )
 
 
 def _gpu_count(gpus: PodGpus) -> Iterator[FieldError]:
@@ -126,6 +119,7 @@ def _gpu_count(gpus: PodGpus) -> Iterator[FieldError]:
                 "gpu-count",
                 resources.child("limits").key(v.GPU_RESOURCE),
                 f"must be a positive integer, got {limits[v.GPU_RESOURCE]!r}",
+                limits[v.GPU_RESOURCE],
             )
         if v.GPU_RESOURCE not in requests:
             continue
@@ -133,19 +127,24 @@ def _gpu_count(gpus: PodGpus) -> Iterator[FieldError]:
         requested = parse_positive_integer(requests[v.GPU_RESOURCE])
         if requested is None:
             yield FieldError(
-                "gpu-count", request_path, f"must be a positive integer, got {requests[v.GPU_RESOURCE]!r}"
+                "gpu-count",
+                request_path,
+                f"must be a positive integer, got {requests[v.GPU_RESOURCE]!r}",
+                requests[v.GPU_RESOURCE],
             )
         elif v.GPU_RESOURCE not in limits:
             yield FieldError(
                 "gpu-count",
                 request_path,
                 "is requested without a limit; GPUs are set in limits (requests may repeat them)",
+                requests[v.GPU_RESOURCE],
             )
         elif limit_ok and requested != parse_positive_integer(limits[v.GPU_RESOURCE]):
             yield FieldError(
                 "gpu-count",
                 request_path,
                 f"must equal the limit ({limits[v.GPU_RESOURCE]}), got {requests[v.GPU_RESOURCE]}",
+                requests[v.GPU_RESOURCE],
             )
 
 
@@ -156,6 +155,7 @@ def _gpu_max(workload: Workload, gpus: PodGpus, ctx: ValidationContext) -> Itera
             workload.pod_spec_path,
             f"asks for {gpus.effective_gpus} GPUs in one pod (max of the largest init container and "
             f"the sum of containers); at most {ctx.max_gpus_per_pod} are allowed",
+            gpus.effective_gpus,
         )
 
 
@@ -171,10 +171,10 @@ def _mig_profile(gpus: PodGpus, ctx: ValidationContext) -> Iterator[FieldError]:
                 path = resources.child(section).key(name)
                 if profile not in ctx.mig_profiles:
                     yield FieldError(
-                        "mig-profile", path, f"{profile!r} is not a MIG profile of any known GPU"
+                        "mig-profile", path, f"{profile!r} is not a MIG profile of any known GPU", name
                     )
                 elif parse_positive_integer(value) is None:
-                    yield FieldError("mig-profile", path, f"must be a positive integer, got {value!r}")
+                    yield FieldError("mig-profile", path, f"must be a positive integer, got {value!r}", value)
         if c.mig and c.has_gpu_key:
             yield FieldError(
                 "mig-profile",
@@ -191,18 +191,21 @@ def _gpu_sharing(workload: Workload, gpus: PodGpus) -> Iterator[FieldError]:
             "gpu-sharing",
             annotations.key(v.KAI_MEMORY_ANNOTATION),
             f"cannot be set together with {v.KAI_FRACTION_ANNOTATION}; choose one",
+            sharing.memory,
         )
     if sharing.fraction is not None and not _fraction_ok(sharing.fraction):
         yield FieldError(
             "gpu-sharing",
             annotations.key(v.KAI_FRACTION_ANNOTATION),
             f"{sharing.fraction!r} must be a number strictly between 0 and 1",
+            sharing.fraction,
         )
     if sharing.memory is not None and not _KAI_MEMORY.match(sharing.memory):
         yield FieldError(
             "gpu-sharing",
             annotations.key(v.KAI_MEMORY_ANNOTATION),
             f"{sharing.memory!r} must be a positive integer of MiB",
+            sharing.memory,
         )
     if sharing.num_devices is not None:
         if parse_positive_integer(sharing.num_devices) is None or not sharing.num_devices.isdigit():
@@ -210,12 +213,14 @@ def _gpu_sharing(workload: Workload, gpus: PodGpus) -> Iterator[FieldError]:
                 "gpu-sharing",
                 annotations.key(v.KAI_NUM_DEVICES_ANNOTATION),
                 f"{sharing.num_devices!r} must be a positive integer",
+                sharing.num_devices,
             )
         elif not sharing.requested:
             yield FieldError(
                 "gpu-sharing",
                 annotations.key(v.KAI_NUM_DEVICES_ANNOTATION),
                 f"needs {v.KAI_FRACTION_ANNOTATION} or {v.KAI_MEMORY_ANNOTATION}",
+                sharing.num_devices,
             )
     if not sharing.requested:
         return
@@ -226,6 +231,7 @@ def _gpu_sharing(workload: Workload, gpus: PodGpus) -> Iterator[FieldError]:
             "gpu-sharing",
             annotations.key(v.KAI_CONTAINER_NAME_ANNOTATION),
             f"names no container or init container: {sharing.container_name!r}",
+            sharing.container_name,
         )
     for c in gpus.containers:
         if c.has_gpu_key:
@@ -253,40 +259,6 @@ def _no_gpu(workload: Workload, gpus: PodGpus) -> Iterator[FieldError]:
             f"requests no GPU ({v.GPU_RESOURCE}, a MIG slice, KAI sharing or a DRA claim); "
             f"request one or remove the {v.WORKLOAD_LABEL} label",
         )
-
-
-def profiling_executable(workload: Workload, gpu_container: ContainerGpus) -> str | None:
-    """The absolute executable to stage: the annotation, else command[0]; None when neither is one."""
-    exe = workload.metadata.annotations.get(v.EXECUTABLE_ANNOTATION)
-    if exe is None:
-        command = gpu_container.container.command
-        exe = command[0] if command else None
-    return exe if exe is not None and exe.startswith("/") else None
-
-
-def profiling_target_errors(workload: Workload, gpus: PodGpus) -> list[FieldError]:
-    candidates = gpus.gpu_containers
-    containers = workload.pod_spec_path.child("containers")
-    if len(candidates) != 1:
-        return [
-            FieldError(
-                "profiling-target",
-                containers,
-                f"profiling needs exactly one container that uses a GPU, found {len(candidates)}; "
-                f'set {v.PROFILING_ANNOTATION}: "false" to run without a profile',
-            )
-        ]
-    target = candidates[0]
-    if profiling_executable(workload, target) is None:
-        return [
-            FieldError(
-                "profiling-target",
-                target.container.path.child("command"),
-                "profiling needs an absolute executable: make command[0] an absolute path or set "
-                f"the {v.EXECUTABLE_ANNOTATION} annotation",
-            )
-        ]
-    return []
 
 
 def new_violations(new: list[FieldError], old: list[FieldError]) -> list[FieldError]:

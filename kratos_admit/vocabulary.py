@@ -37,6 +37,7 @@ RESERVED_ANNOTATIONS: Final = frozenset(
 Priority = Literal["high", "normal", "low"]
 PRIORITIES: Final = ("high", "normal", "low")
 BoundType = Literal["compute", "memory", "balanced", "latency", "unknown"]
+Strategy = Literal["performance", "cost", "balanced"]  # config hintStrategy, docs/ranking.md
 
 # NVIDIA device plugin, MIG and GPU Feature Discovery
 GPU_RESOURCE: Final = "nvidia.com/gpu"

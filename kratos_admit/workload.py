@@ -12,46 +12,9 @@ from typing import Any, Literal
 
 from kratos_admit import vocabulary as v
 from kratos_admit.fields import METADATA, ROOT, TEMPLATE, Path
+from kratos_admit.raw import as_list, as_mapping, string_map
 
 Kind = Literal["Job", "Pod"]
-
-
-_EMPTY: Mapping[str, Any] = {}
-
-
-def as_mapping(value: object) -> Mapping[str, Any]:
-    if type(value) is dict:  # JSON gives plain dicts: skip the slower ABC check on the hot path
-        return value
-    return value if isinstance(value, Mapping) else _EMPTY
-
-
-def as_list(value: object) -> list[Any]:
-    return value if isinstance(value, list) else []
-
-
-def child(parent: dict[str, Any], key: str) -> dict[str, Any]:
-    """``parent[key]`` as a dict we may write into, created when absent or null.
-
-    Kubernetes accepts ``null`` for an unset map (``annotations: null``), so ``setdefault`` alone
-    would hand back None; anything else that is not a map is replaced, as the API server would
-    have refused it.
-    """
-    value = parent.get(key)
-    if not isinstance(value, dict):
-        value = parent[key] = {}
-    return value
-
-
-def child_list(parent: dict[str, Any], key: str) -> list[Any]:
-    value = parent.get(key)
-    if not isinstance(value, list):
-        value = parent[key] = []
-    return value
-
-
-def string_map(value: object) -> dict[str, str]:
-    """Labels or annotations as str -> str, ignoring entries the API server would have rejected."""
-    return {k: val for k, val in as_mapping(value).items() if isinstance(k, str) and isinstance(val, str)}
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,10 +51,6 @@ class Container:
     def command(self) -> list[str]:
         return [c for c in as_list(self.raw.get("command")) if isinstance(c, str)]
 
-    @property
-    def args(self) -> list[str]:
-        return [a for a in as_list(self.raw.get("args")) if isinstance(a, str)]
-
 
 class Workload:
     """A Job or a Pod, with the paths of the parts KRATOS reads (computed once per object)."""
@@ -118,21 +77,8 @@ class Workload:
             self.blocks = (self.metadata, self.pod_metadata)
 
     @property
-    def name(self) -> str:
-        meta = self.metadata.raw
-        for key in ("name", "generateName"):
-            value = meta.get(key)
-            if isinstance(value, str) and value:
-                return value
-        return ""
-
-    @property
     def workload_label(self) -> str | None:
         return self.metadata.labels.get(v.WORKLOAD_LABEL)
-
-    @property
-    def role(self) -> str | None:
-        return self.metadata.labels.get(v.ROLE_LABEL)
 
     def containers(self, *, init: bool) -> Iterator[Container]:
         key = "initContainers" if init else "containers"

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import copy
 import json
+from typing import Any
 
 import pytest
 
 from kratos_admit import vocabulary as v
 from kratos_admit.profiling import decode_original_template
+from kratos_admit.request import Operation
 from kratos_admit.signing import sign_block
 from tests.builders import make_job, make_pod, make_profile
 from tests.conftest import TEST_KEY, apply_patch, assert_valid_kubernetes, make_ctx
@@ -324,7 +326,8 @@ def test_editing_a_kratos_key_of_a_hinted_job_is_denied(edit):
     _, mutated = mutate_and_check(make_job().build(), eng)
     stored = copy.deepcopy(mutated)
     edit(mutated)
-    for operation, old in (("CREATE", None), ("UPDATE", stored)):
+    cases: tuple[tuple[Operation, dict[str, Any] | None], ...] = (("CREATE", None), ("UPDATE", stored))
+    for operation, old in cases:
         result = admit(mutated, eng, webhook="validate", operation=operation, old=old)
         assert not result.decision.allowed
         assert {e.rule for e in result.decision.violations} == {"reserved-key"}

@@ -69,6 +69,6 @@ def test_every_configuration_key_is_documented():
 
 
 def test_every_validation_rule_is_documented():
-    from kratos_admit.validation import RULES
+    from kratos_admit.fields import RULES
 
     assert [rule for rule in RULES if f"| `{rule}` |" not in readme()] == []

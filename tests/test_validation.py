@@ -7,10 +7,11 @@ from typing import Any
 import pytest
 
 from kratos_admit import vocabulary as v
+from kratos_admit.fields import RULES
 from kratos_admit.policy import validate
-from kratos_admit.validation import RULES
 from tests.builders import make_job, make_pod, make_profile
 from tests.conftest import make_ctx
+from tests.helpers import admit, engine
 
 GPU = v.GPU_RESOURCE
 PROFILE = make_profile()
@@ -371,8 +372,12 @@ def test_object_with_several_problems_lists_all_of_them():
     assert set(rules) == {"workload-name", "hint-format", "reserved-key", "gpu-count", "mig-profile"}
 
 
-def test_unlabelled_objects_are_never_checked():
-    assert violations(make_job().unlabelled().no_resources().build()) == []
+@pytest.mark.parametrize("webhook", ["validate", "mutate"])
+def test_unlabelled_objects_are_never_checked(webhook):
+    unlabelled = make_job().unlabelled().no_resources().build()
+    result = admit(unlabelled, engine(make_ctx(), [PROFILE]), webhook=webhook)
+    assert result.decision.allowed and result.decision.violations == [] and result.patch == []
+    assert result.request.opted_in is False
 
 
 def test_max_gpus_per_pod_comes_from_config():

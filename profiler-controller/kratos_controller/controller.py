@@ -16,7 +16,7 @@ from prometheus_client import CollectorRegistry, Counter
 
 from kratos_admit import vocabulary as v
 from kratos_admit.kube import Backoff, Informer
-from kratos_admit.workload import as_mapping
+from kratos_admit.raw import as_mapping
 from kratos_controller.kube_io import KubeIO
 from kratos_controller.leader import LeaderElector
 from kratos_controller.reconcile import CreateExecutionJob, PublishProfile, finished, reconcile

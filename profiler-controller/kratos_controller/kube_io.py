@@ -10,7 +10,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 from kratos_admit import vocabulary as v
 from kratos_admit.kube import is_status
-from kratos_admit.workload import as_mapping
+from kratos_admit.raw import as_mapping
 from kratos_controller.reconcile import (
     Action,
     Observed,

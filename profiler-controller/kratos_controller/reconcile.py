@@ -14,8 +14,8 @@ from typing import Any, Literal
 
 from kratos_admit import vocabulary as v
 from kratos_admit.profiling import OriginalTemplateError, decode_original_template
+from kratos_admit.raw import as_list, as_mapping
 from kratos_admit.signing import sign_block
-from kratos_admit.workload import as_list, as_mapping
 
 Obj = dict[str, Any]
 BOUND_TYPES = ("compute", "memory", "balanced", "latency", "unknown")
