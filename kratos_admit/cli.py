@@ -14,89 +14,152 @@ from typing import Any, TextIO
 import yaml
 
 from kratos_admit import __version__
-from kratos_admit.admission import AdmissionEngine
-from kratos_admit.catalog import CatalogError, load_catalog
+from kratos_admit.admission import AdmissionEngine, build_engine
+from kratos_admit.catalog import CatalogError
 from kratos_admit.certs import CertsError, generate
 from kratos_admit.cluster import ClusterNodeStore, ClusterProfileStore
 from kratos_admit.config import Config, ConfigError, load_config
 from kratos_admit.inject import WEBHOOK_CONFIGURATION, Injected, InjectError, inject_ca, read_ca
 from kratos_admit.kube import KubeConfigError, api_client
 from kratos_admit.logs import configure_logging
-from kratos_admit.policy import PolicyContext
-from kratos_admit.review import InputError, load_documents, review_document
+from kratos_admit.manifests import ManifestError, load_objects
+from kratos_admit.review import review_document
 from kratos_admit.server import serve, serve_processes
 from kratos_admit.signing import DEVELOPMENT_KEY, SigningKeyError, load_signing_key
 from kratos_admit.stores import FileNodeStore, FileProfileStore, StoreError
 from kratos_admit.tls import CertificateError
-from kratos_controller.main import run_controller
 
 log = logging.getLogger("kratos")
 
 
 class ExitStatus(enum.IntEnum):
     OK = 0
-    DENIED = 1
-    UNUSABLE = 2
+    DENIED = 1  # review: some object was denied
+    UNUSABLE = 2  # unusable input or start-up configuration, with a one-line reason
+    FAILED = 3  # the webhook or controller could not keep running (a child died, leadership lost)
 
 
 class UsageError(Exception):
     """Unusable input or start-up configuration: one line on stderr, exit status 2."""
 
 
+class ArgumentsError(UsageError):
+    """Bad command-line arguments: the usage of the command concerned, then one line."""
+
+    def __init__(self, message: str, usage: str) -> None:
+        super().__init__(message)
+        self.usage = usage
+
+
+class _HelpFormatter(argparse.HelpFormatter):
+    """Every flag's help ends with its default, where it has one (argparse's own formatter would
+    also print "(default: None)" for flags whose default comes from the config file)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        shown = action.default not in (None, False, argparse.SUPPRESS) and "default" not in text
+        return f"{text} (default: %(default)s)" if shown and action.option_strings else text
+
+
 class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> Any:  # argparse would call sys.exit itself
-        raise UsageError(f"{self.prog}: {message}")
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", _HelpFormatter)
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str) -> Any:  # argparse would print and call sys.exit itself
+        raise ArgumentsError(f"{self.prog}: error: {message}", self.format_usage())
 
 
 def build_parser() -> argparse.ArgumentParser:
+    defaults = Config()
     parser = _Parser(prog="kratos-admit", description="Application-aware GPU admission for Kubernetes.")
     parser.add_argument("--version", action="version", version=f"kratos-admit {__version__}")
-    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
 
+    config_help = "YAML configuration file (KRATOS_* environment variables override it; see README)"
+    kubeconfig_help = "kubeconfig file (default: in-cluster account, else $KUBECONFIG, else ~/.kube/config)"
     webhook = commands.add_parser("webhook", help="serve the HTTPS admission webhooks")
-    webhook.add_argument("--config", type=Path)
-    webhook.add_argument("--listen", help="HOST:PORT (default 0.0.0.0:8443)")
-    webhook.add_argument("--metrics-listen", help="HOST:PORT for plain-HTTP /metrics")
-    webhook.add_argument("--tls-cert", type=Path)
-    webhook.add_argument("--tls-key", type=Path)
-    webhook.add_argument("--signing-key", type=Path)
-    webhook.add_argument("--kubeconfig", type=Path)
-    webhook.add_argument("--profiles", type=Path, help="directory of WorkloadProfile YAML (no cluster)")
-    webhook.add_argument("--nodes", type=Path, help="YAML file of Nodes (no cluster)")
+    webhook.add_argument("--config", type=Path, metavar="FILE", help=config_help)
     webhook.add_argument(
-        "--workers", type=int, default=1, help="serving processes sharing the port (default 1)"
+        "--listen", metavar="HOST:PORT", help=f"where to serve HTTPS (default: {defaults.listen})"
+    )
+    webhook.add_argument(
+        "--metrics-listen", metavar="HOST:PORT", help="also serve /metrics and probes over plain HTTP here"
+    )
+    webhook.add_argument("--tls-cert", type=Path, metavar="FILE", help="serving certificate (PEM); required")
+    webhook.add_argument("--tls-key", type=Path, metavar="FILE", help="its private key (PEM); required")
+    webhook.add_argument(
+        "--signing-key",
+        type=Path,
+        metavar="FILE",
+        help="key for KRATOS-only annotations (required in a cluster; certs generate writes one)",
+    )
+    webhook.add_argument("--kubeconfig", type=Path, metavar="FILE", help=kubeconfig_help)
+    webhook.add_argument(
+        "--profiles",
+        type=Path,
+        metavar="DIR",
+        help="read WorkloadProfile YAML from DIR instead of the cluster",
+    )
+    webhook.add_argument(
+        "--nodes", type=Path, metavar="FILE", help="read Nodes from FILE instead of the cluster"
+    )
+    webhook.add_argument(
+        "--workers", type=int, default=1, metavar="N", help="serving processes sharing the port"
     )
 
     review = commands.add_parser("review", help="run both webhooks offline on a manifest")
-    review.add_argument("-f", "--filename", required=True, help="manifest file, or - for stdin")
-    review.add_argument("--config", type=Path)
-    review.add_argument("--profiles", type=Path)
-    review.add_argument("--nodes", type=Path)
-    review.add_argument("--namespace")
-    review.add_argument("--user", default="kratos-review")
-    review.add_argument("--signing-key", type=Path)
-    review.add_argument("-o", "--output", choices=("yaml", "json", "patch"), default="yaml")
+    review.add_argument(
+        "-f",
+        "--filename",
+        required=True,
+        metavar="FILE",
+        help="manifest (Job, Pod, List, multi-document), or -",
+    )
+    review.add_argument("--config", type=Path, metavar="FILE", help=config_help)
+    review.add_argument(
+        "--profiles", type=Path, metavar="DIR", help="WorkloadProfile YAML files (default: none)"
+    )
+    review.add_argument("--nodes", type=Path, metavar="FILE", help="Node YAML of the cluster (default: none)")
+    review.add_argument(
+        "--namespace", metavar="NS", help="namespace to review in (default: the object's, else default)"
+    )
+    review.add_argument("--user", default="kratos-review", metavar="NAME", help="requesting user")
+    review.add_argument(
+        "--signing-key", type=Path, metavar="FILE", help="signing key (default: the fixed development key)"
+    )
+    review.add_argument(
+        "-o",
+        "--output",
+        choices=("yaml", "json", "patch"),
+        default="yaml",
+        help="the mutated objects, the full decisions, or the JSON patches",
+    )
 
     controller = commands.add_parser("controller", help="run the profiler controller (leader-elected)")
-    controller.add_argument("--config", type=Path)
-    controller.add_argument("--kubeconfig", type=Path)
-    controller.add_argument("--signing-key", type=Path)
+    controller.add_argument("--config", type=Path, metavar="FILE", help=config_help)
+    controller.add_argument("--kubeconfig", type=Path, metavar="FILE", help=kubeconfig_help)
+    controller.add_argument(
+        "--signing-key", type=Path, metavar="FILE", help="the key shared with the webhook; required"
+    )
 
     certs = commands.add_parser("certs", help="certificates for the webhook")
-    certs_commands = certs.add_subparsers(dest="certs_command", required=True, parser_class=_Parser)
+    certs_commands = certs.add_subparsers(
+        dest="certs_command", required=True, metavar="COMMAND", parser_class=_Parser
+    )
     gen = certs_commands.add_parser("generate", help="CA, serving certificate and signing key")
-    gen.add_argument("--service", required=True)
-    gen.add_argument("--namespace", required=True)
-    gen.add_argument("--out", type=Path, required=True)
-    gen.add_argument("--days", type=int, default=365)
+    gen.add_argument("--service", required=True, metavar="NAME", help="the webhook's Service name")
+    gen.add_argument("--namespace", required=True, metavar="NS", help="the Service's namespace")
+    gen.add_argument("--out", type=Path, required=True, metavar="DIR", help="directory to write into")
+    gen.add_argument("--days", type=int, default=365, metavar="N", help="validity of the serving certificate")
     gen.add_argument("--force", action="store_true", help="overwrite existing files")
     inject = certs_commands.add_parser(
         "inject", help="write the CA into the webhook configurations' caBundle"
     )
-    inject.add_argument("--ca", type=Path, required=True)
-    inject.add_argument("--kubeconfig", type=Path)
+    inject.add_argument("--ca", type=Path, required=True, metavar="FILE", help="the CA certificate (PEM)")
+    inject.add_argument("--kubeconfig", type=Path, metavar="FILE", help=kubeconfig_help)
     inject.add_argument(
-        "--name", default=WEBHOOK_CONFIGURATION, help="webhook configuration name (kratos-admit)"
+        "--name", default=WEBHOOK_CONFIGURATION, metavar="NAME", help="the webhook configurations' name"
     )
     return parser
 
@@ -117,22 +180,26 @@ def _signing_key(path: Path | None, *, allow_development: bool, stderr: TextIO) 
     return DEVELOPMENT_KEY
 
 
-def _engine(config: Config, key: bytes, profiles: Path | None, nodes: Path | None) -> AdmissionEngine:
-    ctx = PolicyContext(config=config, catalog=load_catalog(config.catalog_file), signing_key=key)
-    return AdmissionEngine(ctx=ctx, profiles=FileProfileStore(profiles), nodes=FileNodeStore(nodes))
+def _file_engine(config: Config, key: bytes) -> AdmissionEngine:
+    return build_engine(
+        config,
+        signing_key=key,
+        profiles=FileProfileStore(config.profiles_dir),
+        nodes=FileNodeStore(config.nodes_file),
+    )
 
 
 def cmd_review(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> ExitStatus:
     config = _config(args, profilesDir=args.profiles, nodesFile=args.nodes, source="files")
     key = _signing_key(args.signing_key or config.signing_key_file, allow_development=True, stderr=stderr)
-    engine = _engine(config, key, config.profiles_dir, config.nodes_file)
+    engine = _file_engine(config, key)
     try:
         text = sys.stdin.read() if args.filename == "-" else Path(args.filename).read_text("utf-8")
     except OSError as exc:
         raise UsageError(f"{args.filename}: {exc.strerror}") from None
     except UnicodeDecodeError:
         raise UsageError(f"{args.filename}: not UTF-8 text") from None
-    docs = _load(text, args.filename)
+    docs = load_objects(text, "<stdin>" if args.filename == "-" else args.filename)
     results = [
         review_document(doc, index=i, engine=engine, namespace=args.namespace, user=args.user)
         for i, doc in enumerate(docs)
@@ -148,13 +215,6 @@ def cmd_review(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> Exit
         items: list[Any] = [r.as_dict() if args.output == "json" else r.patch for r in results]
         stdout.write(json.dumps(items[0] if len(items) == 1 else items, indent=2) + "\n")
     return ExitStatus.OK if all(r.allowed for r in results) else ExitStatus.DENIED
-
-
-def _load(text: str, filename: str) -> list[dict[str, Any]]:
-    try:
-        return load_documents(text)
-    except InputError as exc:
-        raise UsageError(f"{filename}: {exc}") from None
 
 
 def cmd_webhook(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> ExitStatus:
@@ -179,9 +239,9 @@ def cmd_webhook(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> Exi
     configure_logging(config.log_level, stderr)
     if config.source == "files":
         key = _signing_key(config.signing_key_file, allow_development=True, stderr=stderr)
-        engine = _engine(config, key, config.profiles_dir, config.nodes_file)  # loaded once, shared by forks
+        engine = _file_engine(config, key)  # loaded once, shared by forks
         status = serve_processes(lambda: engine, config=config, workers=args.workers)
-        return ExitStatus.OK if status == 0 else ExitStatus.DENIED
+        return ExitStatus.OK if status == 0 else ExitStatus.FAILED
     key = _signing_key(config.signing_key_file, allow_development=False, stderr=stderr)
     if args.workers == 1:
         asyncio.run(_serve_cluster(config, key, args.kubeconfig))
@@ -194,8 +254,9 @@ def cmd_webhook(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> Exi
 async def _serve_cluster(config: Config, key: bytes, kubeconfig: Path | None) -> None:
     api = await api_client(kubeconfig)
     try:
-        ctx = PolicyContext(config=config, catalog=load_catalog(config.catalog_file), signing_key=key)
-        engine = AdmissionEngine(ctx=ctx, profiles=ClusterProfileStore(api), nodes=ClusterNodeStore(api))
+        engine = build_engine(
+            config, signing_key=key, profiles=ClusterProfileStore(api), nodes=ClusterNodeStore(api)
+        )
         await serve(engine, config=config)
     finally:
         await api.close()
@@ -207,8 +268,11 @@ def cmd_controller(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> 
         raise UsageError("the controller needs --signing-key FILE, the secret it shares with the webhook")
     key = load_signing_key(config.signing_key_file)
     configure_logging(config.log_level, stderr)
+    # imported here: the webhook's commands never load the controller, nor it the webhook's server
+    from kratos_controller.main import run_controller  # noqa: PLC0415
+
     status = asyncio.run(run_controller(config, key, args.kubeconfig))
-    return ExitStatus.OK if status == 0 else ExitStatus.DENIED
+    return ExitStatus.OK if status == 0 else ExitStatus.FAILED
 
 
 def cmd_certs(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> ExitStatus:
@@ -247,6 +311,10 @@ def main(
     try:
         args = build_parser().parse_args(argv)
         return COMMANDS[args.command](args, stdout, stderr)
+    except ArgumentsError as exc:
+        stderr.write(exc.usage)
+        print(exc, file=stderr)
+        return ExitStatus.UNUSABLE
     except (
         UsageError,
         ConfigError,
@@ -257,6 +325,7 @@ def main(
         CertsError,
         KubeConfigError,
         InjectError,
+        ManifestError,
     ) as exc:
         print(f"kratos-admit: {exc}", file=stderr)
         return ExitStatus.UNUSABLE

@@ -2,5 +2,3 @@
 
 Standard library only, Python 3.8+: it runs inside the Nsight Compute image.
 """
-
-__version__ = "0.1.0"
