@@ -22,14 +22,34 @@ from pydantic.alias_generators import to_camel
 
 from kratos_admit import vocabulary as v
 from kratos_admit.manifests import ManifestError, parse_yaml
+from kratos_admit.quantity import parse_quantity
 
-SchedulerBackend = Literal["default", "kai", "volcano"]
 StoreSource = Literal["cluster", "files"]
 ENV_PREFIX = "KRATOS_"
 
 
 class ConfigError(ValueError):
     """Configuration that cannot be used; the message is one line naming the key."""
+
+
+class ResourceRequirements(BaseModel):
+    """A container's ``resources`` (requests and limits as Kubernetes quantities)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    requests: dict[str, str] = Field(default_factory=dict)
+    limits: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("requests", "limits")
+    @classmethod
+    def _quantities(cls, values: dict[str, str]) -> dict[str, str]:
+        for name, quantity in values.items():
+            if parse_quantity(quantity) is None:
+                raise ValueError(f"{name}: {quantity!r} is not a Kubernetes quantity")
+        return values
+
+    def as_dict(self) -> dict[str, dict[str, str]]:
+        return {k: dict(val) for k, val in (("requests", self.requests), ("limits", self.limits)) if val}
 
 
 class Config(BaseModel):
@@ -39,15 +59,25 @@ class Config(BaseModel):
     nsight_compute_image: str = "kratos-nsight-compute-poc:latest"
     ncu_set: str = "basic"
     ncu_launch_count: int = Field(default=20, ge=1)
+    ncu_launch_skip: int = Field(default=0, ge=0)
     profiling_deadline_seconds: int = Field(default=3600, ge=60)
     profiling_capabilities: tuple[str, ...] = ()
+    # stage-workload gets these in full; profiling-runner gets the requests for any of cpu/memory
+    # the user's container sets neither a request nor a limit for (never a limit the workload
+    # did not have: one could kill it under ncu).
+    profiling_resources: ResourceRequirements = Field(
+        default_factory=lambda: ResourceRequirements(
+            requests={"cpu": "100m", "memory": "128Mi"}, limits={"cpu": "1", "memory": "512Mi"}
+        )
+    )
     profiling_default: bool = True
     max_gpus_per_pod: int = Field(default=8, ge=1)
-    scheduler: SchedulerBackend = "default"
+    scheduler: v.SchedulerBackend = "default"
     kai_queue: str = "default-queue"
     priority_classes: dict[v.Priority, str] = Field(default_factory=dict)
     hint_strategy: v.Strategy = "performance"
     reference_product: str = "NVIDIA-A100-SXM4-80GB"
+    min_observed_runs: int = Field(default=3, ge=1)
     catalog_file: Path | None = None
     listen: str = "0.0.0.0:8443"
     metrics_listen: str | None = None

@@ -1,6 +1,8 @@
-"""Hints from a Ready WorkloadProfile. Each applier adds only what is missing and never overrides the user.
+"""Hints (DESIGN "Hints"): base hints on every opted-in GPU object, the ranked product preference
+only from a Ready WorkloadProfile. Each applier adds only what is missing and never overrides the
+user; a field holding the API server's default (``schedulerName: default-scheduler``) is no choice.
 
-Appliers work on the caller's deep copy of the raw object and return the name of what they added.
+Appliers work on a writable copy of the raw object and return the names of what they added.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ class HintResult:
     warnings: tuple[str, ...]
 
 
-def min_compute_capability(annotations: dict[str, str]) -> tuple[int, int] | None:
+def min_compute_capability(annotations: Mapping[str, str]) -> tuple[int, int] | None:
     raw = annotations.get(v.MIN_CC_ANNOTATION)
     if raw is None:
         return None
@@ -39,7 +41,7 @@ def min_compute_capability(annotations: dict[str, str]) -> tuple[int, int] | Non
     return int(major), int(minor)
 
 
-def min_memory_mib(annotations: dict[str, str]) -> int | None:
+def min_memory_mib(annotations: Mapping[str, str]) -> int | None:
     raw = annotations.get(v.MIN_MEMORY_ANNOTATION)
     quantity = parse_quantity(raw) if raw is not None else None
     if quantity is None:
@@ -159,95 +161,175 @@ def _pod_parts(obj: dict[str, Any], kind: Kind) -> tuple[dict[str, Any], dict[st
 
 @functools.lru_cache(maxsize=4096)
 def hints_record(
-    profile: str, bound_type: str, strategy: str, injected: tuple[str, ...], ranked: tuple[RankedProduct, ...]
+    profile: str,
+    bound_type: str,
+    *,
+    strategy: str,
+    injected: tuple[str, ...],
+    ranked: tuple[RankedProduct, ...],
+    reason: str,
 ) -> str:
-    """The gpu.scheduler.io/hints annotation: what was injected and why (memoised, it repeats)."""
-    return json.dumps(
-        {
-            "profile": profile,
-            "boundType": bound_type,
-            "strategy": strategy,
-            "injected": list(injected),
-            "ranked": [r.as_dict() for r in ranked],
-        },
-        separators=(",", ":"),
-    )
+    """The gpu.scheduler.io/hints annotation: what was injected and why (memoised, it repeats).
+    ``profile`` is empty and ``reason`` says why when only base hints were given."""
+    record: dict[str, object] = {
+        "profile": profile or None,
+        "boundType": bound_type,
+        "strategy": strategy,
+        "injected": list(injected),
+        "ranked": [r.as_dict() for r in ranked],
+    }
+    if reason:
+        record["reason"] = reason
+    return json.dumps(record, separators=(",", ":"))
+
+
+def scheduler_backend(annotations: Mapping[str, str], config: Config) -> v.SchedulerBackend:
+    """The object's ``gpu.scheduler.io/scheduler`` annotation, else the configured backend."""
+    chosen = annotations.get(v.SCHEDULER_ANNOTATION)
+    return next((b for b in v.SCHEDULER_BACKENDS if b == chosen), config.scheduler)
+
+
+def _set_scheduler(pod_spec: dict[str, Any], name: str) -> bool:
+    """Set schedulerName unless the user chose one; the server's default is no choice (DESIGN)."""
+    if pod_spec.get("schedulerName") not in (None, "", v.DEFAULT_SCHEDULER_NAME):
+        return False
+    pod_spec["schedulerName"] = name
+    return True
+
+
+def _apply_scheduler(
+    obj_meta: dict[str, Any],
+    pod_meta: dict[str, Any],
+    pod_spec: dict[str, Any],
+    kind: Kind,
+    *,
+    annotations: Mapping[str, str],
+    config: Config,
+) -> list[str]:
+    injected: list[str] = []
+    backend = scheduler_backend(annotations, config)
+    if backend == "kai":
+        if _set_scheduler(pod_spec, v.KAI_SCHEDULER_NAME):
+            injected.append("schedulerName")
+        for block in [pod_meta] if kind == "Pod" else [obj_meta, pod_meta]:
+            if _set_missing(child(block, "labels"), v.KAI_QUEUE_LABEL, config.kai_queue):
+                injected.append(f"labels[{v.KAI_QUEUE_LABEL}]")
+    elif backend == "volcano" and _set_scheduler(pod_spec, v.VOLCANO_SCHEDULER_NAME):
+        injected.append("schedulerName")
+    return injected
+
+
+def _apply_priority(
+    pod_spec: dict[str, Any],
+    kind: Kind,
+    *,
+    annotations: Mapping[str, str],
+    config: Config,
+    warnings: list[str],
+) -> list[str]:
+    priority = annotations.get(v.PRIORITY_ANNOTATION)
+    priority_class = next((c for p, c in config.priority_classes.items() if p == priority), None)
+    if not priority_class:
+        return []
+    if kind == "Pod":
+        # The Priority admission plugin resolves priorityClassName before webhooks run, so a
+        # class set here on a bare Pod would not take effect; Jobs' pods resolve it later.
+        warnings.append(
+            f"priority class {priority_class!r} is applied to Jobs only; set it on the Pod yourself"
+        )
+        return []
+    return ["priorityClassName"] if _set_missing(pod_spec, "priorityClassName", priority_class) else []
+
+
+def _apply_hold(obj: dict[str, Any], pod_spec: dict[str, Any], kind: Kind) -> list[str]:
+    """Hold a follower until the run under way ends: suspend a Job (one the user suspended stays
+    so, and the record says KRATOS did not suspend it), gate a Pod."""
+    if kind == "Pod":
+        gates = [
+            g
+            for g in as_list(pod_spec.get("schedulingGates"))
+            if as_mapping(g).get("name") != v.PROFILE_SCHEDULING_GATE
+        ]
+        pod_spec["schedulingGates"] = [*gates, {"name": v.PROFILE_SCHEDULING_GATE}]
+        return ["schedulingGates"]
+    spec = obj["spec"]
+    if spec.get("suspend") is True:
+        return []
+    spec["suspend"] = True
+    return ["suspend"]
 
 
 def apply_hints(
     request_object: Mapping[str, Any],
     kind: Kind,
     *,
-    profile: WorkloadProfile,
+    profile: WorkloadProfile | None,
     node_products: frozenset[str],
     namespace: str,
     config: Config,
     catalog: Catalog,
     signing_key: bytes,
+    reason: str = "",
+    hold: str = "",
 ) -> HintResult:
-    """The object with every hint DESIGN lists, recorded and signed; ``request_object`` is not changed."""
+    """The object with its hints, recorded and signed; ``request_object`` is not changed.
+
+    Base hints always; the ranked product preference only from a Ready ``profile``. ``reason``
+    says, in the record, why a call without a Ready profile gave base hints only. ``hold`` names
+    the profile whose run is under way: a Job is then suspended, a Pod gated, and both marked
+    ``awaiting-profile`` for the controller to release.
+    """
     obj = _writable_copy(request_object, kind)
     metadata = child(obj, "metadata")
-    annotations = as_mapping(metadata.get("annotations"))
-    user_annotations = {k: val for k, val in annotations.items() if isinstance(val, str)}
+    annotations = {
+        k: val for k, val in as_mapping(metadata.get("annotations")).items() if isinstance(val, str)
+    }
     pod_meta, pod_spec = _pod_parts(obj, kind)
-    cc = min_compute_capability(user_annotations)
-    memory = min_memory_mib(user_annotations)
-    ranked = rank_gpu_products(
-        profile,
-        node_products,
-        catalog=catalog,
-        strategy=config.hint_strategy,
-        reference_product=config.reference_product,
-        min_compute_capability=cc,
-        min_memory_mib=memory,
-    )
-    injected: list[str] = []
+    ready = profile is not None and profile.ready
     warnings: list[str] = []
-    runtime_class = (profile.spec.runtime_class_name or config.runtime_class_name) or None
+    injected: list[str] = []
+    runtime_class = (profile.spec.runtime_class_name if profile else None) or config.runtime_class_name
     if runtime_class and _set_missing(pod_spec, "runtimeClassName", runtime_class):
         injected.append("runtimeClassName")
+    cc, memory = min_compute_capability(annotations), min_memory_mib(annotations)
     if _and_into_terms(pod_spec, required_variants(cc, memory)):
         injected.append("affinity.nodeAffinity.required")
-    if _prefer_products(pod_spec, ranked):
-        injected.append("affinity.nodeAffinity.preferred")
+    ranked: list[RankedProduct] = []
+    if ready and profile is not None:  # the ranked hint: the only one that needs a profile
+        ranked = rank_gpu_products(
+            profile,
+            node_products,
+            catalog=catalog,
+            strategy=config.hint_strategy,
+            reference_product=config.reference_product,
+            min_compute_capability=cc,
+            min_memory_mib=memory,
+        )
+        if _prefer_products(pod_spec, ranked):
+            injected.append("affinity.nodeAffinity.preferred")
+        if not ranked:
+            warnings.append(
+                f"no GPU product preference: profile {profile.metadata.name} gives nothing to rank by"
+            )
     if _tolerate_gpu_taint(pod_spec):
         injected.append("tolerations")
-    if config.scheduler == "kai":
-        if _set_missing(pod_spec, "schedulerName", v.KAI_SCHEDULER_NAME):
-            injected.append("schedulerName")
-        blocks = [pod_meta] if kind == "Pod" else [metadata, pod_meta]
-        for block in blocks:
-            if _set_missing(child(block, "labels"), v.KAI_QUEUE_LABEL, config.kai_queue):
-                injected.append(f"labels[{v.KAI_QUEUE_LABEL}]")
-    elif config.scheduler == "volcano" and _set_missing(pod_spec, "schedulerName", v.VOLCANO_SCHEDULER_NAME):
-        injected.append("schedulerName")
-    priority = user_annotations.get(v.PRIORITY_ANNOTATION)
-    priority_class = next((c for p, c in config.priority_classes.items() if p == priority), None)
-    if priority_class:
-        if kind == "Pod":
-            # The Priority admission plugin resolves priorityClassName before webhooks run, so a
-            # class set here on a bare Pod would not take effect; Jobs' pods resolve it later.
-            warnings.append(
-                f"priority class {priority_class!r} is applied to Jobs only; set it on the Pod yourself"
-            )
-        elif _set_missing(pod_spec, "priorityClassName", priority_class):
-            injected.append("priorityClassName")
+    injected += _apply_scheduler(metadata, pod_meta, pod_spec, kind, annotations=annotations, config=config)
+    injected += _apply_priority(pod_spec, kind, annotations=annotations, config=config, warnings=warnings)
+    if hold:
+        injected += _apply_hold(obj, pod_spec, kind)
+        child(metadata, "annotations")[v.AWAITING_PROFILE_ANNOTATION] = hold
     record = hints_record(
-        profile.metadata.name,
-        profile.status.bound_type if profile.status else "unknown",
-        config.hint_strategy,
-        tuple(injected),
-        tuple(ranked),
+        profile.metadata.name if ready and profile else "",
+        profile.status.bound_type if profile and profile.status else "unknown",
+        strategy=config.hint_strategy,
+        injected=tuple(injected),
+        ranked=tuple(ranked),
+        reason="" if ready else reason,
     )
-    blocks = [metadata] if kind == "Pod" else [metadata, pod_meta]
-    for block in blocks:
+    for block in [metadata] if kind == "Pod" else [metadata, pod_meta]:
         block_annotations = child(block, "annotations")
         block_annotations[v.HINTS_ANNOTATION] = record
-        block_annotations[v.PROFILE_ANNOTATION] = profile.reference
+        if ready and profile is not None:
+            block_annotations[v.PROFILE_ANNOTATION] = profile.reference
         sign_block(block, namespace=namespace, key=signing_key)
-    if not ranked:
-        warnings.append(
-            f"no GPU product preference: profile {profile.metadata.name} gives nothing to rank by"
-        )
     return HintResult(obj, tuple(warnings))

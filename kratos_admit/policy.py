@@ -17,7 +17,14 @@ from kratos_admit.fields import FieldError
 from kratos_admit.gpu_requests import read_pod_gpus
 from kratos_admit.hints import apply_hints
 from kratos_admit.profile import WorkloadProfile
-from kratos_admit.profiling import profiling_needed, profiling_target, profiling_wanted, rewrite_for_profiling
+from kratos_admit.profiling import (
+    capability_warnings,
+    profiling_demanded,
+    profiling_target,
+    profiling_wanted,
+    rewrite_for_profiling,
+    unprofilable_reason,
+)
 from kratos_admit.raw import clone
 from kratos_admit.signing import signature_valid, signed_role
 from kratos_admit.validation import ValidationContext, new_violations, validate_workload
@@ -56,7 +63,7 @@ def _violations(
         signing_key=ctx.signing_key,
         max_gpus_per_pod=ctx.config.max_gpus_per_pod,
         mig_profiles=ctx.catalog.mig_profiles,
-        profiling_needed=profiling_needed(
+        profiling_demanded=profiling_demanded(
             workload,
             operation=operation,
             profile=profile,
@@ -99,10 +106,13 @@ def mutate(
     node_products: frozenset[str],
     ctx: PolicyContext,
 ) -> Decision:
+    """DESIGN "Hints" and "Profiling rewrite": deny what validation denies; leave KRATOS's own
+    output alone (idempotent); else base hints always, ranked hints from a Ready profile, a hold
+    while a profiling run of the workload is under way, or the profiling rewrite."""
     if operation != "CREATE":
         return Decision(allowed=True)
     workload = Workload(kind, obj)
-    name = workload.workload_label
+    name = workload.workload_label or ""
     errors = _violations(workload, operation=operation, profile=profile, namespace=namespace, ctx=ctx)
     if errors:
         return Decision(allowed=False, violations=errors)
@@ -110,9 +120,10 @@ def mutate(
     role = signed_role(workload.metadata.raw, namespace=namespace, key=key)
     if already_hinted(workload, namespace, key) or role == "profiling":
         return Decision(allowed=True)
-    if profile is not None and profile.ready:
+
+    def hinted(source: Mapping[str, Any], *, reason: str = "", warning: str = "", hold: str = "") -> Decision:
         result = apply_hints(
-            obj,
+            source,
             kind,
             profile=profile,
             node_products=node_products,
@@ -120,37 +131,64 @@ def mutate(
             config=ctx.config,
             catalog=ctx.catalog,
             signing_key=key,
+            reason=reason,
+            hold=hold,
         )
-        return Decision(allowed=True, action="hints", mutated=result.hinted, warnings=list(result.warnings))
-    if profile is not None:
-        reason = profile.status.message if profile.status and profile.status.message else "no reason given"
+        warnings = [warning] if warning else []
         return Decision(
-            allowed=True,
-            warnings=[
-                f"WorkloadProfile {profile.metadata.name} is Failed ({reason}): admitted without hints; "
-                "delete the profile to profile again"
-            ],
+            allowed=True, action="hints", mutated=result.hinted, warnings=warnings + list(result.warnings)
+        )
+
+    if profile is not None and profile.ready:
+        return hinted(obj)
+    phase = profile.status.phase if profile is not None and profile.status is not None else None
+    if profile is not None and phase == "Profiling" and role is None:
+        held = "a Job suspended" if kind == "Job" else f"a Pod gated by {v.PROFILE_SCHEDULING_GATE}"
+        return hinted(
+            obj,
+            reason=f"awaiting the profiling run of workload {name}",
+            warning=f"workload {name} is being profiled (WorkloadProfile {profile.metadata.name}): admitted as "
+            f"{held} with base hints; KRATOS releases it with ranked hints when the profile is ready",
+            hold=profile.metadata.name,
+        )
+    if profile is not None:
+        message = profile.status.message if profile.status and profile.status.message else "no reason given"
+        return hinted(
+            obj,
+            reason=f"WorkloadProfile {profile.metadata.name} is {phase or 'without status'}",
+            warning=f"WorkloadProfile {profile.metadata.name} is {phase or 'without status'} ({message}): "
+            "admitted with base hints only; delete the profile to profile again",
         )
     if kind == "Pod":
-        return Decision(
-            allowed=True,
-            warnings=[
-                f"no WorkloadProfile for workload {name}: Pod admitted without hints "
-                "(Pods are never rewritten for profiling; submit a Job to profile it)"
-            ],
+        return hinted(
+            obj,
+            reason=f"no WorkloadProfile for workload {name}",
+            warning=f"no WorkloadProfile for workload {name}: Pod admitted with base hints only "
+            "(Pods are never rewritten for profiling; submit a Job to profile it)",
         )
     if role == "execution":
-        return Decision(
-            allowed=True,
-            warnings=[f"no WorkloadProfile for workload {name}: execution Job admitted without hints"],
+        return hinted(
+            obj,
+            reason=f"no WorkloadProfile for workload {name}",
+            warning=f"no WorkloadProfile for workload {name}: execution Job admitted with base hints only",
         )
     if not profiling_wanted(workload.metadata.annotations, ctx.config):
-        return Decision(
-            allowed=True,
-            warnings=[f"no WorkloadProfile for workload {name} and profiling is off: admitted without hints"],
+        return hinted(
+            obj,
+            reason="profiling is off",
+            warning=f"no WorkloadProfile for workload {name} and profiling is off: admitted with base hints only",
         )
-    found = profiling_target(workload, read_pod_gpus(workload))
-    assert found is not None, "profiling-target validation refused a Job without a target"
+    gpus = read_pod_gpus(workload)
+    found = profiling_target(workload, gpus)
+    if found is None:
+        return hinted(
+            obj,
+            reason="cannot be profiled",
+            warning=f"no WorkloadProfile for workload {name}, and this Job cannot be profiled "
+            f"({unprofilable_reason(workload, gpus)}): admitted with base hints only; to profile it, "
+            f"give its GPU container an absolute command[0] or set the {v.EXECUTABLE_ANNOTATION} annotation "
+            "to the executable's absolute path",
+        )
     target, executable = found
     rewritten: dict[str, Any] = clone(obj)
     rewrite_for_profiling(
@@ -161,12 +199,12 @@ def mutate(
         config=ctx.config,
         signing_key=key,
     )
-    return Decision(
-        allowed=True,
-        action="profiling",
-        mutated=rewritten,
-        warnings=[
-            f"no WorkloadProfile for workload {name} yet: this Job runs once under Nsight Compute; "
-            "the controller then creates the execution Job with hints"
-        ],
-    )
+    decision = hinted(rewritten, reason="profiling run")
+    decision.action = "profiling"
+    decision.warnings = [
+        f"no WorkloadProfile for workload {name} yet: this Job runs once under Nsight Compute, which ends "
+        "it after the profiled kernels; the controller then creates the execution Job with hints",
+        *capability_warnings(ctx.config),
+        *decision.warnings,
+    ]
+    return decision

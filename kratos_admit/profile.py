@@ -8,7 +8,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from kratos_admit import vocabulary as v
 
-Phase = Literal["Ready", "Failed"]
+Phase = Literal["Profiling", "Ready", "Failed"]
 
 
 class _Strict(BaseModel):

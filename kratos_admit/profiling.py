@@ -11,22 +11,23 @@ from typing import Any
 
 from kratos_admit import vocabulary as v
 from kratos_admit.config import Config
-from kratos_admit.fields import FieldError
+from kratos_admit.fields import METADATA, FieldError
 from kratos_admit.gpu_requests import ContainerGpus, PodGpus
 from kratos_admit.profile import WorkloadProfile
 from kratos_admit.raw import as_list, as_mapping, child, clone
 from kratos_admit.signing import sign_block, signature_valid, signed_role
-from kratos_admit.workload import Workload
+from kratos_admit.workload import MetadataBlock, Workload
 
 # Job fields that name containers or indexes the profiling run no longer has.
 _DROPPED_JOB_FIELDS = (
+    "ttlSecondsAfterFinished",  # the TTL controller would delete the run before the controller reads it
     "podFailurePolicy",
     "successPolicy",
     "backoffLimitPerIndex",
     "maxFailedIndexes",
     "completionMode",
 )
-_USER_CONTAINER_FIELDS = ("env", "envFrom", "workingDir", "resources", "securityContext")
+_USER_CONTAINER_FIELDS = ("env", "envFrom", "workingDir", "securityContext")
 
 STAGE_SCRIPT = (
     'set -eu; src="$1"; '
@@ -103,6 +104,36 @@ def profiling_needed(
     )
 
 
+def profiling_demanded(
+    workload: Workload,
+    *,
+    operation: str,
+    profile: WorkloadProfile | None,
+    namespace: str,
+    config: Config,
+    signing_key: bytes,
+) -> bool:
+    """Profiling needed and asked for explicitly (``profiling: "true"``): only then is a Job that
+    cannot be profiled denied (rule profiling-target); profiling by default never denies a Job."""
+    return workload.metadata.annotations.get(v.PROFILING_ANNOTATION) == "true" and profiling_needed(
+        workload,
+        operation=operation,
+        profile=profile,
+        namespace=namespace,
+        config=config,
+        signing_key=signing_key,
+    )
+
+
+def unprofilable_reason(workload: Workload, gpus: PodGpus) -> str:
+    """Why ``profiling_target`` found nothing, for a warning (a Job profiled only by default)."""
+    if len(gpus.gpu_containers) != 1:
+        return f"it has {len(gpus.gpu_containers)} containers that use a GPU; profiling needs exactly one"
+    return (
+        "its GPU container runs its image's entrypoint, so KRATOS does not know which executable to profile"
+    )
+
+
 def profiling_executable(workload: Workload, gpu_container: ContainerGpus) -> str | None:
     """The absolute executable to stage: the annotation, else command[0]; None when neither is one."""
     exe = workload.metadata.annotations.get(v.EXECUTABLE_ANNOTATION)
@@ -155,7 +186,27 @@ def _user_mounts(user: Mapping[str, Any]) -> list[Mapping[str, Any]]:
     return [m for m in as_list(user.get("volumeMounts")) if isinstance(m, Mapping)]
 
 
-def _stage_container(user: Mapping[str, Any], executable: str) -> dict[str, Any]:
+# Identity fields of the user's securityContext the staging copy keeps: it reads the user's image
+# as the user's container would; everything else about it is locked down (Pod Security "restricted").
+_IDENTITY_FIELDS = ("runAsUser", "runAsGroup", "runAsNonRoot", "seLinuxOptions", "windowsOptions")
+# Capabilities Pod Security "restricted" lets a container add (v1.28 of the standard).
+RESTRICTED_ADDABLE_CAPABILITIES = frozenset({"NET_BIND_SERVICE"})
+
+
+def _stage_security_context(user: Mapping[str, Any]) -> dict[str, Any]:
+    """Passes "restricted" whenever the user's container does, and is never more privileged than it."""
+    given = as_mapping(user.get("securityContext"))
+    security: dict[str, Any] = {k: clone(given[k]) for k in _IDENTITY_FIELDS if k in given}
+    security["allowPrivilegeEscalation"] = False
+    security["capabilities"] = {"drop": ["ALL"]}
+    seccomp = as_mapping(given.get("seccompProfile"))
+    security["seccompProfile"] = (
+        clone(seccomp) if seccomp.get("type") == "Localhost" else {"type": "RuntimeDefault"}
+    )
+    return security
+
+
+def _stage_container(user: Mapping[str, Any], executable: str, config: Config) -> dict[str, Any]:
     mounts = _user_mounts(user)
     container: dict[str, Any] = {
         "name": v.STAGE_CONTAINER,
@@ -163,13 +214,35 @@ def _stage_container(user: Mapping[str, Any], executable: str) -> dict[str, Any]
         "command": ["sh", "-c", STAGE_SCRIPT, v.STAGE_CONTAINER, executable],
         "volumeMounts": [*clone(mounts), {"name": v.STAGE_VOLUME, "mountPath": v.STAGE_MOUNT_PATH}],
         "terminationMessagePolicy": "FallbackToLogsOnError",
+        "resources": config.profiling_resources.as_dict(),
+        "securityContext": _stage_security_context(user),
     }
     if "imagePullPolicy" in user:
         container["imagePullPolicy"] = user["imagePullPolicy"]
     return container
 
 
-def _runner_container(user: Mapping[str, Any], executable: str, config: Config) -> dict[str, Any]:
+def _runner_resources(user: Mapping[str, Any], config: Config) -> dict[str, Any]:
+    """The user's resources (their GPUs above all), plus the configured requests for cpu and memory
+    where the user's container states neither a request nor a limit, so quotas that require
+    requests admit the pod; never a limit the workload did not have."""
+    resources: dict[str, Any] = clone(dict(as_mapping(user.get("resources"))))
+    stated = set(as_mapping(resources.get("requests"))) | set(as_mapping(resources.get("limits")))
+    for name, quantity in config.profiling_resources.requests.items():
+        if name not in stated:
+            child(resources, "requests")[name] = quantity
+    return resources
+
+
+def launch_skip(annotations: Mapping[str, str], config: Config) -> int:
+    """Kernels to let run before profiling (warm-up): the annotation, else config ``ncuLaunchSkip``."""
+    raw = annotations.get(v.PROFILE_SKIP_ANNOTATION)
+    return int(raw) if raw is not None and raw.isdigit() else config.ncu_launch_skip
+
+
+def _runner_container(
+    user: Mapping[str, Any], executable: str, config: Config, *, skip: int
+) -> dict[str, Any]:
     command = [c for c in as_list(user.get("command")) if isinstance(c, str)]
     args = [a for a in as_list(user.get("args")) if isinstance(a, str)]
     workload_args = [*command[1:], *args]
@@ -182,6 +255,8 @@ def _runner_container(user: Mapping[str, Any], executable: str, config: Config) 
             "kratos_runner",
             "--set",
             config.ncu_set,
+            "--launch-skip",
+            str(skip),
             "--launch-count",
             str(config.ncu_launch_count),
             "--",
@@ -193,6 +268,7 @@ def _runner_container(user: Mapping[str, Any], executable: str, config: Config) 
     for key in _USER_CONTAINER_FIELDS:
         if key in user:
             runner[key] = clone(user[key])
+    runner["resources"] = _runner_resources(user, config)
     mounts = _user_mounts(user)
     runner["volumeMounts"] = [
         *clone(mounts),
@@ -206,6 +282,18 @@ def _runner_container(user: Mapping[str, Any], executable: str, config: Config) 
     return runner
 
 
+def capability_warnings(config: Config) -> list[str]:
+    """profilingCapabilities that Pod Security "restricted" forbids: the API server will refuse the
+    profiling pod in a namespace that enforces it, so say so at admission."""
+    forbidden = [c for c in config.profiling_capabilities if c not in RESTRICTED_ADDABLE_CAPABILITIES]
+    if not forbidden:
+        return []
+    return [
+        f'profilingCapabilities {", ".join(forbidden)} are not allowed under Pod Security "restricted" '
+        "(only NET_BIND_SERVICE may be added): a namespace that enforces it refuses the profiling pod"
+    ]
+
+
 def rewrite_for_profiling(
     job: dict[str, Any],
     *,
@@ -215,17 +303,24 @@ def rewrite_for_profiling(
     config: Config,
     signing_key: bytes,
 ) -> None:
-    """Turn the Job (a deep copy) into its profiling form, in place; the Job keeps its name."""
+    """Turn the Job (a deep copy) into its profiling form, in place; the Job keeps its name.
+
+    The Job and its pods carry the ``release`` finalizer until the controller has read the summary
+    and created the execution Job, and drop ``ttlSecondsAfterFinished`` (the execution Job gets the
+    user's), so neither a TTL nor an early delete can lose the workload or its profile.
+    """
     original = encode_original_template(job)
     spec = child(job, "spec")
     template = child(spec, "template")
     pod_spec = child(template, "spec")
     user = target.container.raw
+    metadata = child(job, "metadata")
+    skip = launch_skip(MetadataBlock(METADATA, metadata).annotations, config)
     pod_spec["initContainers"] = [
         *as_list(pod_spec.get("initContainers")),
-        _stage_container(user, executable),
+        _stage_container(user, executable, config),
     ]
-    pod_spec["containers"] = [_runner_container(user, executable, config)]
+    pod_spec["containers"] = [_runner_container(user, executable, config, skip=skip)]
     volumes = [
         vol for vol in as_list(pod_spec.get("volumes")) if as_mapping(vol).get("name") != v.STAGE_VOLUME
     ]
@@ -239,10 +334,11 @@ def rewrite_for_profiling(
         backoffLimit=0,
         activeDeadlineSeconds=config.profiling_deadline_seconds,
     )
-    metadata = child(job, "metadata")
     child(metadata, "labels")[v.ROLE_LABEL] = "profiling"
     child(metadata, "annotations")[v.ORIGINAL_TEMPLATE_ANNOTATION] = original
     pod_meta = child(template, "metadata")
     child(pod_meta, "labels")[v.ROLE_LABEL] = "profiling"
-    sign_block(metadata, namespace=namespace, key=signing_key)
-    sign_block(pod_meta, namespace=namespace, key=signing_key)
+    for block in (metadata, pod_meta):
+        finalizers = [f for f in as_list(block.get("finalizers")) if f != v.RELEASE_FINALIZER]
+        block["finalizers"] = [*finalizers, v.RELEASE_FINALIZER]
+        sign_block(block, namespace=namespace, key=signing_key)

@@ -24,7 +24,7 @@ class ValidationContext:
     signing_key: bytes
     max_gpus_per_pod: int
     mig_profiles: frozenset[str]
-    profiling_needed: bool
+    profiling_demanded: bool  # profiling asked for explicitly and needed: profiling-target applies
 
 
 def validate_workload(workload: Workload, ctx: ValidationContext) -> list[FieldError]:
@@ -39,7 +39,7 @@ def validate_workload(workload: Workload, ctx: ValidationContext) -> list[FieldE
     errors += _mig_profile(gpus, ctx)
     errors += _gpu_sharing(workload, gpus)
     errors += _no_gpu(workload, gpus)
-    if ctx.profiling_needed:
+    if ctx.profiling_demanded:
         errors += profiling_target_errors(workload, gpus)
     return errors
 
@@ -98,6 +98,18 @@ def _hint_format(workload: Workload) -> Iterator[FieldError]:
         checks.append((v.PRIORITY_ANNOTATION, priority in v.PRIORITIES, "one of high, normal, low"))
     if (profiling := annotations.get(v.PROFILING_ANNOTATION)) is not None:
         checks.append((v.PROFILING_ANNOTATION, profiling in ("true", "false"), '"true" or "false"'))
+    if (scheduler := annotations.get(v.SCHEDULER_ANNOTATION)) is not None:
+        checks.append(
+            (v.SCHEDULER_ANNOTATION, scheduler in v.SCHEDULER_BACKENDS, "one of default, kai, volcano")
+        )
+    if (skip := annotations.get(v.PROFILE_SKIP_ANNOTATION)) is not None:
+        checks.append(
+            (
+                v.PROFILE_SKIP_ANNOTATION,
+                skip.isascii() and skip.isdigit() and len(skip) <= 9,
+                'a count like "10"',
+            )
+        )
     if (exe := annotations.get(v.EXECUTABLE_ANNOTATION)) is not None:
         ok = exe.startswith("/") and len(exe) > 1 and not any(c in exe for c in "\0\n\r")
         checks.append((v.EXECUTABLE_ANNOTATION, ok, 'an absolute path like "/usr/local/bin/app"'))

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from typing import Final, Literal
+from typing import Final, Literal, get_args
 
 GROUP: Final = "gpu.scheduler.io"
 VERSION: Final = "v1alpha1"
@@ -21,6 +21,8 @@ EXECUTABLE_ANNOTATION: Final = f"{GROUP}/executable"
 MIN_CC_ANNOTATION: Final = f"{GROUP}/min-compute-capability"
 MIN_MEMORY_ANNOTATION: Final = f"{GROUP}/min-gpu-memory"
 PRIORITY_ANNOTATION: Final = f"{GROUP}/priority"
+SCHEDULER_ANNOTATION: Final = f"{GROUP}/scheduler"
+PROFILE_SKIP_ANNOTATION: Final = f"{GROUP}/profile-skip-kernels"
 
 # KRATOS-only vocabulary: written by the webhook or the controller, always signed
 ROLE_LABEL: Final = f"{GROUP}/role"
@@ -28,16 +30,31 @@ ORIGINAL_TEMPLATE_ANNOTATION: Final = f"{GROUP}/original-template"
 HINTS_ANNOTATION: Final = f"{GROUP}/hints"
 PROFILE_ANNOTATION: Final = f"{GROUP}/profile"
 SIGNATURE_ANNOTATION: Final = f"{GROUP}/signature"
+AWAITING_PROFILE_ANNOTATION: Final = f"{GROUP}/awaiting-profile"
+EXECUTION_JOB_ANNOTATION: Final = f"{GROUP}/execution-job"
+RELEASE_FINALIZER: Final = f"{GROUP}/release"
+PROFILE_SCHEDULING_GATE: Final = f"{GROUP}/profile"
 
 RESERVED_LABELS: Final = frozenset({ROLE_LABEL})
 RESERVED_ANNOTATIONS: Final = frozenset(
-    {ORIGINAL_TEMPLATE_ANNOTATION, HINTS_ANNOTATION, PROFILE_ANNOTATION, SIGNATURE_ANNOTATION}
+    {
+        ORIGINAL_TEMPLATE_ANNOTATION,
+        HINTS_ANNOTATION,
+        PROFILE_ANNOTATION,
+        SIGNATURE_ANNOTATION,
+        AWAITING_PROFILE_ANNOTATION,
+        EXECUTION_JOB_ANNOTATION,
+    }
 )
 
 Priority = Literal["high", "normal", "low"]
 PRIORITIES: Final = ("high", "normal", "low")
 BoundType = Literal["compute", "memory", "balanced", "latency", "unknown"]
 Strategy = Literal["performance", "cost", "balanced"]  # config hintStrategy, docs/ranking.md
+SchedulerBackend = Literal["default", "kai", "volcano"]  # config scheduler, the scheduler annotation
+SCHEDULER_BACKENDS: Final[tuple[SchedulerBackend, ...]] = get_args(SchedulerBackend)
+# The API server fills these in before any webhook runs; a field holding its default counts as unset.
+DEFAULT_SCHEDULER_NAME: Final = "default-scheduler"
 
 # NVIDIA device plugin, MIG and GPU Feature Discovery
 GPU_RESOURCE: Final = "nvidia.com/gpu"

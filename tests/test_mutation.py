@@ -15,6 +15,7 @@ from kratos_admit.signing import sign_block
 from tests.builders import make_job, make_pod, make_profile
 from tests.conftest import TEST_KEY, apply_patch, assert_valid_kubernetes, make_ctx
 from tests.helpers import admit, engine
+from tests.pod_security import restricted_violations
 
 GPU = v.GPU_RESOURCE
 PROFILE = make_profile()
@@ -225,7 +226,10 @@ def test_profiling_rewrite_shape():
         .args("--check")
         .add_container("fetch", init=True)
         .add_container("sidecar")
-        .job_spec(backoffLimit=6, completions=4, parallelism=2, completionMode="Indexed")
+        .job_spec(
+            backoffLimit=6, completions=4, parallelism=2, completionMode="Indexed", ttlSecondsAfterFinished=0
+        )
+        .annotate(v.PROFILE_SKIP_ANNOTATION, "5")
         .build()
     )
     obj["spec"]["template"]["spec"]["containers"][0]["env"] = [{"name": "A", "value": "1"}]
@@ -240,6 +244,9 @@ def test_profiling_rewrite_shape():
     spec = mutated["spec"]
     assert (spec["parallelism"], spec["completions"], spec["backoffLimit"]) == (1, 1, 0)
     assert spec["activeDeadlineSeconds"] == 3600 and "completionMode" not in spec
+    assert "ttlSecondsAfterFinished" not in spec, "a TTL could delete the run before the controller reads it"
+    assert mutated["metadata"]["finalizers"] == [v.RELEASE_FINALIZER]
+    assert spec["template"]["metadata"]["finalizers"] == [v.RELEASE_FINALIZER]
     pod = spec["template"]["spec"]
     assert [c["name"] for c in pod["initContainers"]] == ["fetch", "stage-workload"]
     stage = pod["initContainers"][1]
@@ -254,6 +261,8 @@ def test_profiling_rewrite_shape():
         "kratos_runner",
         "--set",
         "basic",
+        "--launch-skip",
+        "5",
         "--launch-count",
         "20",
         "--",
@@ -262,7 +271,12 @@ def test_profiling_rewrite_shape():
         "--check",
     ]
     assert runner["env"] == [{"name": "A", "value": "1"}]
-    assert runner["resources"] == {"limits": {GPU: 1}}
+    assert runner["resources"] == {"limits": {GPU: 1}, "requests": {"cpu": "100m", "memory": "128Mi"}}
+    assert stage["resources"] == {
+        "requests": {"cpu": "100m", "memory": "128Mi"},
+        "limits": {"cpu": "1", "memory": "512Mi"},
+    }
+    assert any("PERFMON" in w and "restricted" in w for w in result.decision.warnings)
     assert runner["terminationMessagePolicy"] == "File"
     assert runner["securityContext"]["capabilities"]["add"] == ["PERFMON"]
     assert {"name": "kratos-stage", "mountPath": "/kratos/stage", "readOnly": True} in runner["volumeMounts"]
@@ -373,35 +387,104 @@ def test_execution_job_from_the_controller_gets_hints_and_is_re_signed():
     assert mutated["metadata"]["labels"][v.ROLE_LABEL] == "execution"
 
 
-def test_execution_job_without_a_profile_is_never_profiled_again():
-    job = execution_job()
-    result = admit(job, engine(make_ctx()))
-    assert result.outcome == "allowed" and result.patch == []
-    assert "execution Job admitted without hints" in result.decision.warnings[0]
+# --- base hints: every opted-in GPU object, profile or not (DESIGN "Hints") ----------------------
+
+ENTRYPOINT_JOB = make_job("entrypoint").command()  # runs its image's entrypoint: cannot be profiled
+TWO_GPU_CONTAINERS = make_job("two-gpus").add_container("second", {GPU: 1})
 
 
-# --- no hints: admitted unchanged, with a warning that says why -----------------------------------
+def assert_base_hints(mutated: dict[str, Any], kind: str, *, ranked: bool) -> dict[str, Any]:
+    pod = mutated["spec"] if kind == "Pod" else mutated["spec"]["template"]["spec"]
+    assert pod["runtimeClassName"] == "nvidia"
+    assert {"key": GPU, "operator": "Exists", "effect": "NoSchedule"} in pod["tolerations"]
+    terms = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+        "nodeSelectorTerms"
+    ]
+    assert all(
+        {"key": v.GPU_PRESENT_LABEL, "operator": "In", "values": ["true"]} in t["matchExpressions"]
+        for t in terms
+    )
+    preferred = pod["affinity"]["nodeAffinity"].get("preferredDuringSchedulingIgnoredDuringExecution", [])
+    assert bool(preferred) == ranked
+    record: dict[str, Any] = json.loads(mutated["metadata"]["annotations"][v.HINTS_ANNOTATION])
+    return record
 
 
 @pytest.mark.parametrize(
-    ("builder", "profiles", "warning"),
+    ("builder", "profiles", "warning", "reason"),
     [
         pytest.param(
-            make_job().annotate(v.PROFILING_ANNOTATION, "false"), [], "profiling is off", id="profiling-off"
+            make_job().annotate(v.PROFILING_ANNOTATION, "false"), [], "profiling is off", "profiling is off",
+            id="profiling-off",
         ),
         pytest.param(
-            make_job(),
-            [make_profile(phase="Failed", message="ncu: ERR_NVGPUCTRPERM")],
-            "is Failed (ncu: ERR_NVGPUCTRPERM)",
-            id="failed-profile",
+            make_job(), [make_profile(phase="Failed", message="ncu: ERR_NVGPUCTRPERM")],
+            "is Failed (ncu: ERR_NVGPUCTRPERM)", "WorkloadProfile vector-add-profile is Failed", id="failed-profile",
         ),
-        pytest.param(make_pod(), [], "Pods are never rewritten", id="bare-pod"),
+        pytest.param(make_pod(), [], "Pods are never rewritten", "no WorkloadProfile", id="bare-pod"),
+        pytest.param(
+            ENTRYPOINT_JOB, [], "runs its image's entrypoint", "cannot be profiled", id="entrypoint-job",
+        ),
+        pytest.param(
+            TWO_GPU_CONTAINERS, [], "2 containers that use a GPU", "cannot be profiled", id="two-gpu-containers",
+        ),
+    ],
+)  # fmt: skip
+def test_objects_without_ranked_hints_get_base_hints_and_a_reason(builder, profiles, warning, reason):
+    obj = builder.build()
+    result, mutated = mutate_and_check(obj, engine(make_ctx(), profiles))
+    assert result.decision.action == "hints"
+    assert any(warning in w for w in result.decision.warnings), result.decision.warnings
+    record = assert_base_hints(mutated, obj["kind"], ranked=False)
+    assert record["profile"] is None and record["ranked"] == [] and reason in record["reason"]
+    assert v.PROFILE_ANNOTATION not in mutated["metadata"]["annotations"]
+
+
+def test_a_job_that_cannot_be_profiled_says_how_to_enable_profiling():
+    result = admit(ENTRYPOINT_JOB.build(), engine(make_ctx()))
+    [warning] = result.decision.warnings
+    assert "command[0]" in warning and v.EXECUTABLE_ANNOTATION in warning
+
+
+def test_execution_job_without_a_profile_is_never_profiled_again_but_gets_base_hints():
+    result, mutated = mutate_and_check(execution_job(), engine(make_ctx()))
+    assert result.decision.action == "hints"
+    assert "execution Job admitted with base hints only" in result.decision.warnings[0]
+    assert mutated["metadata"]["labels"][v.ROLE_LABEL] == "execution"
+    assert_base_hints(mutated, "Job", ranked=False)
+
+
+def test_the_profiling_run_gets_base_hints_so_it_reaches_tainted_gpu_nodes():
+    result, mutated = mutate_and_check(make_job().build(), engine(make_ctx()))
+    assert result.decision.action == "profiling"
+    record = assert_base_hints(mutated, "Job", ranked=False)
+    assert record["reason"] == "profiling run"
+    template_annotations = mutated["spec"]["template"]["metadata"]["annotations"]
+    assert template_annotations[v.HINTS_ANNOTATION] == mutated["metadata"]["annotations"][v.HINTS_ANNOTATION]
+
+
+@pytest.mark.parametrize(
+    ("backend", "annotation", "expected"),
+    [
+        pytest.param("kai", None, v.KAI_SCHEDULER_NAME, id="kai"),
+        pytest.param("volcano", None, v.VOLCANO_SCHEDULER_NAME, id="volcano"),
+        pytest.param("kai", "default", v.DEFAULT_SCHEDULER_NAME, id="annotation-keeps-default"),
+        pytest.param("default", "volcano", v.VOLCANO_SCHEDULER_NAME, id="annotation-chooses-volcano"),
     ],
 )
-def test_no_hints_admits_unchanged_with_a_reason(builder, profiles, warning):
-    result = admit(builder.build(), engine(make_ctx(), profiles))
-    assert result.decision.allowed and result.patch == [] and result.decision.action == "none"
-    assert any(warning in w for w in result.decision.warnings), result.decision.warnings
+def test_the_servers_default_scheduler_name_is_no_choice(backend, annotation, expected):
+    builder = make_job().spec(schedulerName=v.DEFAULT_SCHEDULER_NAME, dnsPolicy="ClusterFirst")
+    if annotation:
+        builder = builder.annotate(v.SCHEDULER_ANNOTATION, annotation)
+    for profiles in ([PROFILE], []):
+        _, mutated = mutate_and_check(builder.build(), engine(make_ctx(scheduler=backend), profiles))
+        assert mutated["spec"]["template"]["spec"]["schedulerName"] == expected
+
+
+def test_a_scheduler_the_user_chose_is_kept():
+    obj = make_job().spec(schedulerName="my-scheduler").build()
+    _, mutated = mutate_and_check(obj, engine(make_ctx(scheduler="kai"), [PROFILE]))
+    assert mutated["spec"]["template"]["spec"]["schedulerName"] == "my-scheduler"
 
 
 def test_unlabelled_objects_are_never_touched():
@@ -422,3 +505,56 @@ def test_mutating_denies_a_broken_object_with_every_reason():
 def test_profile_in_another_namespace_does_not_apply():
     result = admit(make_job(namespace="team-b").build(), engine(make_ctx(), [PROFILE]))
     assert result.decision.action == "profiling"
+
+
+# --- Pod Security "restricted" (tests/pod_security.py, v1.28 of the standard) --------------------
+
+RESTRICTED_CONTAINER = {
+    "allowPrivilegeEscalation": False,
+    "capabilities": {"drop": ["ALL"]},
+    "runAsNonRoot": True,
+    "runAsUser": 1000,
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
+
+
+@pytest.mark.parametrize(
+    "builder",
+    [
+        pytest.param(
+            make_job().spec(
+                securityContext={"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}},
+                volumes=[{"name": "data", "persistentVolumeClaim": {"claimName": "data"}}],
+            ),
+            id="pod-level-context",
+        ),
+        pytest.param(make_job().spec(securityContext={}), id="container-level-context"),
+    ],
+)
+def test_the_profiling_rewrite_passes_restricted_whenever_the_users_pod_does(builder):
+    obj = builder.build()
+    container = obj["spec"]["template"]["spec"]["containers"][0]
+    container["securityContext"] = (
+        {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
+        if obj["spec"]["template"]["spec"]["securityContext"]
+        else dict(RESTRICTED_CONTAINER)
+    )
+    template = obj["spec"]["template"]
+    assert restricted_violations(template.get("metadata", {}), template["spec"]) == []
+    result, mutated = mutate_and_check(obj, engine(make_ctx()))
+    assert result.decision.action == "profiling"
+    rewritten = mutated["spec"]["template"]
+    assert restricted_violations(rewritten["metadata"], rewritten["spec"]) == []
+    stage = rewritten["spec"]["initContainers"][-1]
+    assert stage["resources"]["requests"] and stage["resources"]["limits"]
+
+
+def test_the_checker_sees_what_restricted_refuses_in_a_plain_pod():
+    """The checker itself is not vacuous: an ordinary pod fails restricted, and so does its rewrite."""
+    obj = make_job().build()
+    template = obj["spec"]["template"]
+    refused = restricted_violations({}, template["spec"])
+    assert any("allowPrivilegeEscalation" in r for r in refused) and any("runAsNonRoot" in r for r in refused)
+    _, mutated = mutate_and_check(obj, engine(make_ctx(profilingCapabilities=["SYS_ADMIN"])))
+    rewritten = mutated["spec"]["template"]
+    assert any("SYS_ADMIN" in r for r in restricted_violations(rewritten["metadata"], rewritten["spec"]))

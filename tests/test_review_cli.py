@@ -15,56 +15,59 @@ from kratos_admit.cli import ExitStatus, main
 from tests.conftest import EXAMPLES, apply_patch, assert_valid_kubernetes, require_fixtures
 
 # file -> (exit status and per-document (kind, action) without a profile, the same with a Ready profile).
-# Jobs whose GPU container runs a relative command ("sh", "nvidia-smi", image entrypoint) cannot be
-# profiled (profiling-target); with a profile they are hinted. Pods are never profiled.
-EXPECTED: dict[str, tuple[int, list[tuple[str, str]], int, list[tuple[str, str]]]] = {
-    "embl-bard-gpu-pod-malformed-cpu.yaml": (2, [], 2, []),  # limits.cpu "1000," is no quantity
-    "jear-gpu-pod-missing-apiversion.yaml": (2, [], 2, []),
-    "gardenlinux-gpu-debug-pod.yaml": (0, [("Pod", "none")], 0, [("Pod", "hints")]),
-    "instaslice-kueue-mig-job.yaml": (1, [("Job", "none")], 0, [("Job", "hints")]),
-    "instaslice-mig-test-pod.yaml": (0, [("Pod", "none")], 0, [("Pod", "hints")]),
+# Every manifest fixture, labelled for KRATOS, with the decision a user would agree with and why:
+# (kind, action, a phrase of the warning or denial that gives the reason), without and with a Ready
+# profile. Unusable input exits 2 with its reason; no Job is denied because it cannot be profiled.
+POD_NO_PROFILE = ("Pod", "hints", "Pods are never rewritten for profiling")
+ENTRYPOINT_JOB = ("Job", "hints", "runs its image's entrypoint")
+HINTED_POD, HINTED_JOB = ("Pod", "hints", ""), ("Job", "hints", "")
+Decision = tuple[str, str, str]
+EXPECTED: dict[str, tuple[int, list[Decision], int, list[Decision]] | tuple[str, str]] = {
+    "embl-bard-gpu-pod-malformed-cpu.yaml": ("unusable", "limits[cpu]: '1000,' is not a valid quantity"),
+    "jear-gpu-pod-missing-apiversion.yaml": ("unusable", "apiVersion is missing"),
+    "gardenlinux-gpu-debug-pod.yaml": (0, [POD_NO_PROFILE], 0, [HINTED_POD]),
+    "instaslice-kueue-mig-job.yaml": (0, [ENTRYPOINT_JOB], 0, [HINTED_JOB]),
+    "instaslice-mig-test-pod.yaml": (0, [POD_NO_PROFILE], 0, [HINTED_POD]),
     "instaslice-vllm-mig-pod-multidoc.yaml": (
         0,
-        [("Pod", "none"), ("Service", "none")],
+        [POD_NO_PROFILE, ("Service", "none", "")],
         0,
-        [("Pod", "hints"), ("Service", "none")],
+        [HINTED_POD, ("Service", "none", "")],
     ),
-    "kai-batch-job.yaml": (1, [("Job", "none")], 0, [("Job", "hints")]),
+    "kai-batch-job.yaml": (0, [ENTRYPOINT_JOB], 0, [HINTED_JOB]),
     "kai-dra-imex-multidoc.yaml": (
         0,
-        [("ComputeDomain", "none"), ("Pod", "none")],
+        [("ComputeDomain", "none", ""), POD_NO_PROFILE],
         0,
-        [("ComputeDomain", "none"), ("Pod", "hints")],
+        [("ComputeDomain", "none", ""), HINTED_POD],
     ),
-    "kai-gpu-memory-pod.yaml": (0, [("Pod", "none")], 0, [("Pod", "hints")]),
-    "kai-gpu-sharing-fraction-pod.yaml": (0, [("Pod", "none")], 0, [("Pod", "hints")]),
-    "kai-gpu-sharing-init-container.yaml": (0, [("Pod", "none")], 0, [("Pod", "hints")]),
-    "kai-gpu-sharing-multi-container.yaml": (0, [("Pod", "none")], 0, [("Pod", "hints")]),
-    "kai-gpu-sharing-with-mps.yaml": (0, [("Pod", "none")], 0, [("Pod", "hints")]),
-    "kai-quickstart-gpu-pod.yaml": (0, [("Pod", "none")], 0, [("Pod", "hints")]),
-    "kai-train-priority-pod.yaml": (0, [("Pod", "none")], 0, [("Pod", "hints")]),
-    "kubeflow-pytorchjob-nccl-gpu.yaml": (0, [("PyTorchJob", "none")], 0, [("PyTorchJob", "none")]),
-    "kueue-provisioning-gpu-job.yaml": (1, [("Job", "none")], 0, [("Job", "hints")]),
-    "nvidia-device-plugin-e2e-job.yaml": (1, [("Job", "none")], 0, [("Job", "hints")]),
+    "kai-gpu-memory-pod.yaml": (0, [POD_NO_PROFILE], 0, [HINTED_POD]),
+    "kai-gpu-sharing-fraction-pod.yaml": (0, [POD_NO_PROFILE], 0, [HINTED_POD]),
+    "kai-gpu-sharing-init-container.yaml": (0, [POD_NO_PROFILE], 0, [HINTED_POD]),
+    "kai-gpu-sharing-multi-container.yaml": (0, [POD_NO_PROFILE], 0, [HINTED_POD]),
+    "kai-gpu-sharing-with-mps.yaml": (0, [POD_NO_PROFILE], 0, [HINTED_POD]),
+    "kai-quickstart-gpu-pod.yaml": (0, [POD_NO_PROFILE], 0, [HINTED_POD]),
+    "kai-train-priority-pod.yaml": (0, [POD_NO_PROFILE], 0, [HINTED_POD]),
+    # a Kubeflow PyTorchJob is not a batch/v1 Job: never KRATOS's to touch
+    "kubeflow-pytorchjob-nccl-gpu.yaml": (0, [("PyTorchJob", "none", "")], 0, [("PyTorchJob", "none", "")]),
+    "kueue-provisioning-gpu-job.yaml": (0, [ENTRYPOINT_JOB], 0, [HINTED_JOB]),
+    "nvidia-device-plugin-e2e-job.yaml": (0, [ENTRYPOINT_JOB], 0, [HINTED_JOB]),
     "nvidia-dra-gpu-test-count-multidoc.yaml": (
         0,
-        [("Namespace", "none"), ("ResourceClaimTemplate", "none"), ("Pod", "none")],
+        [("Namespace", "none", ""), ("ResourceClaimTemplate", "none", ""), POD_NO_PROFILE],
         0,
-        [("Namespace", "none"), ("ResourceClaimTemplate", "none"), ("Pod", "hints")],
+        [("Namespace", "none", ""), ("ResourceClaimTemplate", "none", ""), HINTED_POD],
     ),
-    "nvidia-gpu-operator-test-pod.yaml": (0, [("Pod", "none")], 0, [("Pod", "hints")]),
+    "nvidia-gpu-operator-test-pod.yaml": (0, [POD_NO_PROFILE], 0, [HINTED_POD]),
+    # command[0] is /bin/bash: profiled as the user wrote it
     "siwenshao-dyffusion-gpu-job.yaml": (
         0,
-        [("Job", "profiling")],
+        [("Job", "profiling", "runs once under Nsight Compute")],
         0,
-        [("Job", "hints")],
-    ),  # command[0] is /bin/bash
-    "volcano-tf-gpu-vcjob.yaml": (
-        0,
-        [("Job", "none")],
-        0,
-        [("Job", "none")],
-    ),  # batch.volcano.sh, not batch/v1
+        [HINTED_JOB],
+    ),
+    # a Volcano Job (batch.volcano.sh) is not a batch/v1 Job
+    "volcano-tf-gpu-vcjob.yaml": (0, [("Job", "none", "")], 0, [("Job", "none", "")]),
 }
 
 FIXTURE_PROFILE = """
@@ -133,17 +136,22 @@ def test_review_of_real_manifest(tmp_path: Path, name: str, with_profile: bool):
             "json",
         ]
     )
-    expected_status, expected, expected_status_p, expected_p = EXPECTED[name]
+    expectation = EXPECTED[name]
+    if len(expectation) == 2:
+        assert status == ExitStatus.UNUSABLE, err
+        assert out == "" and "Traceback" not in err
+        assert err.strip().splitlines()[-1].startswith("kratos-admit: ") and expectation[1] in err
+        return
+    expected_status, expected, expected_status_p, expected_p = expectation
     if with_profile:
         expected_status, expected = expected_status_p, expected_p
     assert status == expected_status, err
-    if status == ExitStatus.UNUSABLE:
-        assert out == "" and len(err.strip().splitlines()[-1]) > 0 and "Traceback" not in err
-        assert err.strip().splitlines()[-1].startswith("kratos-admit: ")
-        return
     results = json.loads(out)
     results = results if isinstance(results, list) else [results]
-    assert [(r["kind"], r["action"]) for r in results] == expected
+    assert [(r["kind"], r["action"]) for r in results] == [(k, a) for k, a, _ in expected]
+    for result, (_, _, reason) in zip(results, expected, strict=True):
+        said = result["warnings"] + [e["message"] for e in result["violations"]]
+        assert (reason in " ".join(said)) if reason else said == [], said
     docs = [d for d in yaml.safe_load_all(manifest.read_text()) if d is not None]
     for doc, result in zip(docs, results, strict=True):
         assert set(result) == {

@@ -200,6 +200,18 @@ DENIED = [
         f"metadata.annotations[{v.EXECUTABLE_ANNOTATION}]",
         id="hint-executable-relative",
     ),
+    pytest.param(
+        make_job().annotate(v.SCHEDULER_ANNOTATION, "yunikorn"),
+        "hint-format",
+        f"metadata.annotations[{v.SCHEDULER_ANNOTATION}]",
+        id="hint-scheduler-unknown",
+    ),
+    pytest.param(
+        make_job().annotate(v.PROFILE_SKIP_ANNOTATION, "-1"),
+        "hint-format",
+        f"metadata.annotations[{v.PROFILE_SKIP_ANNOTATION}]",
+        id="hint-skip-kernels-negative",
+    ),
     # workload-name
     pytest.param(
         make_job().label(v.WORKLOAD_LABEL, "Vector_Add"),
@@ -297,7 +309,9 @@ ALLOWED = [
         .annotate(v.MIN_MEMORY_ANNOTATION, "40Gi")
         .annotate(v.PRIORITY_ANNOTATION, "high")
         .annotate(v.PROFILING_ANNOTATION, "false")
-        .annotate(v.EXECUTABLE_ANNOTATION, "/usr/bin/app"),
+        .annotate(v.EXECUTABLE_ANNOTATION, "/usr/bin/app")
+        .annotate(v.SCHEDULER_ANNOTATION, "volcano")
+        .annotate(v.PROFILE_SKIP_ANNOTATION, "10"),
         id="hint-formats",
     ),
     pytest.param(make_job().label(v.WORKLOAD_LABEL, "a" * 63), id="name-63-chars"),
@@ -327,8 +341,12 @@ def test_every_rule_has_a_denied_case():
         pytest.param(make_job().command(), f"{C0}.command", id="no-command-no-annotation"),
     ],
 )
-def test_profiling_target_denies_when_profiling_is_needed(builder, field):
-    assert ("profiling-target", field) in violations(builder.build(), profile=None)
+def test_profiling_target_denies_only_profiling_asked_for_explicitly(builder, field):
+    asked = builder.annotate(v.PROFILING_ANNOTATION, "true").build()
+    assert ("profiling-target", field) in violations(asked, profile=None)
+    by_default = builder.build()
+    del by_default["metadata"]["annotations"][v.PROFILING_ANNOTATION]
+    assert violations(by_default, profile=None) == [], "profiling by default never denies a Job"
 
 
 @pytest.mark.parametrize(
