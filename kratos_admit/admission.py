@@ -13,7 +13,7 @@ from kratos_admit import responses
 from kratos_admit.catalog import Catalog, load_catalog
 from kratos_admit.config import Config
 from kratos_admit.patch import diff
-from kratos_admit.policy import Decision, PolicyContext, mutate, validate
+from kratos_admit.policy import Decision, PolicyContext, mutate, parent_warnings, validate
 from kratos_admit.request import AdmissionRequest, decode_review
 from kratos_admit.stores import NodeStore, ProfileStore
 
@@ -69,7 +69,12 @@ async def review_live(body: bytes, *, webhook: Webhook, engine: AdmissionEngine)
 
 
 def answer(request: AdmissionRequest, *, webhook: Webhook, engine: AdmissionEngine) -> ReviewResult:
-    decision = decide(request, webhook=webhook, engine=engine) if request.opted_in else Decision(allowed=True)
+    decision = Decision(allowed=True)
+    if request.opted_in:
+        decision = decide(request, webhook=webhook, engine=engine)
+    elif request.labelled_parent and webhook == "validate" and request.object is not None:
+        assert request.parent_kind is not None
+        decision.warnings = parent_warnings(request.object, request.parent_kind)
     patch: list[dict[str, Any]] = []
     if not decision.allowed:
         response = responses.denied(request.uid, "; ".join(str(e) for e in decision.violations))

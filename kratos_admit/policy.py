@@ -25,10 +25,10 @@ from kratos_admit.profiling import (
     rewrite_for_profiling,
     unprofilable_reason,
 )
-from kratos_admit.raw import clone
+from kratos_admit.raw import as_mapping, clone, string_map
 from kratos_admit.signing import signature_valid, signed_role
 from kratos_admit.validation import ValidationContext, new_violations, validate_workload
-from kratos_admit.workload import Kind, Workload
+from kratos_admit.workload import Kind, ParentKind, Workload
 
 Action = Literal["hints", "profiling", "none"]
 
@@ -208,3 +208,29 @@ def mutate(
         *decision.warnings,
     ]
     return decision
+
+
+def parent_warnings(obj: Mapping[str, Any], parent: ParentKind) -> list[str]:
+    """What KRATOS will do with the Jobs or Pods a labelled CronJob or Deployment makes; it never
+    changes the parent itself (DESIGN: only batch/v1 Jobs and v1 Pods are reviewed)."""
+    spec = as_mapping(obj.get("spec"))
+    template_key = "jobTemplate" if parent == "CronJob" else "template"
+    template_labels = string_map(as_mapping(as_mapping(spec.get(template_key)).get("metadata")).get("labels"))
+    workload = template_labels.get(v.WORKLOAD_LABEL)
+    made = "Jobs" if parent == "CronJob" else "Pods"
+    if workload is None:
+        return [
+            f"the {v.WORKLOAD_LABEL} label on a {parent} does nothing by itself: KRATOS reviews the {made} "
+            f"it makes, so put the label on spec.{template_key}.metadata.labels"
+        ]
+    if parent == "CronJob":
+        return [
+            f"KRATOS admits the Jobs this CronJob creates as workload {workload}: until the workload has a "
+            "WorkloadProfile the first is rewritten into a short profiling run under Nsight Compute, and the "
+            "execution Job it leads to (owned by that Job, so the CronJob's history limits clean up both) "
+            "does the work; later Jobs get hints"
+        ]
+    return [
+        f"KRATOS gives this Deployment's Pods base hints, and ranked hints once workload {workload} has a "
+        f"Ready WorkloadProfile; Pods are never profiled: run a Job of workload {workload} once to create it"
+    ]

@@ -14,7 +14,7 @@ import orjson
 
 from kratos_admit import vocabulary as v
 from kratos_admit.raw import as_mapping
-from kratos_admit.workload import Kind
+from kratos_admit.workload import Kind, ParentKind
 
 Operation = Literal["CREATE", "UPDATE", "DELETE", "CONNECT"]
 OPERATIONS: Final[tuple[Operation, ...]] = get_args(Operation)
@@ -22,6 +22,11 @@ REVIEW_VERSIONS: Final = ("admission.k8s.io/v1", "admission.k8s.io/v1beta1")
 _KINDS: Final[dict[tuple[str, str, str], Kind]] = {
     ("", "v1", "Pod"): "Pod",
     ("batch", "v1", "Job"): "Job",
+}
+# Kinds that make Jobs or Pods: KRATOS only tells their authors what it will do with what they make.
+_PARENTS: Final[dict[tuple[str, str, str], ParentKind]] = {
+    ("batch", "v1", "CronJob"): "CronJob",
+    ("apps", "v1", "Deployment"): "Deployment",
 }
 
 
@@ -35,6 +40,7 @@ class AdmissionRequest:
     uid: str
     operation: Operation
     kind: Kind | None  # None: a kind KRATOS does not review (allowed untouched)
+    parent_kind: ParentKind | None  # a CronJob or Deployment: answered with a warning only
     kind_name: str  # for metrics and logs, also of kinds KRATOS does not review
     namespace: str
     name: str
@@ -55,6 +61,24 @@ class AdmissionRequest:
         return _workload_label(self.object) is not None or (
             self.old_object is not None and _workload_label(self.old_object) is not None
         )
+
+    @property
+    def labelled_parent(self) -> bool:
+        """A CronJob or Deployment created or updated with the workload label on itself or on the
+        template of what it makes."""
+        if self.parent_kind is None or self.object is None or self.sub_resource:
+            return False
+        return self.operation in ("CREATE", "UPDATE") and v.WORKLOAD_LABEL in parent_labels(self.object)
+
+
+def parent_labels(obj: Mapping[str, Any]) -> dict[str, object]:
+    """The labels of a parent and of the template it makes Jobs or Pods from, merged."""
+    spec = as_mapping(obj.get("spec"))
+    template = as_mapping(spec.get("jobTemplate") or spec.get("template"))
+    return {
+        **as_mapping(as_mapping(obj.get("metadata")).get("labels")),
+        **as_mapping(as_mapping(template.get("metadata")).get("labels")),
+    }
 
 
 def _workload_label(obj: Mapping[str, Any]) -> object:
@@ -118,6 +142,7 @@ def parse_review(review: object) -> AdmissionRequest:
         uid=uid,
         operation=operation,
         kind=kind,
+        parent_kind=_PARENTS.get(group_version_kind),
         kind_name=group_version_kind[2] or "unknown",
         namespace=namespace,
         name=str(request.get("name") or meta.get("name") or meta.get("generateName") or ""),

@@ -15,6 +15,7 @@ from kratos_admit.fields import METADATA, ROOT, TEMPLATE, Path
 from kratos_admit.raw import as_list, as_mapping, string_map
 
 Kind = Literal["Job", "Pod"]
+ParentKind = Literal["CronJob", "Deployment"]
 
 
 @dataclass(frozen=True, slots=True)
