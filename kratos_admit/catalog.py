@@ -14,6 +14,31 @@ from kratos_admit.manifests import ManifestError, parse_yaml
 _CC = r"^[0-9]+\.[0-9]+$"
 # GFD appends "-SHARED" under time-slicing/MPS and "-MIG-<profile>" under the MIG single strategy.
 _SUFFIXES = re.compile(r"(-MIG-[0-9]+g\.[0-9]+gb(?:\.me)?)?(-SHARED)?$")
+_MIG = re.compile(r"-MIG-(?P<profile>(?P<g>[0-9]+)g\.(?P<m>[0-9]+)gb(?:\.me)?)(?:-SHARED)?$")
+_MIG_PROFILE = re.compile(r"^(?P<g>[0-9]+)g\.(?P<m>[0-9]+)gb(?:\.me)?$")
+
+# Kernels do not reach datasheet peaks. Where no measurement of a product is published, its
+# sustained figure is the datasheet's times the factor of its architecture (FP32) or memory type
+# (bandwidth), each derived from the measured products of that kind (docs/ranking.md shows the
+# derivation and every source). Ada and GA10x datasheets count dual-issue FP32 that real kernels
+# rarely sustain; HBM3e parts reach a smaller share of their bandwidth than HBM2e/HBM3 ones.
+FP32_FACTOR: dict[str, float] = {
+    "Turing": 0.90,
+    "Volta": 0.94,
+    "Ampere": 0.97,  # GA100 (A100, A30)
+    "Ampere GA10x": 0.58,  # A10, A40: dual-issue FP32 in the datasheet figure
+    "Ada Lovelace": 0.58,
+    "Hopper": 0.90,
+    "Blackwell": 0.90,
+}
+BANDWIDTH_FACTOR: dict[str, float] = {
+    "GDDR6": 0.80,
+    "HBM2": 0.90,
+    "HBM2e": 0.89,
+    "HBM3": 0.90,
+    "HBM3e": 0.74,
+}
+DEFAULT_FACTOR = 0.85  # an architecture or memory type this table does not know
 
 
 class GpuProduct(BaseModel):
@@ -31,6 +56,49 @@ class GpuProduct(BaseModel):
     relative_cost: float = Field(alias="relativeCost", gt=0)
     mig_profiles: tuple[str, ...] = Field(default=(), alias="migProfiles")
     source: str
+    memory_type: str = Field(default="", alias="memoryType")
+    # published microbenchmark measurements, where they exist (each with its source)
+    measured_fp32_tflops: float | None = Field(default=None, alias="measuredFp32Tflops", gt=0)
+    measured_bandwidth_gbs: float | None = Field(default=None, alias="measuredBandwidthGBs", gt=0)
+    measured_source: str | None = Field(default=None, alias="measuredSource")
+
+    @property
+    def sustained_fp32_tflops(self) -> float:
+        """What kernels reach: the measurement, else the datasheet times its architecture's factor."""
+        if self.measured_fp32_tflops is not None:
+            return self.measured_fp32_tflops
+        return self.fp32_tflops * FP32_FACTOR.get(self.architecture, DEFAULT_FACTOR)
+
+    @property
+    def sustained_bandwidth_gbs(self) -> float:
+        if self.measured_bandwidth_gbs is not None:
+            return self.measured_bandwidth_gbs
+        return self.memory_bandwidth_gbs * BANDWIDTH_FACTOR.get(self.memory_type, DEFAULT_FACTOR)
+
+    def mig_slice(self, profile: str) -> GpuProduct | None:
+        """The share of this GPU a MIG instance of ``profile`` gets: ``<g>g`` of its compute slices and
+        ``<m>gb`` of its memory (and so of its bandwidth), from its largest profile; None when this
+        product has no such profile."""
+        match = _MIG_PROFILE.match(profile)
+        if match is None or profile not in self.mig_profiles:
+            return None
+        whole = [m for p in self.mig_profiles if (m := _MIG_PROFILE.match(p))]
+        compute = int(match["g"]) / max(int(m["g"]) for m in whole)
+        memory = int(match["m"]) / max(int(m["m"]) for m in whole)
+        return self.model_copy(
+            update={
+                "product": f"{self.product}-MIG-{profile}",
+                "aliases": (),
+                "memory_gb": float(match["m"]),
+                "fp32_tflops": self.fp32_tflops * compute,
+                "fp16_tensor_tflops": self.fp16_tensor_tflops * compute,
+                "memory_bandwidth_gbs": self.memory_bandwidth_gbs * memory,
+                "measured_fp32_tflops": self.sustained_fp32_tflops * compute,
+                "measured_bandwidth_gbs": self.sustained_bandwidth_gbs * memory,
+                "sm_count": max(1, round(self.sm_count * compute)),
+                "mig_profiles": (),
+            }
+        )
 
 
 class CatalogFile(BaseModel):
@@ -41,6 +109,12 @@ class CatalogFile(BaseModel):
 
 class CatalogError(ValueError):
     """The catalog file cannot be used; the message names the file and the bad entry."""
+
+
+def mig_profile_of(product: str) -> str | None:
+    """The MIG profile in a GPU Feature Discovery product string (``...-MIG-1g.10gb``), if any."""
+    match = _MIG.search(product)
+    return match["profile"] if match else None
 
 
 def base_product(product: str) -> str:
@@ -59,6 +133,15 @@ class Catalog:
     def lookup(self, product: str) -> GpuProduct | None:
         """The catalog entry for a node's product string, or None when the catalog does not know it."""
         return self._by_name.get(product.lower()) or self._by_name.get(base_product(product).lower())
+
+    def placement(self, product: str) -> GpuProduct | None:
+        """What a node with this product label offers a pod: the whole GPU, or for a MIG-partitioned
+        node (``-MIG-<profile>``) the slice's share of it, never the whole GPU."""
+        entry = self.lookup(product)
+        profile = mig_profile_of(product)
+        if entry is None or profile is None:
+            return entry
+        return entry.mig_slice(profile)
 
     @cached_property
     def mig_profiles(self) -> frozenset[str]:

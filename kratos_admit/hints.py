@@ -304,6 +304,7 @@ def apply_hints(
             reference_product=config.reference_product,
             min_compute_capability=cc,
             min_memory_mib=memory,
+            min_observed_runs=config.min_observed_runs,
         )
         if _prefer_products(pod_spec, ranked):
             injected.append("affinity.nodeAffinity.preferred")

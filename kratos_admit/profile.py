@@ -54,6 +54,14 @@ class ProfileGpu(_Strict):
     compute_capability: str | None = Field(default=None, alias="computeCapability")
 
 
+class Observation(_Strict):
+    """What the workload really took on one GPU product: successful runs, Pod start to finish."""
+
+    product: str
+    runs: int = Field(ge=0)
+    mean_seconds: str = Field(alias="meanSeconds")
+
+
 class ProfileStatus(_Strict):
     phase: Phase
     bound_type: v.BoundType = Field(default="unknown", alias="boundType")
@@ -62,6 +70,7 @@ class ProfileStatus(_Strict):
     profiled_at: str | None = Field(default=None, alias="profiledAt")
     source_job: str | None = Field(default=None, alias="sourceJob")
     message: str = ""
+    observations: list[Observation] = Field(default_factory=list)
 
 
 class WorkloadProfile(_Strict):

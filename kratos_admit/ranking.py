@@ -4,14 +4,20 @@ The model predicts the workload's runtime on product P relative to the GPU it wa
 
     time(P) / time(R) = max(sm * FP32(R) / FP32(P), mem * BW(R) / BW(P)) + (1 - max(sm, mem))
 
-``sm`` and ``mem`` are the SM and memory throughputs the profile measured, as fractions of R's peak.
-The busy share scales with the product's peak in the resource that bounds it (roofline); the idle
-share (latency, launch gaps) is assumed not to scale with the product.
+``sm`` and ``mem`` are the SM and memory throughputs the profile measured, as fractions of R's peak;
+FP32 and BW are the *sustained* figures (published measurements, else datasheet x a documented
+factor), and a MIG slice counts as its share of the GPU. The busy share scales with the product's
+figure in the resource that bounds it (roofline); the idle share (latency, launch gaps) does not.
+
+Measured runtimes beat the model: once at least two products have ``minObservedRuns`` successful
+runs each (the profile's ``status.observations``), those products are ranked by their observed
+mean times, and every other product by the model scaled to agree with them.
 """
 
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -34,13 +40,31 @@ class RankedProduct:
     labels: tuple[str, ...]  # the node label values this entry stands for
     relative_time: float
     weight: int
+    observed: bool = False  # ranked from measured runtimes, not the model
 
     def as_dict(self) -> dict[str, object]:
-        return {
+        record: dict[str, object] = {
             "product": self.product.product,
             "weight": self.weight,
             "relativeTime": round(self.relative_time, 3),
         }
+        if self.observed:
+            record["source"] = "observed"
+        return record
+
+
+def observed_times(profile: WorkloadProfile, min_runs: int) -> tuple[tuple[str, float], ...]:
+    """(product label, mean seconds) of every product with at least ``min_runs`` successful runs."""
+    status = profile.status
+    found: list[tuple[str, float]] = []
+    for observation in status.observations if status is not None else ():
+        try:
+            seconds = float(observation.mean_seconds)
+        except ValueError:
+            continue
+        if observation.runs >= min_runs and seconds > 0:
+            found.append((observation.product, seconds))
+    return tuple(sorted(found))
 
 
 def throughput_shares(profile: WorkloadProfile) -> tuple[float, float] | None:
@@ -56,8 +80,8 @@ def throughput_shares(profile: WorkloadProfile) -> tuple[float, float] | None:
 
 
 def predicted_relative_time(sm: float, mem: float, *, reference: GpuProduct, product: GpuProduct) -> float:
-    compute = sm * reference.fp32_tflops / product.fp32_tflops
-    memory = mem * reference.memory_bandwidth_gbs / product.memory_bandwidth_gbs
+    compute = sm * reference.sustained_fp32_tflops / product.sustained_fp32_tflops
+    memory = mem * reference.sustained_bandwidth_gbs / product.sustained_bandwidth_gbs
     return max(compute, memory) + (1 - max(sm, mem))
 
 
@@ -78,6 +102,7 @@ def rank_gpu_products(
     reference_product: str,
     min_compute_capability: tuple[int, int] | None = None,
     min_memory_mib: int | None = None,
+    min_observed_runs: int = 3,
 ) -> list[RankedProduct]:
     """Products best first, weights 1..100 (the best gets 100). Unknown products get no entry.
 
@@ -98,6 +123,7 @@ def rank_gpu_products(
             reference_product=reference_product,
             min_compute_capability=min_compute_capability,
             min_memory_mib=min_memory_mib,
+            observed=observed_times(profile, min_observed_runs),
         )
     )
 
@@ -113,31 +139,62 @@ def _rank(
     reference_product: str,
     min_compute_capability: tuple[int, int] | None,
     min_memory_mib: int | None,
+    observed: tuple[tuple[str, float], ...],
 ) -> tuple[RankedProduct, ...]:
-    reference = (catalog.lookup(profiled) if profiled else None) or catalog.lookup(reference_product)
+    reference = (catalog.placement(profiled) if profiled else None) or catalog.lookup(reference_product)
     if reference is None:
         return ()
     labels_by_product: dict[str, tuple[GpuProduct, list[str]]] = {}
     candidates = sorted(node_products) or [p.product for p in catalog.products]
     for label in candidates:
-        entry = catalog.lookup(label)
+        entry = catalog.placement(label)
         if entry is None or not _meets(entry, min_compute_capability, min_memory_mib):
             continue
         labels_by_product.setdefault(entry.product, (entry, []))[1].append(label)
     if not labels_by_product:
         return ()
     sm, mem = shares
+    modelled = {
+        name: predicted_relative_time(sm, mem, reference=reference, product=entry)
+        for name, (entry, _) in labels_by_product.items()
+    }
+    measured = _observed_by_product(catalog, observed, labels_by_product)
+    if len(measured) >= 2:
+        # the model, scaled by the geometric mean of observed/predicted, so both share one unit
+        scale = math.exp(sum(math.log(t / modelled[name]) for name, t in measured.items()) / len(measured))
+        relative = {
+            name: measured[name] / scale if name in measured else rel for name, rel in modelled.items()
+        }
+    else:
+        measured, relative = {}, modelled
     scored = []
-    for entry, labels in labels_by_product.values():
-        rel = predicted_relative_time(sm, mem, reference=reference, product=entry)
-        scored.append((_score(rel, entry, strategy), entry, tuple(sorted(set(labels))), rel))
+    for name, (entry, labels) in labels_by_product.items():
+        rel = relative[name]
+        scored.append(
+            (_score(rel, entry, strategy), entry, tuple(sorted(set(labels))), rel, name in measured)
+        )
     best = max(s for s, *_ in scored)
     ranked = [
-        RankedProduct(entry, labels, rel, max(1, min(100, round(100 * score / best))))
-        for score, entry, labels, rel in scored
+        RankedProduct(entry, labels, rel, max(1, min(100, round(100 * score / best))), seen)
+        for score, entry, labels, rel, seen in scored
     ]
     ranked.sort(key=lambda r: (-r.weight, r.relative_time, r.product.product))
     return tuple(ranked)
+
+
+def _observed_by_product(
+    catalog: Catalog,
+    observed: tuple[tuple[str, float], ...],
+    present: dict[str, tuple[GpuProduct, list[str]]],
+) -> dict[str, float]:
+    """Observed mean seconds by the ranked entry they belong to (an observation is keyed by the node
+    label it ran on, so ``-SHARED`` variants of one product pool into it; MIG slices stay apart)."""
+    totals: dict[str, list[float]] = {}
+    for label, seconds in observed:
+        entry = catalog.placement(label)
+        if entry is not None and entry.product in present:
+            totals.setdefault(entry.product, []).append(seconds)
+    return {name: sum(times) / len(times) for name, times in totals.items()}
 
 
 def _meets(entry: GpuProduct, min_cc: tuple[int, int] | None, min_memory_mib: int | None) -> bool:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from kratos_admit.profile import Observation
 from kratos_admit.ranking import predicted_relative_time, rank_gpu_products
 from tests.builders import make_profile
 from tests.conftest import CATALOG
@@ -48,11 +49,92 @@ def test_unknown_products_get_no_preference_and_no_error():
     assert products == [A100]
 
 
-def test_shared_and_mig_node_labels_map_to_their_product():
-    _, ranked = order(make_profile(), products=(f"{A100}-SHARED", A100, "NVIDIA-A100-SXM4-40GB-MIG-1g.5gb"))
+def test_shared_labels_pool_with_their_product_and_mig_slices_stand_apart():
+    mig = "NVIDIA-A100-SXM4-40GB-MIG-1g.5gb"
+    _, ranked = order(make_profile(), products=(f"{A100}-SHARED", A100, mig))
     labels = {r.product.product: r.labels for r in ranked}
     assert labels[A100] == (A100, f"{A100}-SHARED")
-    assert labels["NVIDIA-A100-SXM4-40GB"] == ("NVIDIA-A100-SXM4-40GB-MIG-1g.5gb",)
+    assert labels[mig] == (mig,)
+
+
+@pytest.mark.parametrize(
+    ("profile", "sm", "mem"),
+    [
+        pytest.param("1g.10gb", 1 / 7, 1 / 8, id="1g.10gb"),
+        pytest.param("2g.20gb", 2 / 7, 2 / 8, id="2g.20gb"),
+        pytest.param("3g.40gb", 3 / 7, 4 / 8, id="3g.40gb"),
+        pytest.param("7g.80gb", 1.0, 1.0, id="7g.80gb"),
+    ],
+)
+def test_a_mig_slice_offers_its_share_of_the_gpu(profile, sm, mem):
+    whole = CATALOG.lookup(A100)
+    part = CATALOG.placement(f"{A100}-MIG-{profile}")
+    assert whole and part
+    assert part.sustained_fp32_tflops == pytest.approx(whole.sustained_fp32_tflops * sm)
+    assert part.sustained_bandwidth_gbs == pytest.approx(whole.sustained_bandwidth_gbs * mem)
+
+
+@pytest.mark.parametrize("bound", [("12.0", "85.0"), ("90.0", "15.0")], ids=["memory-bound", "compute-bound"])
+def test_a_mig_node_weighs_less_than_the_whole_gpu_of_its_product(bound):
+    mig = f"{A100}-MIG-1g.10gb"
+    sm, mem = bound
+    _, ranked = order(make_profile(sm=sm, mem=mem, product=A100), products=(A100, mig))
+    weights = {r.product.product: r for r in ranked}
+    assert weights[mig].weight < weights[A100].weight
+    assert weights[mig].relative_time > 5 * weights[A100].relative_time
+
+
+def test_an_unknown_mig_profile_gets_no_preference():
+    products, _ = order(make_profile(), products=(A100, f"{A100}-MIG-9g.99gb"))
+    assert products == [A100]
+
+
+def observed(profile, *runs):
+    """The profile with status.observations: (product, runs, mean seconds) each."""
+    assert profile.status is not None
+    observations = [Observation(product=p, runs=n, meanSeconds=str(t)) for p, n, t in runs]
+    return profile.model_copy(
+        update={"status": profile.status.model_copy(update={"observations": observations})}
+    )
+
+
+def test_observed_runtimes_replace_the_model_once_two_products_have_enough_runs():
+    memory_bound = make_profile(sm="12.0", mem="85.0", product=A100)
+    model_order, _ = order(memory_bound)
+    assert model_order.index(A100) < model_order.index(L40S)
+    # the workload really ran faster on the L40S (it fitted in its cache, say): observation wins
+    seen = observed(memory_bound, (A100, 3, 400.0), (L40S, 4, 200.0))
+    products, ranked = order(seen)
+    assert products.index(L40S) < products.index(A100)
+    by_name = {r.product.product: r for r in ranked}
+    assert by_name[L40S].observed and by_name[A100].observed and not by_name["NVIDIA-L4"].observed
+    assert by_name[A100].relative_time / by_name[L40S].relative_time == pytest.approx(2.0)
+    assert by_name[L40S].as_dict()["source"] == "observed" and "source" not in by_name["NVIDIA-L4"].as_dict()
+
+
+def test_the_unobserved_products_follow_the_model_scaled_to_the_observations():
+    memory_bound = make_profile(sm="12.0", mem="85.0", product=A100)
+    _, modelled = order(memory_bound)
+    seen = observed(memory_bound, (A100, 3, 400.0), ("NVIDIA-H100-80GB-HBM3", 3, 250.0))
+    _, ranked = order(seen)
+    model = {r.product.product: r.relative_time for r in modelled}
+    scaled = {r.product.product: r.relative_time for r in ranked}
+    # L4 and L40S keep the model's ratio between them
+    assert scaled["NVIDIA-L4"] / scaled[L40S] == pytest.approx(model["NVIDIA-L4"] / model[L40S])
+
+
+@pytest.mark.parametrize(
+    "runs",
+    [
+        pytest.param(((A100, 2, 400.0), (L40S, 4, 200.0)), id="too-few-runs-on-one"),
+        pytest.param(((L40S, 9, 200.0),), id="one-product-only"),
+    ],
+)
+def test_too_few_observations_leave_the_model_in_charge(runs):
+    memory_bound = make_profile(sm="12.0", mem="85.0", product=A100)
+    products, ranked = order(observed(memory_bound, *runs))
+    assert products.index(A100) < products.index(L40S)
+    assert not any(r.observed for r in ranked)
 
 
 def test_without_nodes_the_whole_catalog_is_ranked():
