@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import enum
 import json
 import logging
@@ -15,7 +16,7 @@ import yaml
 
 from kratos_admit import __version__
 from kratos_admit.admission import AdmissionEngine, build_engine
-from kratos_admit.catalog import CatalogError
+from kratos_admit.catalog import CatalogError, load_catalog
 from kratos_admit.certs import CertsError, generate
 from kratos_admit.cluster import ClusterNodeStore, ClusterProfileStore
 from kratos_admit.config import Config, ConfigError, load_config
@@ -23,10 +24,11 @@ from kratos_admit.inject import WEBHOOK_CONFIGURATION, Injected, InjectError, in
 from kratos_admit.kube import KubeConfigError, api_client
 from kratos_admit.logs import configure_logging
 from kratos_admit.manifests import ManifestError, load_objects
+from kratos_admit.placement import format_table, placement_header, placement_rows
 from kratos_admit.review import review_document
 from kratos_admit.server import serve, serve_processes
 from kratos_admit.signing import DEVELOPMENT_KEY, SigningKeyError, load_signing_key
-from kratos_admit.stores import FileNodeStore, FileProfileStore, StoreError
+from kratos_admit.stores import FileNodeStore, FileProfileStore, StoreError, load_profiles
 from kratos_admit.tls import CertificateError
 
 log = logging.getLogger("kratos")
@@ -134,6 +136,20 @@ def build_parser() -> argparse.ArgumentParser:
         choices=("yaml", "json", "patch"),
         default="yaml",
         help="the mutated objects, the full decisions, or the JSON patches",
+    )
+
+    placement = commands.add_parser(
+        "placement", help="show how a profile ranks the cluster's GPU products, and from what figures"
+    )
+    placement.add_argument(
+        "-p", "--profile", type=Path, required=True, metavar="FILE", help="a WorkloadProfile YAML file"
+    )
+    placement.add_argument(
+        "--nodes", type=Path, metavar="FILE", help="Node YAML of the cluster (default: all known GPUs)"
+    )
+    placement.add_argument("--config", type=Path, metavar="FILE", help=config_help)
+    placement.add_argument(
+        "-o", "--output", choices=("table", "json"), default="table", help="a table for people, or JSON rows"
     )
 
     controller = commands.add_parser("controller", help="run the profiler controller (leader-elected)")
@@ -262,6 +278,22 @@ async def _serve_cluster(config: Config, key: bytes, kubeconfig: Path | None) ->
         await api.close()
 
 
+def cmd_placement(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> ExitStatus:
+    config = _config(args)
+    profiles = load_profiles([args.profile])
+    if len(profiles) != 1:
+        raise UsageError(f"{args.profile}: must hold exactly one WorkloadProfile, holds {len(profiles)}")
+    [profile] = profiles
+    nodes = FileNodeStore(args.nodes).gpu_products()
+    rows = placement_rows(profile, nodes, catalog=load_catalog(config.catalog_file), config=config)
+    if args.output == "json":
+        stdout.write(json.dumps([dataclasses.asdict(r) for r in rows], indent=2) + "\n")
+    else:
+        stdout.write("\n".join(placement_header(profile, config)) + "\n\n")
+        stdout.write(format_table(rows) if rows else "no product to rank: the profile has no figures\n")
+    return ExitStatus.OK
+
+
 def cmd_controller(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> ExitStatus:
     config = _config(args, signingKeyFile=args.signing_key)
     if config.signing_key_file is None:
@@ -300,7 +332,13 @@ async def _inject(ca: bytes, kubeconfig: Path | None, name: str) -> list[Injecte
         await api.close()
 
 
-COMMANDS = {"review": cmd_review, "webhook": cmd_webhook, "controller": cmd_controller, "certs": cmd_certs}
+COMMANDS = {
+    "review": cmd_review,
+    "webhook": cmd_webhook,
+    "placement": cmd_placement,
+    "controller": cmd_controller,
+    "certs": cmd_certs,
+}
 
 
 def main(
