@@ -46,3 +46,11 @@ def test_runner_image_has_nsight_compute_python_and_the_runner():
     assert "python3" in run and "${NSIGHT_PACKAGE}" in run and "nsight-compute" in package
     assert ("COPY", "kratos_runner /opt/kratos/kratos_runner") in steps
     assert any(op == "ENV" and "/usr/local/cuda/bin" in arg for op, arg in steps), "ncu on PATH"
+
+
+def test_runner_image_runs_as_a_numeric_non_root_user():
+    """runAsNonRoot: true (Pod Security "restricted") needs a numeric, non-zero image user."""
+    steps = instructions("runner/Dockerfile")
+    user = [arg for op, arg in steps if op == "USER"][-1].split(":")[0]
+    assert user.isdigit() and int(user) != 0
+    assert f"--uid {user}" in " ".join(arg for op, arg in steps if op == "RUN")

@@ -16,8 +16,13 @@ from kratos_runner.cli import main
 from tests.conftest import REPO, require_fixtures
 
 STAND_IN_NCU = r'''#!{python}
-"""Stand-in for Nsight Compute's ncu: runs the workload and 'exports' a real report file."""
-import os, shutil, subprocess, sys
+"""Stand-in for Nsight Compute's ncu: runs the workload and 'exports' a real report file.
+
+It honours --launch-skip S, --launch-count N and --kill as ncu does: a workload that announces each
+kernel launch with a line "kernel" gets launches S+1..S+N profiled (the export keeps that many of
+the real report's kernels) and, with --kill on, is killed once they are; a workload that announces
+nothing plays the whole real report back."""
+import os, shutil, signal, subprocess, sys
 args = sys.argv[1:]
 with open(os.environ["FAKE_NCU_LOG"], "a") as log:
     log.write(repr(args) + "\n")
@@ -27,20 +32,42 @@ if args == ["--version"]:
 if "--import" in args:
     sys.stdout.write(open(args[args.index("--import") + 1]).read())
     sys.exit(0)
-takes_value = {{"--set", "--target-processes", "--launch-count", "--export", "--kill", "--section"}}
+takes_value = {{"--set", "--target-processes", "--launch-skip", "--launch-count", "--export", "--kill", "--section", "--cache-control"}}
+options = {{}}
 i = 0
 while args[i].startswith("-"):
-    i += 2 if args[i] in takes_value else 1
+    if args[i] in takes_value:
+        options[args[i]] = args[i + 1]
+        i += 2
+    else:
+        i += 1
 workload = args[i:]
-export = args[args.index("--export") + 1]
+export = options["--export"]
+skip, count = int(options.get("--launch-skip", "0")), int(options.get("--launch-count", "1000000"))
+kill = options.get("--kill", "no") in ("yes", "on", "1", "true")
 print("==PROF== Connected to process 4242 (" + workload[0] + ")", flush=True)
 if os.environ.get("FAKE_NCU_MODE") == "perm":
     print("==ERROR== ERR_NVGPUCTRPERM - The user does not have permission to access NVIDIA GPU Performance Counters on the target device 0.", flush=True)
     sys.exit(subprocess.call(workload))
-code = subprocess.call(workload)
-shutil.copy(os.environ["FAKE_NCU_EXPORT"], export + ".ncu-rep")
+process = subprocess.Popen(workload, stdout=subprocess.PIPE, text=True)
+launches = 0
+for line in process.stdout:
+    if line.strip() != "kernel":
+        sys.stdout.write(line)
+        continue
+    launches += 1
+    if skip < launches <= skip + count:
+        print("==PROF== Profiling kernel " + str(launches - skip), flush=True)
+    if kill and launches == skip + count:
+        process.send_signal(signal.SIGKILL)
+        break
+code = process.wait()
+lines = open(os.environ["FAKE_NCU_EXPORT"]).read().splitlines(True)
+profiled = min(max(0, launches - skip), count) if launches else len(lines) - 2
+with open(export + ".ncu-rep", "w") as out:
+    out.writelines(lines[: 2 + profiled])
 print("==PROF== Disconnected from process 4242", flush=True)
-sys.exit(code)
+sys.exit(128 - code if code < 0 else code)
 '''
 
 WORKLOAD = '#!/bin/sh\necho "workload ran with: $*"\nexit 3\n'
@@ -73,8 +100,8 @@ def run(argv: list[str]) -> tuple[int, str, str]:
 
 
 def test_profiles_the_workload_writes_the_summary_and_keeps_its_exit_code(bench: Path):
-    status, out, _ = run(["--launch-count", "5", "--", str(bench / "vectorAdd"), "-n", "1024; touch pwned"])
-    assert status == 3, "the workload's own exit code"
+    status, out, _ = run(["--launch-count", "50", "--", str(bench / "vectorAdd"), "-n", "1024; touch pwned"])
+    assert status == 3, "fewer kernels than asked for: the workload ended by itself, with its own status"
     assert "workload ran with: -n 1024; touch pwned" in out, (
         "arguments passed as a list, never through a shell"
     )
@@ -82,14 +109,20 @@ def test_profiles_the_workload_writes_the_summary_and_keeps_its_exit_code(bench:
     summary = json.loads((bench / "termination-log").read_text())
     assert json.loads(out.strip().splitlines()[-1]) == summary
     assert summary["boundType"] == "latency" and summary["kernels"] == 18 and summary["exitCode"] == 3
-    assert summary["ncuVersion"] == "2024.3.2.0"
+    assert (
+        summary["ncuVersion"] == "2024.3.2.0"
+        and summary["killed"] is False
+        and summary["kernelsSkipped"] == 0
+    )
     assert summary["gpu"] == {"product": "Tesla-V100-PCIE-32GB", "computeCapability": "7.0"}
     assert len((bench / "termination-log").read_bytes()) <= 4096
     calls = [
         eval(line) for line in (bench / "ncu-calls.log").read_text().splitlines()
     ]  # our own repr() lines
     profile_call = next(c for c in calls if "--export" in c)
-    assert profile_call[:6] == ["--set", "basic", "--target-processes", "all", "--launch-count", "5"]
+    assert profile_call[:10] == [
+        "--set", "basic", "--target-processes", "all", "--launch-skip", "0", "--launch-count", "50", "--kill", "yes",
+    ]  # fmt: skip
     assert profile_call[-3:] == [str(bench / "vectorAdd"), "-n", "1024; touch pwned"]
     import_call = next(c for c in calls if "--import" in c)
     assert import_call[2:] == ["--csv", "--page", "raw", "--print-units", "base"]
@@ -97,11 +130,49 @@ def test_profiles_the_workload_writes_the_summary_and_keeps_its_exit_code(bench:
 
 def test_extra_ncu_arguments_and_set(bench: Path):
     status, _, _ = run(
-        ["--set", "full", "--ncu-arg", "--kill", "--ncu-arg", "yes", "--", str(bench / "vectorAdd")]
-    )
+        ["--set", "full", "--launch-count", "50", "--ncu-arg", "--cache-control", "--ncu-arg", "none", "--",
+         str(bench / "vectorAdd")]
+    )  # fmt: skip
     assert status == 3
     calls = (bench / "ncu-calls.log").read_text()
-    assert "'--set', 'full'" in calls and "'--kill', 'yes'" in calls
+    assert "'--set', 'full'" in calls and "'--cache-control', 'none'" in calls
+
+
+LONG_TRAINING = (
+    "#!/bin/sh\n"
+    "for epoch in 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20; do echo kernel; sleep 0.05; done\n"
+    'touch "$(dirname "$0")/finished"\n'
+    "sleep 600\n"
+    "exit 0\n"
+)
+
+
+def test_skips_s_kernels_profiles_n_then_ends_the_workload_and_reports_success(bench: Path):
+    executable(bench / "train", LONG_TRAINING)
+    status, out, _ = run(["--launch-skip", "3", "--launch-count", "4", "--", str(bench / "train")])
+    assert status == 0, "a run that profiled its kernels is a success, whatever the killed workload's status"
+    summary = json.loads((bench / "termination-log").read_text())
+    assert (summary["kernelsSkipped"], summary["kernels"], summary["killed"]) == (3, 4, True)
+    assert summary["exitCode"] != 0, "the status the kill left, reported as seen"
+    assert summary["boundType"] != "unknown"
+    assert not (bench / "finished").exists(), (
+        "the workload was ended after its 7th kernel, not run to its end"
+    )
+    assert "==PROF== Profiling kernel 4" in out and "Profiling kernel 5" not in out
+
+
+def test_a_workload_that_ends_before_its_kernels_are_profiled_keeps_its_own_status(bench: Path):
+    executable(bench / "short", "#!/bin/sh\necho kernel\necho kernel\nexit 3\n")
+    status, _, _ = run(["--launch-skip", "1", "--launch-count", "4", "--", str(bench / "short")])
+    assert status == 3
+    summary = json.loads((bench / "termination-log").read_text())
+    assert (summary["kernels"], summary["killed"], summary["exitCode"]) == (1, False, 3)
+
+
+@pytest.mark.parametrize("argv", [["--launch-skip", "-1"], ["--launch-count", "0"]], ids=["skip", "count"])
+def test_bad_counts_are_refused_with_a_reason(bench: Path, argv):
+    status, _, err = run([*argv, "--", str(bench / "vectorAdd")])
+    assert status == 2 and "must be" in err
 
 
 def test_permission_error_names_both_fixes(bench: Path, monkeypatch: pytest.MonkeyPatch):

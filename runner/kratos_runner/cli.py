@@ -114,8 +114,12 @@ def profile(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> int:
     version = ncu_version(ncu)
     with tempfile.TemporaryDirectory(prefix="kratos-") as workdir:
         report_base = os.path.join(workdir, "profile")
+        # --kill: ncu ends the workload once --launch-count kernels are profiled (Nsight Compute CLI,
+        # "Profile" options; a boolean read by boost program_options, so yes/no, on/off, 1/0 all work):
+        # the profiling run measures, the execution Job does the work.
         run = [
-            ncu, "--set", args.set, "--target-processes", "all", "--launch-count", str(args.launch_count),
+            ncu, "--set", args.set, "--target-processes", "all",
+            "--launch-skip", str(args.launch_skip), "--launch-count", str(args.launch_count), "--kill", "yes",
             "--export", report_base, "--force-overwrite", *args.ncu_arg, *command,
         ]  # fmt: skip
         try:
@@ -129,8 +133,7 @@ def profile(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> int:
         report_file = report_base + ".ncu-rep"
         if not os.path.exists(report_file):
             summary = summarise(parse_report(output), exit_code=exit_code, ncu_version=version, reason=reason)
-            write_summary(summary, stdout, stderr)
-            return exit_code
+            return _finish(summary, args, stdout, stderr)
         export = subprocess.run(
             [ncu, "--import", report_file, "--csv", "--page", "raw", "--print-units", "base"],
             capture_output=True, check=False,
@@ -141,8 +144,22 @@ def profile(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> int:
                 reason or "ncu --import failed: " + export.stderr.decode("utf-8", "replace").strip()[:300]
             )
         summary = summarise(parse_report(text), exit_code=exit_code, ncu_version=version, reason=reason)
+    return _finish(summary, args, stdout, stderr)
+
+
+def _finish(summary: dict[str, object], args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> int:
+    """Write the summary and choose the runner's exit status.
+
+    Once every requested kernel is profiled ncu ends the workload (--kill), so its status then is the
+    kill's, not its own: such a run is a success (exit 0, ``killed`` true). A workload that ended by
+    itself before that keeps its own status, in ``exitCode`` and as the runner's exit status.
+    """
+    exit_code = int(str(summary["exitCode"]))
+    complete = int(str(summary["kernels"])) >= args.launch_count
+    summary["kernelsSkipped"] = args.launch_skip
+    summary["killed"] = complete and exit_code != 0
     write_summary(summary, stdout, stderr)
-    return exit_code
+    return 0 if complete else exit_code
 
 
 def parse_file(path: str, stdout: TextIO, stderr: TextIO) -> int:
@@ -183,6 +200,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--ncu", help="path to ncu (default: PATH, then /opt/nvidia/nsight-compute)")
     parser.add_argument("--set", default="basic", help="ncu section set (default: basic)")
     parser.add_argument(
+        "--launch-skip",
+        type=int,
+        default=0,
+        help="kernel launches to let run first, e.g. warm-up (default: 0)",
+    )
+    parser.add_argument(
         "--launch-count", type=int, default=20, help="kernel launches to profile (default: 20)"
     )
     parser.add_argument(
@@ -207,5 +230,8 @@ def main(argv: Sequence[str], stdout: TextIO | None = None, stderr: TextIO | Non
     args = build_parser().parse_args(join_ncu_args(argv))
     if args.launch_count < 1:
         print("kratos-runner: --launch-count must be at least 1", file=stderr)
+        return 2
+    if args.launch_skip < 0:
+        print("kratos-runner: --launch-skip must be 0 or more", file=stderr)
         return 2
     return profile(args, stdout, stderr)
