@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 import orjson
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from kratos_admit import process
 from kratos_admit.admission import AdmissionEngine, Webhook, review_live
 from kratos_admit.config import Config, split_host_port
 from kratos_admit.metrics import AdmissionMetrics
@@ -141,8 +141,7 @@ def _uid(body: bytes) -> str:
         return ""
 
 
-async def healthz(_: web.Request) -> web.Response:
-    return web.Response(text="ok\n")
+healthz = process.ok
 
 
 async def readyz(request: web.Request) -> web.Response:
@@ -152,11 +151,7 @@ async def readyz(request: web.Request) -> web.Response:
     return web.Response(status=503, text="caches not synced or certificate not loaded\n")
 
 
-async def metrics_handler(request: web.Request) -> web.Response:
-    payload = generate_latest(request.app[PROBES].metrics.registry)
-    response = web.Response(body=payload)
-    response.headers["Content-Type"] = CONTENT_TYPE_LATEST
-    return response
+metrics_handler = process.metrics_handler(lambda request: request.app[PROBES].metrics.registry)
 
 
 def create_app(
@@ -229,15 +224,6 @@ async def drain(runner: web.AppRunner, state: Probes, timeout: float) -> None:
         await asyncio.sleep(0.02)
 
 
-async def wait_for_termination() -> None:
-    """Return on SIGTERM or SIGINT."""
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
-
-
 async def serve(engine: AdmissionEngine, *, config: Config, reuse_port: bool = False) -> None:
     """Serve until SIGTERM/SIGINT, then finish in-flight requests and return."""
     assert config.tls_cert_file is not None and config.tls_key_file is not None
@@ -277,7 +263,7 @@ async def serve(engine: AdmissionEngine, *, config: Config, reuse_port: bool = F
         stores = [asyncio.create_task(engine.profiles.run()), asyncio.create_task(engine.nodes.run())]
         log.info("serving", extra={"listen": config.listen, "metricsListen": config.metrics_listen})
         try:
-            await wait_for_termination()
+            await process.wait_for_termination()
             log.info("SIGTERM: finishing in-flight requests")
         finally:
             for task in (watcher, *stores):

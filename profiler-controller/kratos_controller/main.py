@@ -11,11 +11,11 @@ import uuid
 from pathlib import Path
 
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from kratos_admit import process
+from kratos_admit.catalog import load_catalog
 from kratos_admit.config import Config, split_host_port
 from kratos_admit.kube import api_client
-from kratos_admit.server import wait_for_termination
 from kratos_controller.controller import ControllerMetrics, ProfilerController, run_when_leading
 from kratos_controller.leader import LeaderElector
 
@@ -27,18 +27,10 @@ def controller_identity() -> str:
 
 
 def metrics_app(metrics: ControllerMetrics) -> web.Application:
-    async def serve_metrics(_: web.Request) -> web.Response:
-        response = web.Response(body=generate_latest(metrics.registry))
-        response.headers["Content-Type"] = CONTENT_TYPE_LATEST
-        return response
-
-    async def ok(_: web.Request) -> web.Response:
-        return web.Response(text="ok\n")
-
     app = web.Application()
-    app.router.add_get("/metrics", serve_metrics)
-    app.router.add_get("/healthz", ok)
-    app.router.add_get("/readyz", ok)  # a standby replica is ready too: it waits for the Lease
+    app.router.add_get("/metrics", process.metrics_handler(lambda _: metrics.registry))
+    app.router.add_get("/healthz", process.ok)
+    app.router.add_get("/readyz", process.ok)  # a standby replica is ready too: it waits for the Lease
     return app
 
 
@@ -55,7 +47,12 @@ async def run_controller(config: Config, signing_key: bytes, kubeconfig: Path | 
         lease_seconds=config.lease_duration_seconds,
     )
     controller = ProfilerController(
-        api, signing_key=signing_key, metrics=metrics, resync_seconds=config.resync_seconds
+        api,
+        signing_key=signing_key,
+        metrics=metrics,
+        resync_seconds=config.resync_seconds,
+        config=config,
+        catalog=load_catalog(config.catalog_file),
     )
     runner = web.AppRunner(metrics_app(metrics), access_log=None)
     await runner.setup()
@@ -66,7 +63,7 @@ async def run_controller(config: Config, signing_key: bytes, kubeconfig: Path | 
         extra={"identity": identity, "lease": f"{config.lease_namespace}/{config.lease_name}"},
     )
     leading = asyncio.create_task(run_when_leading(controller, elector))
-    stop = asyncio.create_task(wait_for_termination())
+    stop = asyncio.create_task(process.wait_for_termination())
     try:
         await asyncio.wait({leading, stop}, return_when=asyncio.FIRST_COMPLETED)
     finally:
