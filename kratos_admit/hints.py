@@ -241,6 +241,93 @@ def _apply_priority(
     return ["priorityClassName"] if _set_missing(pod_spec, "priorityClassName", priority_class) else []
 
 
+def _ranked_hint(
+    pod_spec: dict[str, Any],
+    profile: WorkloadProfile,
+    node_products: frozenset[str],
+    *,
+    annotations: Mapping[str, str],
+    config: Config,
+    catalog: Catalog,
+) -> tuple[list[RankedProduct], bool]:
+    """The ranking, and whether its preferred affinity was added (a user's own product preference wins)."""
+    ranked = rank_gpu_products(
+        profile,
+        node_products,
+        catalog=catalog,
+        strategy=config.hint_strategy,
+        reference_product=config.reference_product,
+        min_compute_capability=min_compute_capability(annotations),
+        min_memory_mib=min_memory_mib(annotations),
+        min_observed_runs=config.min_observed_runs,
+    )
+    return ranked, _prefer_products(pod_spec, ranked)
+
+
+def release_hold(
+    held: Mapping[str, Any],
+    kind: Kind,
+    *,
+    profile: WorkloadProfile,
+    node_products: frozenset[str],
+    namespace: str,
+    config: Config,
+    catalog: Catalog,
+    signing_key: bytes,
+) -> dict[str, Any]:
+    """A follower held while its workload was profiled, released by the controller: the ranked
+    affinity from a Ready profile (a Failed one leaves the base hints), ``awaiting-profile`` gone,
+    a Job KRATOS suspended unsuspended (one the user suspended stays so), a Pod's gate removed, the
+    record rewritten and signed. Only scheduling directives change: what a suspended Job's template
+    and a gated Pod accept (Kubernetes 1.27+)."""
+    obj: dict[str, Any] = clone(dict(held))
+    metadata = child(obj, "metadata")
+    annotations = child(metadata, "annotations")
+    annotations.pop(v.AWAITING_PROFILE_ANNOTATION, None)
+    try:
+        before = json.loads(annotations.get(v.HINTS_ANNOTATION, "{}"))
+    except ValueError:
+        before = {}
+    injected = [i for i in as_list(as_mapping(before).get("injected")) if isinstance(i, str)]
+    pod_meta, pod_spec = _pod_parts(obj, kind)
+    if kind == "Job" and "suspend" in injected:
+        obj["spec"]["suspend"] = False
+    if kind == "Pod":
+        gates = [
+            g
+            for g in as_list(pod_spec.get("schedulingGates"))
+            if as_mapping(g).get("name") != v.PROFILE_SCHEDULING_GATE
+        ]
+        pod_spec["schedulingGates"] = gates
+        if not gates:
+            del pod_spec["schedulingGates"]
+    injected = [i for i in injected if i not in ("suspend", "schedulingGates")]
+    user_annotations = {k: val for k, val in annotations.items() if isinstance(val, str)}
+    ranked: list[RankedProduct] = []
+    if profile.ready:
+        ranked, added = _ranked_hint(
+            pod_spec, profile, node_products, annotations=user_annotations, config=config, catalog=catalog
+        )
+        if added:
+            injected.append("affinity.nodeAffinity.preferred")
+    phase = profile.status.phase if profile.status else "without status"
+    record = hints_record(
+        profile.metadata.name if profile.ready else "",
+        profile.status.bound_type if profile.status else "unknown",
+        strategy=config.hint_strategy,
+        injected=tuple(injected),
+        ranked=tuple(ranked),
+        reason="" if profile.ready else f"WorkloadProfile {profile.metadata.name} is {phase}",
+    )
+    for block in [metadata] if kind == "Pod" else [metadata, pod_meta]:
+        block_annotations = child(block, "annotations")
+        block_annotations[v.HINTS_ANNOTATION] = record
+        if profile.ready:
+            block_annotations[v.PROFILE_ANNOTATION] = profile.reference
+        sign_block(block, namespace=namespace, key=signing_key)
+    return obj
+
+
 def _apply_hold(obj: dict[str, Any], pod_spec: dict[str, Any], kind: Kind) -> list[str]:
     """Hold a follower until the run under way ends: suspend a Job (one the user suspended stays
     so, and the record says KRATOS did not suspend it), gate a Pod."""
@@ -296,17 +383,10 @@ def apply_hints(
         injected.append("affinity.nodeAffinity.required")
     ranked: list[RankedProduct] = []
     if ready and profile is not None:  # the ranked hint: the only one that needs a profile
-        ranked = rank_gpu_products(
-            profile,
-            node_products,
-            catalog=catalog,
-            strategy=config.hint_strategy,
-            reference_product=config.reference_product,
-            min_compute_capability=cc,
-            min_memory_mib=memory,
-            min_observed_runs=config.min_observed_runs,
+        ranked, added = _ranked_hint(
+            pod_spec, profile, node_products, annotations=annotations, config=config, catalog=catalog
         )
-        if _prefer_products(pod_spec, ranked):
+        if added:
             injected.append("affinity.nodeAffinity.preferred")
         if not ranked:
             warnings.append(

@@ -50,9 +50,9 @@ def is_status(exc: BaseException, *codes: int) -> bool:
     return isinstance(exc, ApiException) and exc.status in codes
 
 
-async def list_raw(list_func: ListFunc, **kwargs: Any) -> Obj:
+async def list_raw(list_func: ListFunc, *args: Any, **kwargs: Any) -> Obj:
     """Call a generated list function and return the raw JSON (no model round trip loses fields)."""
-    response = await list_func(_preload_content=False, **kwargs)
+    response = await list_func(*args, _preload_content=False, **kwargs)
     try:
         raw = await response.read()
     finally:

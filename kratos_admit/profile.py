@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -62,6 +62,27 @@ class Observation(_Strict):
     mean_seconds: str = Field(alias="meanSeconds")
 
 
+class RunnerSummary(BaseModel):
+    """What the profiling-runner writes to its termination log (runner/kratos_runner/summary.py, which
+    is stdlib-only and so cannot share this model; a test keeps the two in step). Extra keys the
+    runner may add are kept."""
+
+    model_config = ConfigDict(extra="allow", populate_by_name=True)
+
+    bound_type: v.BoundType = Field(alias="boundType")
+    metrics: dict[str, str | int | float] = Field(default_factory=dict)
+    gpu: dict[str, str | int | float] = Field(default_factory=dict)
+    kernels: int = 0
+    kernels_skipped: int = Field(default=0, alias="kernelsSkipped")
+    killed: bool = False
+    exit_code: int = Field(default=0, alias="exitCode")
+    ncu_version: str = Field(default="", alias="ncuVersion")
+    reason: str = ""
+
+
+MAX_COUNTED_RUNS = 256  # the Pod uids the observations remember, so no run is counted twice
+
+
 class ProfileStatus(_Strict):
     phase: Phase
     bound_type: v.BoundType = Field(default="unknown", alias="boundType")
@@ -71,6 +92,14 @@ class ProfileStatus(_Strict):
     source_job: str | None = Field(default=None, alias="sourceJob")
     message: str = ""
     observations: list[Observation] = Field(default_factory=list)
+    # the last MAX_COUNTED_RUNS runs counted into observations (Pod uids): a replayed event or a
+    # restarted controller never counts a run twice
+    counted_runs: list[str] = Field(default_factory=list, alias="countedRuns")
+    observed_runs: int = Field(default=0, ge=0, alias="observedRuns")  # for kubectl get -o wide
+
+    def as_status(self) -> dict[str, Any]:
+        """The status as the CRD stores it: camelCase keys, unset optional fields left out."""
+        return self.model_dump(by_alias=True, exclude_none=True)
 
 
 class WorkloadProfile(_Strict):
@@ -85,10 +114,6 @@ class WorkloadProfile(_Strict):
     @property
     def ready(self) -> bool:
         return self.status is not None and self.status.phase == "Ready"
-
-    @property
-    def failed(self) -> bool:
-        return self.status is not None and self.status.phase == "Failed"
 
     @property
     def reference(self) -> str:

@@ -50,6 +50,7 @@ RESERVED_ANNOTATIONS: Final = frozenset(
 Priority = Literal["high", "normal", "low"]
 PRIORITIES: Final = ("high", "normal", "low")
 BoundType = Literal["compute", "memory", "balanced", "latency", "unknown"]
+BOUND_TYPES: Final[tuple[BoundType, ...]] = get_args(BoundType)
 Strategy = Literal["performance", "cost", "balanced"]  # config hintStrategy, docs/ranking.md
 SchedulerBackend = Literal["default", "kai", "volcano"]  # config scheduler, the scheduler annotation
 SCHEDULER_BACKENDS: Final[tuple[SchedulerBackend, ...]] = get_args(SchedulerBackend)

@@ -85,7 +85,13 @@ async def test_first_sync_then_watch_events():
             lambda: profiles.get("team-a", "nbody") is not None and len(nodes.gpu_products()) == 2
         )
         kube.put(*PROFILES, profile("nbody", phase="Failed"))
-        await eventually(lambda: (p := profiles.get("team-a", "nbody")) is not None and p.failed)
+        await eventually(
+            lambda: (
+                (p := profiles.get("team-a", "nbody")) is not None
+                and p.status is not None
+                and p.status.phase == "Failed"
+            )
+        )
         kube.remove(*PROFILES, "team-a", "nbody-profile")
         kube.remove(*NODES, "", "gpu-l")
         await eventually(

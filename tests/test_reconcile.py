@@ -1,28 +1,51 @@
-"""reconcile(observed) -> actions, as a table: every state a profiling Job and its products can be in."""
+"""reconcile(observed) -> actions, as a table: every state a profiling Job and its products can be in;
+the release of followers; observations of real runs."""
 
 from __future__ import annotations
+
+import copy
+import json
+from typing import Any
 
 import pytest
 
 from kratos_admit import vocabulary as v
+from kratos_admit.profile import ProfileStatus, RunnerSummary, WorkloadProfile
 from kratos_admit.profiling import decode_original_template
-from kratos_admit.signing import signature_valid
+from kratos_admit.signing import sign_block, signature_valid
 from kratos_controller.reconcile import (
+    ContainerEnd,
     CreateExecutionJob,
+    MarkExecutionJob,
     Observed,
     PublishConfigMap,
     PublishProfile,
+    ReleaseFollower,
+    RemoveFinalizer,
+    Run,
     execution_job_name,
+    pod_failure,
     profile_status,
     read_summary,
     reconcile,
+    record_runs,
+    release_followers,
+    runs_of,
 )
-from tests.conftest import TEST_KEY, assert_valid_kubernetes
+from tests.builders import make_job, make_pod, make_profile
+from tests.conftest import CATALOG, TEST_KEY, assert_valid_kubernetes, make_ctx
 from tests.controller_helpers import finish, profiling_job, runner_summary
+from tests.helpers import admit, engine
 
 JOB = profiling_job()
 DONE = finish(JOB)
 SUMMARY = runner_summary()  # memory-bound, from the T4 two-kernel report
+
+
+def ran(message: str | None, exit_code: int = 0) -> ContainerEnd:
+    return ContainerEnd(
+        exit_code=exit_code, reason="Completed" if exit_code == 0 else "Error", message=message or ""
+    )
 
 
 def kinds(actions):
@@ -34,94 +57,176 @@ def published(observed: Observed):
     return {type(a).__name__: a for a in actions}
 
 
-def test_running_job_gives_nothing():
-    assert reconcile(Observed(job=JOB, runner_message=SUMMARY), signing_key=TEST_KEY) == []
+def as_profile(status: ProfileStatus, name: str = "vector-add-profile") -> dict[str, Any]:
+    return {
+        "metadata": {"name": name, "namespace": "team-a", "resourceVersion": "9"},
+        "status": status.as_status(),
+    }
 
 
-def test_complete_job_publishes_profile_and_summary_then_creates_the_execution_job():
-    actions = reconcile(Observed(job=DONE, runner_message=SUMMARY), signing_key=TEST_KEY)
-    assert kinds(actions) == ["PublishConfigMap", "PublishProfile", "CreateExecutionJob"]
-    cm, profile, create = actions
-    assert (
-        isinstance(cm, PublishConfigMap)
-        and isinstance(profile, PublishProfile)
-        and isinstance(create, CreateExecutionJob)
-    )
+# --- a profiling run --------------------------------------------------------------------------------
+
+
+def test_a_running_profiling_job_marks_the_workload_profiling_once():
+    [action] = reconcile(Observed(job=JOB), signing_key=TEST_KEY)
+    assert isinstance(action, PublishProfile) and action.status.phase == "Profiling"
+    assert action.status.source_job == "vector-add"
+    assert reconcile(Observed(job=JOB, profile=as_profile(action.status)), signing_key=TEST_KEY) == []
+
+
+def test_complete_job_publishes_profile_and_summary_creates_and_marks_the_execution_job():
+    actions = reconcile(Observed(job=DONE, runner=ran(SUMMARY), pods_seen=True), signing_key=TEST_KEY)
+    assert kinds(actions) == ["PublishConfigMap", "PublishProfile", "CreateExecutionJob", "MarkExecutionJob"]
+    cm, profile, create, mark = actions
+    assert isinstance(cm, PublishConfigMap) and isinstance(profile, PublishProfile)
+    assert isinstance(create, CreateExecutionJob) and isinstance(mark, MarkExecutionJob)
     assert (profile.namespace, profile.name, profile.spec) == (
         "team-a",
         "vector-add-profile",
         {"workload": "vector-add"},
     )
-    assert profile.status["phase"] == "Ready" and profile.status["boundType"] == "memory"
-    assert (
-        profile.status["metrics"]["memoryThroughput"] == "73.59"
-        and profile.status["metrics"]["kernelCount"] == "2"
-    )
-    assert profile.status["gpu"] == {"computeCapability": "7.5"}
-    assert (
-        profile.status["sourceJob"] == "vector-add" and profile.status["profiledAt"] == "2026-11-22T10:03:00Z"
-    )
+    status = profile.status.as_status()
+    assert status["phase"] == "Ready" and status["boundType"] == "memory"
+    assert status["metrics"]["memoryThroughput"] == "73.59" and status["metrics"]["kernelCount"] == "2"
+    assert status["gpu"] == {"computeCapability": "7.5"}
+    assert status["sourceJob"] == "vector-add" and status["profiledAt"] == "2026-11-22T10:03:00Z"
     assert cm.name == "vector-add-profile-summary" and cm.data["summary.json"] == SUMMARY
     assert (
         cm.data["boundType"] == "memory"
         and cm.data["smThroughput"] == "33.23"
         and cm.data["ncuVersion"] == "2024.3.2.0"
     )
+    assert mark.annotations[v.EXECUTION_JOB_ANNOTATION] == "vector-add-execution"
+    marked = copy.deepcopy(JOB["metadata"])
+    marked["annotations"].update(mark.annotations)
+    assert signature_valid(marked, namespace="team-a", key=TEST_KEY), "the original's block stays signed"
 
 
-def test_execution_job_is_the_original_job_with_role_execution_and_signed():
-    create = reconcile(Observed(job=DONE, runner_message=SUMMARY), signing_key=TEST_KEY)[-1]
-    assert isinstance(create, CreateExecutionJob)
+def test_execution_job_is_the_original_job_owned_by_it_with_role_execution_and_signed():
+    create = published(Observed(job=DONE, runner=ran(SUMMARY)))["CreateExecutionJob"]
     job = create.manifest
     original = decode_original_template(JOB, namespace="team-a", signing_key=TEST_KEY)
     assert job["metadata"]["name"] == "vector-add-execution" and job["metadata"]["namespace"] == "team-a"
     assert job["metadata"]["labels"] == {v.WORKLOAD_LABEL: "vector-add", v.ROLE_LABEL: "execution"}
+    assert job["metadata"]["ownerReferences"] == [
+        {
+            "apiVersion": "batch/v1",
+            "kind": "Job",
+            "name": "vector-add",
+            "uid": "uid-vector-add",
+            "blockOwnerDeletion": False,
+        }
+    ]
     assert job["spec"] == original["spec"]
     assert job["spec"]["template"]["spec"]["containers"][0]["args"] == ["--n", "4096"]
     assert signature_valid(job["metadata"], namespace="team-a", key=TEST_KEY)
     assert_valid_kubernetes(job)
 
 
+def test_the_execution_job_inherits_the_users_ttl_the_profiling_job_dropped():
+    user = make_job().job_spec(ttlSecondsAfterFinished=0).build()
+    rewritten = admit(user, engine(make_ctx())).decision.mutated
+    assert rewritten is not None and "ttlSecondsAfterFinished" not in rewritten["spec"]
+    rewritten["metadata"]["uid"] = "uid-1"
+    create = published(Observed(job=finish(rewritten), runner=ran(SUMMARY)))["CreateExecutionJob"]
+    assert create.manifest["spec"]["ttlSecondsAfterFinished"] == 0
+
+
+def holding(job: dict[str, Any]) -> dict[str, Any]:
+    assert v.RELEASE_FINALIZER in job["metadata"]["finalizers"]
+    return job
+
+
+def test_the_finalizer_goes_last_once_the_execution_job_exists():
+    done = holding(finish(JOB))
+    first = reconcile(
+        Observed(job=done, runner=ran(SUMMARY), pods_holding=("vector-add-abcde",)), signing_key=TEST_KEY
+    )
+    assert not [a for a in first if isinstance(a, RemoveFinalizer)], (
+        "nothing let go before the execution Job exists"
+    )
+    profile = as_profile(next(a for a in first if isinstance(a, PublishProfile)).status)
+    marked = copy.deepcopy(done)
+    marked["metadata"]["annotations"].update(
+        next(a for a in first if isinstance(a, MarkExecutionJob)).annotations
+    )
+    later = reconcile(
+        Observed(
+            job=marked, runner=ran(SUMMARY), pods_holding=("vector-add-abcde",), profile=profile,
+            configmap_exists=True, execution_job_exists=True,
+        ),
+        signing_key=TEST_KEY,
+    )  # fmt: skip
+    assert later == [
+        RemoveFinalizer("Pod", "team-a", "vector-add-abcde"),
+        RemoveFinalizer("Job", "team-a", "vector-add"),
+    ]
+
+
+def test_a_profiling_job_deleted_before_it_finished_still_releases_the_workload():
+    deleted = copy.deepcopy(JOB)
+    deleted["metadata"]["deletionTimestamp"] = "2026-11-22T10:01:00Z"
+    actions = published(Observed(job=deleted, pods_seen=False))
+    assert {"PublishProfile", "CreateExecutionJob"} <= set(actions)
+    status = actions["PublishProfile"].status
+    assert status.phase == "Failed" and "deleted before it finished" in status.message
+    assert "MarkExecutionJob" not in actions, "a Job being deleted is not annotated any more"
+
+
 @pytest.mark.parametrize(
     ("observed", "message_part"),
     [
-        pytest.param(Observed(job=finish(JOB, "Failed", reason="DeadlineExceeded", message="Job was active longer than specified deadline"), pod_failure="profiling-runner ended Error (exit 137)"), "DeadlineExceeded", id="failed-job-no-summary"),
-        pytest.param(Observed(job=DONE, runner_message="Segmentation fault (core dumped)"), "not JSON", id="unreadable-summary"),
-        pytest.param(Observed(job=DONE, runner_message='{"hello": 1}'), "not a KRATOS runner summary", id="foreign-json"),
-        pytest.param(Observed(job=DONE, runner_message=runner_summary("dd2360-sm89-failed-launch-full-text.txt")), "LaunchFailed", id="summary-unknown-bound"),
-        pytest.param(Observed(job=DONE, runner_message=None, pod_failure="the profiling pod is gone (deleted or garbage-collected)"), "pod is gone", id="pod-gone"),
+        pytest.param(Observed(job=finish(JOB, "Failed", reason="DeadlineExceeded", message="Job was active longer than specified deadline"), runner=ran(None, 137), pods_seen=True), "DeadlineExceeded", id="failed-job-no-summary"),
+        pytest.param(Observed(job=DONE, runner=ran("Segmentation fault (core dumped)")), "not JSON", id="unreadable-summary"),
+        pytest.param(Observed(job=DONE, runner=ran('{"hello": 1}')), "not a KRATOS runner summary", id="foreign-json"),
+        pytest.param(Observed(job=DONE, runner=ran(runner_summary("dd2360-sm89-failed-launch-full-text.txt"))), "LaunchFailed", id="summary-unknown-bound"),
+        pytest.param(Observed(job=DONE, pods_seen=False), "pod is gone", id="pod-gone"),
     ],
 )  # fmt: skip
 def test_failed_profiling_records_why_and_still_releases_the_workload(observed, message_part):
     actions = published(observed)
-    assert set(actions) == {"PublishConfigMap", "PublishProfile", "CreateExecutionJob"}
+    assert {"PublishConfigMap", "PublishProfile", "CreateExecutionJob"} <= set(actions)
     status = actions["PublishProfile"].status
-    assert status["phase"] == "Failed" and status["boundType"] == "unknown"
-    assert message_part in status["message"]
+    assert status.phase == "Failed" and status.bound_type == "unknown"
+    assert message_part in status.message
 
 
-def test_profile_already_published_and_execution_job_there_gives_nothing():
-    first = published(Observed(job=DONE, runner_message=SUMMARY))
-    profile = {"metadata": {"name": "vector-add-profile"}, "status": first["PublishProfile"].status}
+@pytest.mark.parametrize(
+    ("observed", "wording"),
+    [
+        pytest.param(Observed(job=DONE, pods_seen=False), "the profiling pod is gone (deleted or garbage-collected)", id="no-pod"),
+        pytest.param(Observed(job=DONE, pods_seen=True, runner=ran(None, 137)), "profiling-runner ended Error (exit 137)", id="runner-no-message"),
+        pytest.param(
+            Observed(job=DONE, pods_seen=True, stage=ContainerEnd(66, "Error", "kratos: executable /app does not exist")),
+            "stage-workload failed (exit 66): kratos: executable /app does not exist", id="stage-failed",
+        ),
+        pytest.param(Observed(job=DONE, pods_seen=True, runner=ran(SUMMARY)), "", id="runner-left-a-summary"),
+    ],
+)  # fmt: skip
+def test_why_the_pod_gave_no_summary_is_worded_in_reconcile(observed, wording):
+    assert pod_failure(observed) == wording
+
+
+def test_profile_already_published_and_execution_job_there_gives_nothing_but_the_finalizer():
+    first = published(Observed(job=DONE, runner=ran(SUMMARY)))
+    marked = copy.deepcopy(DONE)
+    marked["metadata"]["annotations"].update(first["MarkExecutionJob"].annotations)
+    marked["metadata"]["finalizers"] = []
     observed = Observed(
-        job=DONE, runner_message=SUMMARY, profile=profile, configmap_exists=True, execution_job_exists=True
-    )
+        job=marked, runner=ran(SUMMARY), profile=as_profile(first["PublishProfile"].status),
+        configmap_exists=True, execution_job_exists=True,
+    )  # fmt: skip
     assert reconcile(observed, signing_key=TEST_KEY) == []
 
 
 def test_controller_restarted_half_way_finishes_the_work():
     # published the profile, then died before creating the execution Job (and the ConfigMap was lost)
-    first = published(Observed(job=DONE, runner_message=SUMMARY))
-    profile = {"metadata": {"name": "vector-add-profile"}, "status": first["PublishProfile"].status}
-    actions = reconcile(Observed(job=DONE, runner_message=SUMMARY, profile=profile), signing_key=TEST_KEY)
-    assert kinds(actions) == ["PublishConfigMap", "CreateExecutionJob"]
-
-
-def test_execution_job_already_there_publishes_only_the_profile():
+    first = published(Observed(job=DONE, runner=ran(SUMMARY)))
     actions = reconcile(
-        Observed(job=DONE, runner_message=SUMMARY, execution_job_exists=True), signing_key=TEST_KEY
+        Observed(job=DONE, runner=ran(SUMMARY), profile=as_profile(first["PublishProfile"].status)),
+        signing_key=TEST_KEY,
     )
-    assert kinds(actions) == ["PublishConfigMap", "PublishProfile"]
+    assert kinds(actions) == ["PublishConfigMap", "CreateExecutionJob", "MarkExecutionJob"]
 
 
 def test_a_profile_from_another_profiling_run_is_kept():
@@ -129,42 +234,52 @@ def test_a_profile_from_another_profiling_run_is_kept():
         "metadata": {"name": "vector-add-profile"},
         "status": {"phase": "Ready", "boundType": "compute", "sourceJob": "vector-add-earlier"},
     }
-    actions = reconcile(Observed(job=DONE, runner_message=SUMMARY, profile=other), signing_key=TEST_KEY)
-    assert kinds(actions) == ["CreateExecutionJob"]
+    actions = reconcile(Observed(job=DONE, runner=ran(SUMMARY), profile=other), signing_key=TEST_KEY)
+    assert kinds(actions) == ["CreateExecutionJob", "MarkExecutionJob"]
 
 
-def test_a_stale_profile_from_this_job_is_updated():
+def test_a_profiling_mark_whose_run_is_gone_is_taken_over():
+    """The race of two Jobs admitted before the controller marked the run: the second profiles too.
+    If the first's Job vanished without a result, the second's profile replaces the stale mark."""
     stale = {
         "metadata": {"name": "vector-add-profile"},
-        "status": {"phase": "Failed", "sourceJob": "vector-add", "message": "old"},
+        "status": {"phase": "Profiling", "sourceJob": "lost-job"},
     }
-    actions = reconcile(
-        Observed(
-            job=DONE, runner_message=SUMMARY, profile=stale, configmap_exists=True, execution_job_exists=True
-        ),
-        signing_key=TEST_KEY,
+    kept = reconcile(
+        Observed(job=DONE, runner=ran(SUMMARY), profile=stale, source_job_exists=True), signing_key=TEST_KEY
     )
-    assert kinds(actions) == ["PublishConfigMap", "PublishProfile"]
+    assert "PublishProfile" not in kinds(kept)
+    taken = published(Observed(job=DONE, runner=ran(SUMMARY), profile=stale, source_job_exists=False))
+    assert taken["PublishProfile"].status.phase == "Ready"
 
 
 def test_unsigned_original_template_is_never_recreated():
     forged = finish(JOB)
     forged["metadata"]["annotations"][v.ORIGINAL_TEMPLATE_ANNOTATION] = "H4sIAAAAAAAA/6uuBQBDv6ajAgAAAA=="
-    actions = published(Observed(job=forged, runner_message=SUMMARY))
+    actions = published(Observed(job=forged, runner=ran(SUMMARY)))
     assert "CreateExecutionJob" not in actions
-    assert actions["PublishProfile"].status["phase"] == "Failed"
-    assert "no valid signature" in actions["PublishProfile"].status["message"]
+    assert actions["PublishProfile"].status.phase == "Failed"
+    assert "no valid signature" in actions["PublishProfile"].status.message
 
 
 def test_jobs_without_a_valid_workload_label_are_ignored():
     job = finish(JOB)
     del job["metadata"]["labels"][v.WORKLOAD_LABEL]
-    assert reconcile(Observed(job=job, runner_message=SUMMARY), signing_key=TEST_KEY) == []
+    assert reconcile(Observed(job=job, runner=ran(SUMMARY)), signing_key=TEST_KEY) == []
 
 
-def test_workload_exit_code_is_noted_on_a_ready_profile():
-    status = profile_status(Observed(job=DONE), read_summary(runner_summary(exit_code=3)))
-    assert status["phase"] == "Ready" and status["message"] == "the workload exited 3 under profiling"
+def test_workload_exit_code_is_noted_on_a_ready_profile_unless_the_runner_ended_it():
+    status = profile_status(Observed(job=DONE), read_summary(ran(runner_summary(exit_code=3))))
+    assert status.phase == "Ready" and status.message == "the workload exited 3 under profiling"
+    killed = json.loads(runner_summary(exit_code=137))
+    killed["killed"] = True
+    status = profile_status(Observed(job=DONE), read_summary(ran(json.dumps(killed))))
+    assert status.phase == "Ready" and status.message == ""
+
+
+def test_the_runners_real_summary_matches_the_python_schema():
+    summary = RunnerSummary.model_validate_json(runner_summary())
+    assert summary.bound_type == "memory" and summary.kernels == 2 and summary.ncu_version == "2024.3.2.0"
 
 
 @pytest.mark.parametrize("length", [1, 53, 54, 63, 200])
@@ -181,8 +296,157 @@ def test_execution_job_name_fits_63_characters_and_is_stable(length: int):
 def test_generate_name_jobs_get_their_real_name():
     job = profiling_job("sample-job-", workload="sample")
     job["metadata"]["name"] = "sample-job-x7k2p"
-    create = reconcile(Observed(job=finish(job), runner_message=SUMMARY), signing_key=TEST_KEY)[-1]
+    create = published(Observed(job=finish(job), runner=ran(SUMMARY)))["CreateExecutionJob"]
+    assert create.manifest["metadata"]["name"] == "sample-job-x7k2p-execution"
+
+
+# --- followers --------------------------------------------------------------------------------------
+
+RUNNING = make_profile(phase="Profiling", sm=None, mem=None, bound="unknown", product=None)
+
+
+def held(builder) -> dict[str, Any]:
+    """A Job or Pod of workload vector-add admitted while its profiling run is under way."""
+    result = admit(builder.label(v.WORKLOAD_LABEL, "vector-add").build(), engine(make_ctx(), [RUNNING]))
+    assert result.decision.allowed and result.decision.mutated is not None
+    return result.decision.mutated
+
+
+def test_followers_are_held_at_admission_while_a_run_is_under_way():
+    job, pod = held(make_job("sweep-1")), held(make_pod("pod-1"))
     assert (
-        isinstance(create, CreateExecutionJob)
-        and create.manifest["metadata"]["name"] == "sample-job-x7k2p-execution"
+        job["spec"]["suspend"] is True
+        and job["metadata"]["annotations"][v.AWAITING_PROFILE_ANNOTATION] == "vector-add-profile"
     )
+    assert {"name": v.PROFILE_SCHEDULING_GATE} in pod["spec"]["schedulingGates"]
+    for obj in (job, pod):
+        assert admit(obj, engine(make_ctx(), [RUNNING]), webhook="validate").decision.allowed
+
+
+@pytest.mark.parametrize("phase", ["Ready", "Failed"])
+def test_followers_are_released_when_the_run_ends(phase):
+    job, pod = held(make_job("sweep-1")), held(make_pod("pod-1"))
+    user_suspended = held(make_job("sweep-2").job_spec(suspend=True))
+    profile = make_profile(phase=phase, message="ncu failed" if phase == "Failed" else "")
+    actions = release_followers(
+        profile, [("Job", job), ("Pod", pod), ("Job", user_suspended)],
+        node_products=frozenset({"NVIDIA-A100-SXM4-80GB", "NVIDIA-L40S"}), config=make_ctx().config, catalog=CATALOG,
+        signing_key=TEST_KEY,
+    )  # fmt: skip
+    assert [type(a) for a in actions] == [ReleaseFollower] * 3
+    released = {a.name: a.released for a in actions if isinstance(a, ReleaseFollower)}
+    assert released["sweep-1"]["spec"]["suspend"] is False
+    assert released["sweep-2"]["spec"]["suspend"] is True, "a Job the user suspended stays suspended"
+    assert "schedulingGates" not in released["pod-1"]["spec"]
+    ranked = phase == "Ready"
+    for name, obj in released.items():
+        pod_spec = obj["spec"] if name == "pod-1" else obj["spec"]["template"]["spec"]
+        preferred = pod_spec["affinity"]["nodeAffinity"].get(
+            "preferredDuringSchedulingIgnoredDuringExecution"
+        )
+        assert bool(preferred) == ranked, name
+        assert v.AWAITING_PROFILE_ANNOTATION not in obj["metadata"]["annotations"]
+        assert_valid_kubernetes(obj)
+        kind = "Pod" if name == "pod-1" else "Job"
+        original = pod if name == "pod-1" else job if name == "sweep-1" else user_suspended
+        update = admit(
+            obj, engine(make_ctx(), [profile]), webhook="validate", operation="UPDATE", old=original
+        )
+        assert update.decision.allowed, (kind, update.decision.violations)
+
+
+def test_a_forged_awaiting_mark_is_not_released():
+    job = held(make_job("sweep-1"))
+    job["metadata"]["annotations"][v.AWAITING_PROFILE_ANNOTATION] = "other-profile"
+    actions = release_followers(
+        make_profile(phase="Ready").model_copy(update={"metadata": make_profile().metadata.model_copy(update={"name": "other-profile"})}),
+        [("Job", job)], node_products=frozenset(), config=make_ctx().config, catalog=CATALOG, signing_key=TEST_KEY,
+    )  # fmt: skip
+    assert actions == []
+
+
+def test_no_release_while_the_run_is_still_under_way():
+    job = held(make_job("sweep-1"))
+    assert (
+        release_followers(
+            RUNNING,
+            [("Job", job)],
+            node_products=frozenset(),
+            config=make_ctx().config,
+            catalog=CATALOG,
+            signing_key=TEST_KEY,
+        )
+        == []
+    )
+
+
+# --- observations -----------------------------------------------------------------------------------
+
+
+def finished_pod(
+    uid: str, node: str, start: str, end: str, *, phase: str = "Succeeded", exit_code: int = 0
+) -> dict[str, Any]:
+    return {
+        "metadata": {"name": f"pod-{uid}", "uid": uid},
+        "spec": {
+            "nodeName": node,
+            "containers": [{"name": "main", "resources": {"limits": {v.GPU_RESOURCE: 1}}}],
+        },
+        "status": {
+            "phase": phase,
+            "containerStatuses": [
+                {
+                    "name": "main",
+                    "state": {"terminated": {"exitCode": exit_code, "startedAt": start, "finishedAt": end}},
+                }
+            ],
+        },
+    }
+
+
+def test_runs_are_the_gpu_containers_start_to_finish_on_the_nodes_product():
+    pods = [
+        finished_pod("a", "node-1", "2026-11-22T10:00:00Z", "2026-11-22T10:06:40Z"),
+        finished_pod(
+            "b", "node-2", "2026-11-22T10:00:00Z", "2026-11-22T10:01:00Z", phase="Failed", exit_code=1
+        ),
+        finished_pod("c", "node-unknown", "2026-11-22T10:00:00Z", "2026-11-22T10:01:00Z"),
+    ]
+    runs = runs_of(pods, {"node-1": "NVIDIA-A100-SXM4-80GB", "node-2": "NVIDIA-L40S"})
+    assert runs == [Run("a", "NVIDIA-A100-SXM4-80GB", 400.0)]
+
+
+def test_observations_keep_a_running_mean_and_never_count_a_run_twice():
+    profile = as_profile(make_profile().status)  # type: ignore[arg-type]
+    first = record_runs(profile, [Run("a", "NVIDIA-L40S", 300.0), Run("b", "NVIDIA-L40S", 500.0)])
+    assert first is not None
+    profile["status"] = first.status.as_status()
+    assert profile["status"]["observations"] == [
+        {"product": "NVIDIA-L40S", "runs": 2, "meanSeconds": "400.0"}
+    ]
+    assert record_runs(profile, [Run("b", "NVIDIA-L40S", 500.0)]) is None, "a replayed run counts once"
+    second = record_runs(profile, [Run("b", "NVIDIA-L40S", 500.0), Run("c", "NVIDIA-L40S", 700.0)])
+    assert second is not None
+    assert second.status.observations[0].runs == 3 and second.status.observations[0].mean_seconds == "500.0"
+    assert second.resource_version == "9", "the write is guarded by the profile's resourceVersion"
+
+
+def test_the_observations_change_the_ranking_through_the_profile():
+    profile = make_profile(sm="12.0", mem="85.0", product="NVIDIA-A100-SXM4-80GB")
+    raw = as_profile(profile.status)  # type: ignore[arg-type]
+    runs = [Run(f"a{i}", "NVIDIA-A100-SXM4-80GB", 400.0) for i in range(3)]
+    runs += [Run(f"l{i}", "NVIDIA-L40S", 200.0) for i in range(3)]
+    recorded = record_runs(raw, runs)
+    assert recorded is not None
+    seen = WorkloadProfile.model_validate(
+        {**profile.model_dump(by_alias=True), "status": recorded.status.as_status()}
+    )
+    job = make_job().build()
+    sign_block(
+        job["metadata"], namespace="team-a", key=TEST_KEY
+    )  # no KRATOS key yet: the signature alone is harmless
+    del job["metadata"]["annotations"]
+    result = admit(job, engine(make_ctx(), [seen], products=("NVIDIA-A100-SXM4-80GB", "NVIDIA-L40S")))
+    record = json.loads(result.decision.mutated["metadata"]["annotations"][v.HINTS_ANNOTATION])  # type: ignore[index]
+    assert [r["product"] for r in record["ranked"]] == ["NVIDIA-L40S", "NVIDIA-A100-SXM4-80GB"]
+    assert all(r["source"] == "observed" for r in record["ranked"])

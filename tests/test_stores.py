@@ -36,7 +36,7 @@ def test_multi_document_and_list_files(tmp_path: Path):
     store = FileProfileStore(tmp_path)
     assert store.get("n", "a") is not None and store.get("n", "b") is not None
     b = store.get("n", "b")
-    assert b is not None and b.failed
+    assert b is not None and b.status is not None and b.status.phase == "Failed"
 
 
 @pytest.mark.parametrize(

@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from kratos_admit import vocabulary as v
-from kratos_controller.reconcile import Observed, PublishProfile, reconcile
+from kratos_controller.reconcile import ContainerEnd, Observed, PublishProfile, reconcile
 from tests.conftest import EXAMPLES, K8S_VERSION, REPO, TEST_KEY
 from tests.controller_helpers import finish, profiling_job, runner_summary
 
@@ -192,13 +192,30 @@ def test_crd_schema_is_structural_and_admits_what_kratos_writes(rendered):
     action = next(
         a
         for a in reconcile(
-            Observed(job=finish(profiling_job()), runner_message=runner_summary()), signing_key=TEST_KEY
+            Observed(job=finish(profiling_job()), runner=ContainerEnd(0, "Completed", runner_summary())),
+            signing_key=TEST_KEY,
         )
         if isinstance(a, PublishProfile)
     )
-    published = {"apiVersion": "gpu.scheduler.io/v1alpha1", "kind": "WorkloadProfile",
-                 "metadata": {"name": action.name}, "spec": action.spec, "status": action.status}  # fmt: skip
+    published: dict[str, Any] = {"apiVersion": "gpu.scheduler.io/v1alpha1", "kind": "WorkloadProfile",
+                 "metadata": {"name": action.name}, "spec": action.spec, "status": action.status.as_status()}  # fmt: skip
     jsonschema.validate(published, schema)
+    observed = {
+        **published,
+        "status": {
+            **published["status"],
+            "observations": [{"product": "NVIDIA-L40S", "runs": 3, "meanSeconds": "412.5"}],
+            "observedRuns": 3,
+            "countedRuns": ["a", "b", "c"],
+        },
+    }
+    jsonschema.validate(observed, schema)
+    running = next(
+        a
+        for a in reconcile(Observed(job=profiling_job()), signing_key=TEST_KEY)
+        if isinstance(a, PublishProfile)
+    )
+    jsonschema.validate({**published, "status": running.status.as_status()}, schema)
     bad = {**published, "spec": {"workload": "Bad_Name"}}
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate(bad, schema)

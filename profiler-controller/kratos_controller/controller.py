@@ -1,7 +1,9 @@
-"""The controller loop: watch profiling Jobs, reconcile each finished one, apply the actions.
+"""The controller loop: watch KRATOS's Jobs and Pods, reconcile, apply the actions.
 
-Observe -> pure ``reconcile`` -> apply, per Job key, from a de-duplicating work queue; failures
-are retried with backoff, and a periodic resync re-checks every finished Job so nothing is missed.
+Observe -> pure ``reconcile`` -> apply, per key, from a de-duplicating work queue; failures are
+retried with backoff, and a periodic resync re-checks everything so nothing is missed. Three kinds
+of work share the queue (``reconcile``'s module docstring): a profiling run, the release of the
+followers of a workload, and the observation of a finished hinted Job.
 """
 
 from __future__ import annotations
@@ -9,20 +11,34 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from typing import Any
+from typing import Any, Literal
 
 from kubernetes_asyncio import client
 from prometheus_client import CollectorRegistry, Counter
 
 from kratos_admit import vocabulary as v
+from kratos_admit.catalog import Catalog, load_catalog
+from kratos_admit.config import Config
 from kratos_admit.kube import Backoff, Informer
-from kratos_admit.raw import as_mapping
+from kratos_admit.profile import WorkloadProfile
+from kratos_admit.raw import as_mapping, string_map
+from kratos_admit.workload import Kind
 from kratos_controller.kube_io import KubeIO
 from kratos_controller.leader import LeaderElector
-from kratos_controller.reconcile import CreateExecutionJob, PublishProfile, finished, reconcile
+from kratos_controller.reconcile import (
+    CreateExecutionJob,
+    PublishProfile,
+    ReleaseFollower,
+    observed_job,
+    reconcile,
+    record_runs,
+    release_followers,
+    runs_of,
+)
 
 log = logging.getLogger("kratos.controller")
-Key = tuple[str, str]
+Work = Literal["run", "release", "observe"]
+Key = tuple[Work, str, str]  # (work, namespace, Job name or workload)
 
 
 class ControllerMetrics:
@@ -30,7 +46,7 @@ class ControllerMetrics:
         self.registry = registry or CollectorRegistry()
         self.profiles_published = Counter(
             "kratos_profiles_published",
-            "WorkloadProfiles written, by outcome (ready, failed).",
+            "WorkloadProfiles written, by outcome (profiling, ready, failed).",
             ["outcome"],
             registry=self.registry,
         )
@@ -44,6 +60,16 @@ class ControllerMetrics:
         )
 
 
+def _meta(obj: dict[str, Any]) -> tuple[str, str, dict[str, str], dict[str, str]]:
+    meta = as_mapping(obj.get("metadata"))
+    return (
+        str(meta.get("namespace", "")),
+        str(meta.get("name", "")),
+        string_map(meta.get("labels")),
+        string_map(meta.get("annotations")),
+    )
+
+
 class ProfilerController:
     def __init__(
         self,
@@ -53,77 +79,170 @@ class ProfilerController:
         metrics: ControllerMetrics,
         resync_seconds: float = 300.0,
         watch_timeout: int = 300,
+        config: Config | None = None,
+        catalog: Catalog | None = None,
     ) -> None:
         self.io = KubeIO(api)
         self.signing_key = signing_key
         self.metrics = metrics
         self.resync_seconds = resync_seconds
-        self.jobs: dict[Key, dict[str, Any]] = {}
+        self.config = config or Config()
+        self.catalog = catalog or load_catalog(self.config.catalog_file)
+        self.jobs: dict[tuple[str, str], dict[str, Any]] = {}
+        self.pods: dict[tuple[str, str], dict[str, Any]] = {}
         self.queue: asyncio.Queue[Key] = asyncio.Queue()
         self.queued: set[Key] = set()
         self.attempts: dict[Key, Backoff] = {}
+        selector = v.WORKLOAD_LABEL  # every opted-in Job and Pod: profiling runs, followers, hinted runs
         self.informer = Informer(
             client.BatchV1Api(api).list_job_for_all_namespaces,
-            name="profiling-jobs",
-            label_selector=f"{v.ROLE_LABEL}=profiling",
-            on_replace=self._replace,
-            on_event=self._event,
+            name="kratos-jobs",
+            label_selector=selector,
+            on_replace=lambda items: self._replace(self.jobs, items, "Job"),
+            on_event=lambda kind, obj: self._event(self.jobs, kind, obj, "Job"),
             watch_timeout=watch_timeout,
         )
-
-    @staticmethod
-    def _key(job: dict[str, Any]) -> Key:
-        meta = as_mapping(job.get("metadata"))
-        return str(meta.get("namespace", "")), str(meta.get("name", ""))
+        self.pod_informer = Informer(
+            client.CoreV1Api(api).list_pod_for_all_namespaces,
+            name="kratos-pods",
+            label_selector=selector,
+            on_replace=lambda items: self._replace(self.pods, items, "Pod"),
+            on_event=lambda kind, obj: self._event(self.pods, kind, obj, "Pod"),
+            watch_timeout=watch_timeout,
+        )
 
     def enqueue(self, key: Key) -> None:
         if key not in self.queued:
             self.queued.add(key)
             self.queue.put_nowait(key)
 
-    def _replace(self, items: list[dict[str, Any]]) -> None:
-        self.jobs = {self._key(job): job for job in items}
-        for key, job in self.jobs.items():
-            if finished(job):
-                self.enqueue(key)
+    def _work_for(self, obj: dict[str, Any], kind: Kind) -> None:
+        namespace, name, labels, annotations = _meta(obj)
+        if kind == "Job" and labels.get(v.ROLE_LABEL) == "profiling":
+            self.enqueue(("run", namespace, name))
+        if v.AWAITING_PROFILE_ANNOTATION in annotations and v.WORKLOAD_LABEL in labels:
+            self.enqueue(("release", namespace, labels[v.WORKLOAD_LABEL]))
+        if kind == "Job" and observed_job(obj, signing_key=self.signing_key):
+            self.enqueue(("observe", namespace, name))
 
-    def _event(self, kind: str, job: dict[str, Any]) -> None:
-        key = self._key(job)
-        if kind == "DELETED":
-            self.jobs.pop(key, None)
+    def _replace(
+        self, cache: dict[tuple[str, str], dict[str, Any]], items: list[dict[str, Any]], kind: Kind
+    ) -> None:
+        cache.clear()
+        for obj in items:
+            namespace, name, _, _ = _meta(obj)
+            cache[(namespace, name)] = obj
+            self._work_for(obj, kind)
+
+    def _event(
+        self, cache: dict[tuple[str, str], dict[str, Any]], event: str, obj: dict[str, Any], kind: Kind
+    ) -> None:
+        namespace, name, _, _ = _meta(obj)
+        if event == "DELETED":
+            cache.pop((namespace, name), None)
             return
-        self.jobs[key] = job
-        if finished(job):
-            self.enqueue(key)
+        cache[(namespace, name)] = obj
+        self._work_for(obj, kind)
 
     async def reconcile_key(self, key: Key) -> None:
-        job = self.jobs.get(key)
+        work, namespace, name = key
+        if work == "run":
+            await self._run(namespace, name)
+        elif work == "release":
+            await self._release(namespace, name)
+        else:
+            await self._observe(namespace, name)
+
+    async def _run(self, namespace: str, name: str) -> None:
+        job = self.jobs.get((namespace, name))
         if job is None:
             return
         observed = await self.io.observe(job)
         for action in reconcile(observed, signing_key=self.signing_key):
             outcome = await self.io.apply(action)
             if isinstance(action, PublishProfile):
-                self.metrics.profiles_published.labels(str(action.status["phase"]).lower()).inc()
+                self.metrics.profiles_published.labels(action.status.phase.lower()).inc()
                 log.info(
                     "profile published",
                     extra={
-                        "namespace": key[0],
-                        "job": key[1],
+                        "namespace": namespace,
+                        "job": name,
                         "profile": action.name,
-                        "phase": action.status["phase"],
+                        "phase": action.status.phase,
                     },
                 )
+                if action.status.phase in ("Ready", "Failed"):
+                    workload = str(action.spec.get("workload", ""))
+                    self.enqueue(("release", namespace, workload))
             elif isinstance(action, CreateExecutionJob) and outcome == "created":
                 self.metrics.execution_jobs_created.inc()
                 log.info(
                     "execution Job created",
                     extra={
-                        "namespace": key[0],
-                        "job": key[1],
+                        "namespace": namespace,
+                        "job": name,
                         "executionJob": action.manifest["metadata"]["name"],
                     },
                 )
+
+    def _followers(self, namespace: str, workload: str) -> list[tuple[Kind, dict[str, Any]]]:
+        found: list[tuple[Kind, dict[str, Any]]] = []
+        for kind, cache in (("Job", self.jobs), ("Pod", self.pods)):
+            for (ns, _), obj in cache.items():
+                _, _, labels, annotations = _meta(obj)
+                if (
+                    ns == namespace
+                    and labels.get(v.WORKLOAD_LABEL) == workload
+                    and v.AWAITING_PROFILE_ANNOTATION in annotations
+                ):
+                    found.append((kind, obj))  # type: ignore[arg-type]
+        return found
+
+    async def _release(self, namespace: str, workload: str) -> None:
+        followers = self._followers(namespace, workload)
+        if not followers:
+            return
+        raw = await self.io.get_profile(namespace, v.profile_name(workload))
+        if raw is None:
+            return
+        profile = WorkloadProfile.model_validate(raw)
+        actions = release_followers(
+            profile,
+            followers,
+            node_products=await self.io.gpu_products() if profile.ready else frozenset(),
+            config=self.config,
+            catalog=self.catalog,
+            signing_key=self.signing_key,
+        )
+        for action in actions:
+            await self.io.apply(action)
+            if isinstance(action, ReleaseFollower):
+                log.info(
+                    "follower released",
+                    extra={
+                        "namespace": namespace,
+                        "kind": action.kind,
+                        "objectName": action.name,
+                        "profile": profile.metadata.name,
+                    },
+                )
+
+    async def _observe(self, namespace: str, name: str) -> None:
+        job = self.jobs.get((namespace, name))
+        if job is None or not observed_job(job, signing_key=self.signing_key):
+            return
+        workload = _meta(job)[2].get(v.WORKLOAD_LABEL, "")
+        pods = await self.io.job_pods(namespace, name)
+        nodes = {str(as_mapping(p.get("spec")).get("nodeName", "")) for p in pods}
+        products = {node: await self.io.product_of(node) for node in nodes if node}
+        runs = runs_of(pods, products)
+        if not runs:
+            return
+        profile = await self.io.get_profile(namespace, v.profile_name(workload))
+        action = record_runs(profile, runs) if profile is not None else None
+        if action is not None:
+            await self.io.apply(action)
+            log.info("runs observed", extra={"namespace": namespace, "job": name, "runs": len(runs)})
 
     async def _worker(self) -> None:
         while True:
@@ -140,8 +259,9 @@ class ProfilerController:
                 log.warning(
                     "reconcile failed, retrying",
                     extra={
-                        "namespace": key[0],
-                        "job": key[1],
+                        "work": key[0],
+                        "namespace": key[1],
+                        "job": key[2],
                         "reason": f"{type(exc).__name__}: {exc}",
                         "retryIn": round(delay, 2),
                     },
@@ -151,12 +271,16 @@ class ProfilerController:
     async def _resync(self) -> None:
         while True:
             await asyncio.sleep(self.resync_seconds)
-            for key, job in list(self.jobs.items()):
-                if finished(job):
-                    self.enqueue(key)
+            for kind, cache in (("Job", self.jobs), ("Pod", self.pods)):
+                for obj in list(cache.values()):
+                    self._work_for(obj, kind)  # type: ignore[arg-type]
 
     async def run(self, workers: int = 2) -> None:
-        tasks = [asyncio.create_task(self.informer.run()), asyncio.create_task(self._resync())]
+        tasks = [
+            asyncio.create_task(self.informer.run()),
+            asyncio.create_task(self.pod_informer.run()),
+            asyncio.create_task(self._resync()),
+        ]
         tasks += [asyncio.create_task(self._worker()) for _ in range(workers)]
         try:
             await asyncio.gather(*tasks)

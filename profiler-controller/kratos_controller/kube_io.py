@@ -1,30 +1,73 @@
-"""Observe what reconcile needs, and apply its actions, with kubernetes_asyncio. Nothing else."""
+"""Observe what reconcile needs, and apply its actions, with kubernetes_asyncio. Nothing else: every
+decision, and every word a profile says about a failure, is made in ``reconcile``."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from kratos_admit import vocabulary as v
-from kratos_admit.kube import is_status
-from kratos_admit.raw import as_mapping
+from kratos_admit.kube import is_status, list_raw
+from kratos_admit.raw import as_list, as_mapping
 from kratos_controller.reconcile import (
     Action,
+    ContainerEnd,
+    CreateExecutionJob,
+    MarkExecutionJob,
     Observed,
     PublishConfigMap,
     PublishProfile,
+    ReleaseFollower,
+    RemoveFinalizer,
     execution_job_name,
 )
 
 Obj = dict[str, Any]
+MERGE_PATCH = "application/merge-patch+json"
+
+
+def _end(status: Mapping[str, Any]) -> ContainerEnd | None:
+    terminated = as_mapping(as_mapping(status.get("state")).get("terminated"))
+    if not terminated:
+        return None
+    return ContainerEnd(
+        exit_code=int(terminated.get("exitCode", 0) or 0),
+        reason=str(terminated.get("reason") or ""),
+        message=str(terminated.get("message") or ""),
+    )
+
+
+def container_ends(pods: list[Obj]) -> tuple[ContainerEnd | None, ContainerEnd | None]:
+    """(profiling-runner's end, stage-workload's failure), newest pod first, a runner that left a
+    message preferred: the facts ``reconcile.pod_failure`` words."""
+    runner: ContainerEnd | None = None
+    stage: ContainerEnd | None = None
+    newest_first = sorted(
+        pods, key=lambda p: str(as_mapping(p.get("metadata")).get("creationTimestamp", "")), reverse=True
+    )
+    for pod in newest_first:
+        status = as_mapping(pod.get("status"))
+        for c in as_list(status.get("containerStatuses")):
+            end = _end(as_mapping(c))
+            if as_mapping(c).get("name") == v.RUNNER_CONTAINER and end is not None:
+                if end.message:
+                    return end, None
+                runner = runner or end
+        for c in as_list(status.get("initContainerStatuses")):
+            end = _end(as_mapping(c))
+            if as_mapping(c).get("name") == v.STAGE_CONTAINER and end is not None and end.exit_code:
+                stage = stage or end
+    return runner, stage
 
 
 @dataclass
 class KubeIO:
     api: client.ApiClient
+    node_products: dict[str, str] = field(default_factory=dict)  # node name -> GPU product, cached
 
     def __post_init__(self) -> None:
         self.core = client.CoreV1Api(self.api)
@@ -52,45 +95,68 @@ class KubeIO:
             raise
         return found
 
-    async def runner_message(self, namespace: str, job_name: str) -> tuple[str | None, str | None]:
-        """The profiling-runner's termination message from the Job's pods, newest first; or why none."""
-        pods = await self.core.list_namespaced_pod(namespace, label_selector=f"job-name={job_name}")
-        failure = None if pods.items else "the profiling pod is gone (deleted or garbage-collected)"
-        for pod in sorted(pods.items, key=lambda p: p.metadata.creation_timestamp or "", reverse=True):
-            for status in (pod.status.container_statuses or []) if pod.status else []:
-                if status.name != v.RUNNER_CONTAINER:
-                    continue
-                terminated = status.state.terminated if status.state else None
-                if terminated is not None and terminated.message:
-                    return terminated.message, None
-                if terminated is not None:
-                    failure = f"profiling-runner ended {terminated.reason or 'without a reason'} (exit {terminated.exit_code})"
-            for status in (pod.status.init_container_statuses or []) if pod.status else []:
-                terminated = status.state.terminated if status.state else None
-                if status.name == v.STAGE_CONTAINER and terminated is not None and terminated.exit_code:
-                    failure = f"stage-workload failed (exit {terminated.exit_code}): {(terminated.message or '').strip()[:300]}"
-        return None, failure
+    async def job_pods(self, namespace: str, job_name: str) -> list[Obj]:
+        body = await list_raw(self.core.list_namespaced_pod, namespace, label_selector=f"job-name={job_name}")
+        return [p for p in as_list(body.get("items")) if isinstance(p, dict)]
 
     async def observe(self, job: Obj) -> Observed:
         meta = as_mapping(job.get("metadata"))
         namespace, name = str(meta.get("namespace")), str(meta.get("name"))
         workload = str(as_mapping(meta.get("labels")).get(v.WORKLOAD_LABEL, ""))
-        message, failure = await self.runner_message(namespace, name)
+        pods = await self.job_pods(namespace, name)
+        runner, stage = container_ends(pods)
+        profile = await self.get_profile(namespace, v.profile_name(workload)) if workload else None
+        source = as_mapping(as_mapping(profile).get("status")).get("sourceJob")
         return Observed(
             job=job,
-            runner_message=message,
-            pod_failure=failure,
-            profile=await self.get_profile(namespace, v.profile_name(workload)) if workload else None,
+            runner=runner,
+            stage=stage,
+            pods_seen=bool(pods),
+            pods_holding=tuple(
+                str(as_mapping(p.get("metadata")).get("name"))
+                for p in pods
+                if v.RELEASE_FINALIZER in as_list(as_mapping(p.get("metadata")).get("finalizers"))
+            ),
+            profile=profile,
             configmap_exists=await self._exists(
                 self.core.read_namespaced_config_map, v.summary_configmap_name(workload), namespace
             ),
             execution_job_exists=await self._exists(
                 self.batch.read_namespaced_job, execution_job_name(name), namespace
             ),
+            source_job_exists=(
+                True
+                if not isinstance(source, str) or source == name
+                else await self._exists(self.batch.read_namespaced_job, source, namespace)
+            ),
         )
 
+    async def gpu_products(self) -> frozenset[str]:
+        body = await list_raw(self.core.list_node, label_selector=f"{v.GPU_PRESENT_LABEL}=true")
+        products = {
+            str(labels[v.GPU_PRODUCT_LABEL])
+            for n in as_list(body.get("items"))
+            if (labels := as_mapping(as_mapping(as_mapping(n).get("metadata")).get("labels"))).get(
+                v.GPU_PRODUCT_LABEL
+            )
+        }
+        return frozenset(products)
+
+    async def product_of(self, node: str) -> str:
+        """The node's ``nvidia.com/gpu.product`` ("" when it has none or is gone), cached by name."""
+        if node not in self.node_products:
+            try:
+                found = await self.core.read_node(node)
+            except ApiException as exc:
+                if exc.status == 404:
+                    return ""
+                raise
+            labels = found.metadata.labels or {} if found.metadata else {}
+            self.node_products[node] = str(labels.get(v.GPU_PRODUCT_LABEL, ""))
+        return self.node_products[node]
+
     async def apply(self, action: Action) -> str:
-        """Apply one action; returns what happened ("created", "updated", "exists")."""
+        """Apply one action; returns what happened ("created", "updated", "exists", "gone")."""
         if isinstance(action, PublishConfigMap):
             # kubernetes_asyncio serialises plain dicts as they are; its model types would drop unknown fields
             body: Any = {
@@ -130,16 +196,69 @@ class KubeIO:
                 action.namespace,
                 v.PROFILE_PLURAL,
                 action.name,
-                {"status": action.status},
+                {"status": action.status.as_status()},
                 # a dict body would otherwise go out as application/json-patch+json and be refused
-                _content_type="application/merge-patch+json",
+                _content_type=MERGE_PATCH,
             )
             return outcome
+        if isinstance(action, CreateExecutionJob):
+            try:
+                manifest: Any = action.manifest
+                await self.batch.create_namespaced_job(action.manifest["metadata"]["namespace"], manifest)
+            except ApiException as exc:
+                if is_status(exc, 409):
+                    return "exists"  # created before a restart: AlreadyExists counts as done
+                raise
+            return "created"
+        if isinstance(action, MarkExecutionJob):
+            patch: Any = {"metadata": {"annotations": action.annotations}}
+            await self.batch.patch_namespaced_job(
+                action.name, action.namespace, patch, _content_type=MERGE_PATCH
+            )  # type: ignore[call-arg]
+            return "updated"
+        if isinstance(action, RemoveFinalizer):
+            return await self._remove_finalizer(action)
+        if isinstance(action, ReleaseFollower):
+            released: Any = action.released
+            if action.kind == "Job":
+                await self.batch.replace_namespaced_job(action.name, action.namespace, released)
+            else:
+                await self.core.replace_namespaced_pod(action.name, action.namespace, released)
+            return "updated"
+        current: Any = await self.get_profile(action.namespace, action.name)
+        if current is None:
+            return "gone"
+        current["status"] = action.status.as_status()
+        current["metadata"]["resourceVersion"] = action.resource_version  # a conflict (409) is retried
+        await self.custom.replace_namespaced_custom_object_status(
+            v.GROUP, v.VERSION, action.namespace, v.PROFILE_PLURAL, action.name, current
+        )
+        return "updated"
+
+    async def _remove_finalizer(self, action: RemoveFinalizer) -> str:
         try:
-            manifest: Any = action.manifest
-            await self.batch.create_namespaced_job(action.manifest["metadata"]["namespace"], manifest)
+            if action.kind == "Job":
+                found: Any = await self.batch.read_namespaced_job(action.name, action.namespace)
+            else:
+                found = await self.core.read_namespaced_pod(action.name, action.namespace)
         except ApiException as exc:
-            if is_status(exc, 409):
-                return "exists"  # created before a restart: AlreadyExists counts as done
+            if exc.status == 404:
+                return "gone"
             raise
-        return "created"
+        finalizers = list(found.metadata.finalizers or [])
+        if v.RELEASE_FINALIZER not in finalizers:
+            return "exists"
+        rest = [f for f in finalizers if f != v.RELEASE_FINALIZER]
+        # the resourceVersion makes the merge patch conditional: a concurrent change gives 409, retried
+        patch: Any = {
+            "metadata": {"finalizers": rest or None, "resourceVersion": found.metadata.resource_version}
+        }
+        if action.kind == "Job":
+            await self.batch.patch_namespaced_job(
+                action.name, action.namespace, patch, _content_type=MERGE_PATCH
+            )  # type: ignore[call-arg]
+        else:
+            await self.core.patch_namespaced_pod(
+                action.name, action.namespace, patch, _content_type=MERGE_PATCH
+            )  # type: ignore[call-arg]
+        return "updated"

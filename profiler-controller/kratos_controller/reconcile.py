@@ -1,26 +1,47 @@
 """The controller's decisions, pure: ``reconcile(observed) -> actions``. The I/O shell applies them.
 
 Level-triggered and idempotent: the same observation always gives the same actions, and once the
-profile and the execution Job exist it gives none, so a restart half-way simply finishes the work.
+work is done it gives none, so a restart half-way simply finishes it. Three loops share this module:
+
+- a profiling Job: the ``Profiling`` phase while it runs; when it ends (or is deleted first), the
+  profile and its ConfigMap, the execution Job (owned by the original), the ``execution-job``
+  annotation, and only then the ``release`` finalizer off the Job and its Pods;
+- the followers of a run (Jobs suspended, Pods gated, marked ``awaiting-profile``): released with
+  hints once the profile is Ready or Failed;
+- finished hinted and execution Jobs: their runs' durations per GPU product, into the profile's
+  ``observations``, each run counted once.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import hashlib
-import json
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from pydantic import ValidationError
+
 from kratos_admit import vocabulary as v
+from kratos_admit.catalog import Catalog
+from kratos_admit.config import Config
+from kratos_admit.hints import release_hold
+from kratos_admit.profile import (
+    MAX_COUNTED_RUNS,
+    Observation,
+    ProfileGpu,
+    ProfileMetrics,
+    ProfileStatus,
+    RunnerSummary,
+    WorkloadProfile,
+)
 from kratos_admit.profiling import OriginalTemplateError, decode_original_template
-from kratos_admit.raw import as_list, as_mapping
-from kratos_admit.signing import sign_block
+from kratos_admit.raw import as_list, as_mapping, clone, string_map
+from kratos_admit.signing import sign_block, signature_valid, signed_role
+from kratos_admit.workload import Kind
 
 Obj = dict[str, Any]
-BOUND_TYPES = ("compute", "memory", "balanced", "latency", "unknown")
 EXECUTION_SUFFIX = "-execution"
-MAX_NAME = 63
 # Labels the Job controller adds to a template; an execution Job must get its own.
 _GENERATED_TEMPLATE_LABELS = (
     "controller-uid",
@@ -31,15 +52,27 @@ _GENERATED_TEMPLATE_LABELS = (
 
 
 @dataclass(frozen=True)
+class ContainerEnd:
+    """A container's terminated state, as the kubelet reported it."""
+
+    exit_code: int
+    reason: str = ""
+    message: str = ""
+
+
+@dataclass(frozen=True)
 class Observed:
     """What the controller saw of one profiling Job and the objects it produces."""
 
     job: Obj
-    runner_message: str | None = None  # the profiling-runner container's termination message
-    pod_failure: str | None = None  # why the pod ended, when there is no message
+    runner: ContainerEnd | None = None  # profiling-runner's end, preferring a pod whose runner left a message
+    stage: ContainerEnd | None = None  # stage-workload's end, when it failed
+    pods_seen: bool = False  # any pod of the Job still exists
+    pods_holding: tuple[str, ...] = ()  # names of its pods that carry the release finalizer
     profile: Obj | None = None
     configmap_exists: bool = False
     execution_job_exists: bool = False
+    source_job_exists: bool = True  # the Job named by the profile's sourceJob still exists
 
 
 @dataclass(frozen=True)
@@ -54,7 +87,7 @@ class PublishProfile:
     namespace: str
     name: str
     spec: dict[str, Any]
-    status: dict[str, Any]
+    status: ProfileStatus
     labels: dict[str, str] = field(default_factory=dict)
 
 
@@ -63,13 +96,62 @@ class CreateExecutionJob:
     manifest: Obj
 
 
-Action = PublishConfigMap | PublishProfile | CreateExecutionJob
+@dataclass(frozen=True)
+class MarkExecutionJob:
+    """Write ``execution-job`` (and the block's new signature) onto the original Job."""
+
+    namespace: str
+    name: str
+    annotations: dict[str, str]
+
+
+@dataclass(frozen=True)
+class RemoveFinalizer:
+    """Take the ``release`` finalizer off a profiling Job or one of its Pods."""
+
+    kind: Kind
+    namespace: str
+    name: str
+
+
+@dataclass(frozen=True)
+class ReleaseFollower:
+    """Replace a held Job or Pod with its released form (scheduling directives and metadata only)."""
+
+    kind: Kind
+    namespace: str
+    name: str
+    released: Obj
+
+
+@dataclass(frozen=True)
+class RecordObservations:
+    """Write the profile's status with new runs counted (a replace guarded by resourceVersion)."""
+
+    namespace: str
+    name: str
+    resource_version: str
+    status: ProfileStatus
+
+
+Action = (
+    PublishConfigMap
+    | PublishProfile
+    | CreateExecutionJob
+    | MarkExecutionJob
+    | RemoveFinalizer
+    | ReleaseFollower
+    | RecordObservations
+)
 
 
 @dataclass(frozen=True)
 class Summary:
-    data: dict[str, Any] | None
+    data: RunnerSummary | None
     problem: str  # why there is no usable summary, "" when there is
+
+
+# --- reading what the profiling run left ------------------------------------------------------------
 
 
 def finished(job: Mapping[str, Any]) -> Literal["Complete", "Failed"] | None:
@@ -78,6 +160,10 @@ def finished(job: Mapping[str, Any]) -> Literal["Complete", "Failed"] | None:
         if c.get("type") in ("Complete", "Failed") and c.get("status") == "True":
             return "Complete" if c["type"] == "Complete" else "Failed"
     return None
+
+
+def deleting(obj: Mapping[str, Any]) -> bool:
+    return bool(as_mapping(obj.get("metadata")).get("deletionTimestamp"))
 
 
 def _failed_condition(job: Mapping[str, Any]) -> str:
@@ -96,92 +182,113 @@ def _finished_at(job: Mapping[str, Any]) -> str:
         c = as_mapping(condition)
         if c.get("type") in ("Complete", "Failed") and isinstance(c.get("lastTransitionTime"), str):
             return str(c["lastTransitionTime"])
-    return ""
+    return str(as_mapping(job.get("metadata")).get("deletionTimestamp") or "")
 
 
-def read_summary(message: str | None) -> Summary:
+def read_summary(runner: ContainerEnd | None) -> Summary:
+    message = runner.message if runner is not None else None
     if message is None or not message.strip():
         return Summary(None, "the profiling-runner left no termination message")
     try:
-        data = json.loads(message)
-    except ValueError:
-        return Summary(None, f"the runner's termination message is not JSON: {message[:120]!r}")
-    if (
-        not isinstance(data, dict)
-        or data.get("boundType") not in BOUND_TYPES
-        or not isinstance(data.get("metrics", {}), dict)
-    ):
+        return Summary(RunnerSummary.model_validate_json(message), "")
+    except ValidationError as exc:
+        if any(e["type"] == "json_invalid" for e in exc.errors()):
+            return Summary(None, f"the runner's termination message is not JSON: {message[:120]!r}")
         return Summary(None, "the runner's termination message is not a KRATOS runner summary")
-    return Summary(data, "")
+
+
+def pod_failure(observed: Observed) -> str:
+    """Why the profiling pod gave no summary, in words (the I/O shell only collects the facts)."""
+    if observed.stage is not None:
+        return (
+            f"stage-workload failed (exit {observed.stage.exit_code}): {observed.stage.message.strip()[:300]}"
+        )
+    if observed.runner is not None and not observed.runner.message:
+        return f"profiling-runner ended {observed.runner.reason or 'without a reason'} (exit {observed.runner.exit_code})"
+    if not observed.pods_seen:
+        return "the profiling pod is gone (deleted or garbage-collected)"
+    return ""
 
 
 def execution_job_name(job_name: str) -> str:
     """``<job>-execution``, shortened with a stable hash when it would pass 63 characters."""
     name = job_name + EXECUTION_SUFFIX
-    if len(name) <= MAX_NAME:
+    if len(name) <= v.DNS1123_LABEL_MAX:
         return name
     digest = hashlib.sha256(job_name.encode()).hexdigest()[:8]
-    keep = MAX_NAME - len(EXECUTION_SUFFIX) - len(digest) - 1
+    keep = v.DNS1123_LABEL_MAX - len(EXECUTION_SUFFIX) - len(digest) - 1
     return f"{job_name[:keep].rstrip('-.')}-{digest}{EXECUTION_SUFFIX}"
 
 
-def profile_status(observed: Observed, summary: Summary) -> dict[str, Any]:
+def profile_status(observed: Observed, summary: Summary) -> ProfileStatus:
     job = observed.job
     meta = as_mapping(job.get("metadata"))
-    status: dict[str, Any] = {"profiledAt": _finished_at(job), "sourceJob": str(meta.get("name", ""))}
+    common = {"profiledAt": _finished_at(job), "sourceJob": str(meta.get("name", ""))}
     data = summary.data
-    if data is not None and data.get("boundType") != "unknown":
-        metrics = {k: str(val) for k, val in as_mapping(data.get("metrics")).items()}
-        gpu = {
-            k: str(val)
-            for k, val in as_mapping(data.get("gpu")).items()
-            if k in ("product", "computeCapability")
-        }
-        exit_code = data.get("exitCode", 0)
-        message = f"the workload exited {exit_code} under profiling" if exit_code else ""
-        return {
-            "phase": "Ready",
-            "boundType": data["boundType"],
-            "metrics": metrics,
-            "gpu": gpu,
-            **status,
-            "message": message,
-        }
+    if data is not None and data.bound_type != "unknown":
+        message = (
+            f"the workload exited {data.exit_code} under profiling"
+            if data.exit_code and not data.killed
+            else ""
+        )
+        gpu = {k: str(val) for k, val in data.gpu.items() if k in ("product", "computeCapability")}
+        return ProfileStatus.model_validate(
+            {
+                "phase": "Ready",
+                "boundType": data.bound_type,
+                "metrics": ProfileMetrics.model_validate(
+                    {k: str(val) for k, val in data.metrics.items() if k in _METRIC_KEYS}
+                ),
+                "gpu": ProfileGpu.model_validate(gpu),
+                **common,
+                "message": message,
+            }
+        )
     reasons = [
         r
         for r in (
-            str(data.get("reason", "")) if data else summary.problem,
-            observed.pod_failure or "",
+            data.reason if data else summary.problem,
+            pod_failure(observed),
             f"profiling Job failed ({_failed_condition(job)})" if finished(job) == "Failed" else "",
+            "the profiling Job was deleted before it finished"
+            if finished(job) is None and deleting(job)
+            else "",
         )
         if r
     ]
-    return {
-        "phase": "Failed",
-        "boundType": "unknown",
-        **status,
-        "message": "; ".join(reasons) or "no usable profile",
-    }
+    return ProfileStatus.model_validate(
+        {
+            "phase": "Failed",
+            "boundType": "unknown",
+            **common,
+            "message": "; ".join(reasons) or "no usable profile",
+        }
+    )
 
 
-def configmap_data(summary: Summary, status: Mapping[str, Any], message: str | None) -> dict[str, str]:
+_METRIC_KEYS = frozenset(
+    ProfileMetrics.model_fields[name].alias or name for name in ProfileMetrics.model_fields
+)
+
+
+def configmap_data(summary: Summary, status: ProfileStatus, message: str | None) -> dict[str, str]:
     data: dict[str, str] = {
-        "phase": str(status["phase"]),
-        "boundType": str(status["boundType"]),
-        "sourceJob": str(status["sourceJob"]),
-        "profiledAt": str(status["profiledAt"]),
-        "message": str(status.get("message", "")),
+        "phase": status.phase,
+        "boundType": status.bound_type,
+        "sourceJob": status.source_job or "",
+        "profiledAt": status.profiled_at or "",
+        "message": status.message,
     }
-    for key, value in as_mapping(status.get("metrics")).items():
-        data[str(key)] = str(value)
-    gpu = as_mapping(status.get("gpu"))
-    if "product" in gpu:
-        data["gpuProduct"] = str(gpu["product"])
-    if "computeCapability" in gpu:
-        data["gpuComputeCapability"] = str(gpu["computeCapability"])
+    data.update(
+        {k: str(val) for k, val in status.metrics.model_dump(by_alias=True, exclude_none=True).items()}
+    )
+    if status.gpu.product:
+        data["gpuProduct"] = status.gpu.product
+    if status.gpu.compute_capability:
+        data["gpuComputeCapability"] = status.gpu.compute_capability
     if summary.data is not None:
-        data["ncuVersion"] = str(summary.data.get("ncuVersion", ""))
-        data["exitCode"] = str(summary.data.get("exitCode", ""))
+        data["ncuVersion"] = summary.data.ncu_version
+        data["exitCode"] = str(summary.data.exit_code)
     data["summary.json"] = message or ""
     return data
 
@@ -189,6 +296,8 @@ def configmap_data(summary: Summary, status: Mapping[str, Any], message: str | N
 def build_execution_job(
     profiling_job: Mapping[str, Any], original: Mapping[str, Any], *, signing_key: bytes
 ) -> Obj:
+    """The user's Job again, as ``<job>-execution``: owned by the original (deleting it, or a CronJob's
+    history limit, removes both), with the user's own ``ttlSecondsAfterFinished``."""
     meta = as_mapping(profiling_job.get("metadata"))
     namespace = str(meta.get("namespace", "default"))
     kept = as_mapping(original.get("metadata"))
@@ -199,12 +308,22 @@ def build_execution_job(
         "namespace": namespace,
         "labels": labels,
     }
+    if meta.get("uid"):
+        metadata["ownerReferences"] = [
+            {
+                "apiVersion": "batch/v1",
+                "kind": "Job",
+                "name": str(meta.get("name", "")),
+                "uid": str(meta["uid"]),
+                "blockOwnerDeletion": False,
+            }
+        ]
     annotations = {
         k: val for k, val in as_mapping(kept.get("annotations")).items() if k not in v.RESERVED_ANNOTATIONS
     }
     if annotations:
         metadata["annotations"] = annotations
-    spec = json.loads(json.dumps(original.get("spec", {})))
+    spec = clone(dict(as_mapping(original.get("spec"))))
     if not spec.get("manualSelector"):
         spec.pop("selector", None)
         template_labels = as_mapping(as_mapping(spec.get("template")).get("metadata")).get("labels")
@@ -215,49 +334,100 @@ def build_execution_job(
     return {"apiVersion": "batch/v1", "kind": "Job", "metadata": metadata, "spec": spec}
 
 
-def _same_result(existing: Mapping[str, Any], status: Mapping[str, Any]) -> bool:
+def _same_result(existing: Mapping[str, Any], status: ProfileStatus) -> bool:
     current = as_mapping(existing.get("status"))
+    wanted = status.as_status()
     return all(
-        current.get(k) == status.get(k)
+        current.get(k) == wanted.get(k)
         for k in ("phase", "boundType", "metrics", "gpu", "sourceJob", "message")
     )
 
 
+def _mark_execution_job(
+    job: Mapping[str, Any], name: str, *, namespace: str, signing_key: bytes
+) -> MarkExecutionJob | None:
+    meta = as_mapping(job.get("metadata"))
+    if string_map(meta.get("annotations")).get(v.EXECUTION_JOB_ANNOTATION) == name:
+        return None
+    block: Obj = {
+        "labels": dict(as_mapping(meta.get("labels"))),
+        "annotations": dict(as_mapping(meta.get("annotations"))),
+    }
+    block["annotations"][v.EXECUTION_JOB_ANNOTATION] = name
+    sign_block(block, namespace=namespace, key=signing_key)
+    return MarkExecutionJob(
+        namespace,
+        str(meta.get("name", "")),
+        {k: block["annotations"][k] for k in (v.EXECUTION_JOB_ANNOTATION, v.SIGNATURE_ANNOTATION)},
+    )
+
+
 def reconcile(observed: Observed, *, signing_key: bytes) -> list[Action]:
-    """What to do for one profiling Job. Nothing until it has finished; nothing once all is done."""
+    """What to do for one profiling Job: mark the run, then once it has ended publish, recreate,
+    annotate, and last let go of the finalizer. Nothing once all is done."""
     job = observed.job
-    if finished(job) is None:
-        return []
     meta = as_mapping(job.get("metadata"))
     namespace = str(meta.get("namespace", "default"))
+    name = str(meta.get("name", ""))
     workload = as_mapping(meta.get("labels")).get(v.WORKLOAD_LABEL)
     if not isinstance(workload, str) or not v.is_dns1123_label(workload):
         return []
-    summary = read_summary(observed.runner_message)
+    existing = observed.profile
+    existing_status = as_mapping(as_mapping(existing).get("status"))
+    if finished(job) is None and not deleting(job):
+        if existing is None:  # tell the webhook a run is under way: later Jobs of the workload wait for it
+            running = ProfileStatus.model_validate(
+                {"phase": "Profiling", "sourceJob": name, "message": f"profiling Job {name} is running"}
+            )
+            return [
+                PublishProfile(
+                    namespace,
+                    v.profile_name(workload),
+                    {"workload": workload},
+                    running,
+                    {v.WORKLOAD_LABEL: workload},
+                )
+            ]
+        return []
+    summary = read_summary(observed.runner)
     status = profile_status(observed, summary)
     actions: list[Action] = []
-    existing = observed.profile
-    ours = existing is None or as_mapping(existing.get("status")).get("sourceJob") in (None, meta.get("name"))
+    source = existing_status.get("sourceJob")
+    ours = (
+        existing is None
+        or source in (None, name)
+        or (existing_status.get("phase") == "Profiling" and not observed.source_job_exists)
+    )
     try:
         original: Mapping[str, Any] | None = decode_original_template(
             job, namespace=namespace, signing_key=signing_key
         )
     except OriginalTemplateError as exc:
         original = None
-        status = {
-            **status,
-            "phase": "Failed",
-            "boundType": "unknown",
-            "message": f"cannot recreate the workload: {exc}",
+        status = ProfileStatus.model_validate(
+            {
+                "phase": "Failed",
+                "boundType": "unknown",
+                "profiledAt": status.profiled_at,
+                "sourceJob": status.source_job,
+                "message": f"cannot recreate the workload: {exc}",
+            }
+        )
+    # keep what the controller learnt from real runs across a re-publication
+    status = status.model_copy(
+        update={
+            "observations": [
+                Observation.model_validate(o) for o in as_list(existing_status.get("observations"))
+            ],
+            "counted_runs": [str(u) for u in as_list(existing_status.get("countedRuns"))],
+            "observed_runs": int(existing_status.get("observedRuns") or 0),
         }
-        status.pop("metrics", None)
-        status.pop("gpu", None)
+    )
+    message = observed.runner.message if observed.runner else None
     if ours and (existing is None or not _same_result(existing, status)):
         actions.append(
             PublishConfigMap(
-                namespace,
-                v.summary_configmap_name(workload),
-                configmap_data(summary, status, observed.runner_message),
+                namespace, v.summary_configmap_name(workload), configmap_data(summary, status, message)
             )
         )
         actions.append(
@@ -272,11 +442,167 @@ def reconcile(observed: Observed, *, signing_key: bytes) -> list[Action]:
     elif ours and not observed.configmap_exists:
         actions.append(
             PublishConfigMap(
-                namespace,
-                v.summary_configmap_name(workload),
-                configmap_data(summary, status, observed.runner_message),
+                namespace, v.summary_configmap_name(workload), configmap_data(summary, status, message)
             )
         )
+    execution = execution_job_name(name)
     if original is not None and not observed.execution_job_exists:
         actions.append(CreateExecutionJob(build_execution_job(job, original, signing_key=signing_key)))
+    if original is not None and not deleting(job):
+        mark = _mark_execution_job(job, execution, namespace=namespace, signing_key=signing_key)
+        if mark is not None:
+            actions.append(mark)
+    # the finalizer goes last, and only once nothing is left to lose: the execution Job exists (or
+    # the workload cannot be recreated, which the profile now says) and the profile is published
+    released = observed.execution_job_exists or original is None
+    if released and not any(isinstance(a, (PublishProfile, CreateExecutionJob)) for a in actions):
+        actions += [RemoveFinalizer("Pod", namespace, pod) for pod in observed.pods_holding]
+        if v.RELEASE_FINALIZER in as_list(meta.get("finalizers")):
+            actions.append(RemoveFinalizer("Job", namespace, name))
     return actions
+
+
+# --- followers of a run: held at admission, released here ---------------------------------------------
+
+
+def awaiting(obj: Mapping[str, Any], profile_name: str, *, signing_key: bytes) -> bool:
+    """A Job or Pod KRATOS held for ``profile_name`` (the mark is signed: a user cannot forge one)."""
+    meta = as_mapping(obj.get("metadata"))
+    namespace = str(meta.get("namespace", "default"))
+    return string_map(meta.get("annotations")).get(
+        v.AWAITING_PROFILE_ANNOTATION
+    ) == profile_name and signature_valid(meta, namespace=namespace, key=signing_key)
+
+
+def release_followers(
+    profile: WorkloadProfile,
+    followers: Iterable[tuple[Kind, Obj]],
+    *,
+    node_products: frozenset[str],
+    config: Config,
+    catalog: Catalog,
+    signing_key: bytes,
+) -> list[Action]:
+    """Release every object held for ``profile`` once its run ended (Ready: ranked hints; Failed:
+    base hints as they are)."""
+    if profile.status is None or profile.status.phase not in ("Ready", "Failed"):
+        return []
+    actions: list[Action] = []
+    for kind, obj in followers:
+        if not awaiting(obj, profile.metadata.name, signing_key=signing_key) or deleting(obj):
+            continue
+        meta = as_mapping(obj.get("metadata"))
+        released = release_hold(
+            obj,
+            kind,
+            profile=profile,
+            node_products=node_products,
+            namespace=str(meta.get("namespace", "default")),
+            config=config,
+            catalog=catalog,
+            signing_key=signing_key,
+        )
+        actions.append(
+            ReleaseFollower(kind, str(meta.get("namespace", "")), str(meta.get("name", "")), released)
+        )
+    return actions
+
+
+# --- observations: what the workload really took on each GPU product -----------------------------------
+
+
+@dataclass(frozen=True)
+class Run:
+    uid: str  # the Pod's uid: one run
+    product: str  # the node's nvidia.com/gpu.product
+    seconds: float
+
+
+def observed_job(job: Mapping[str, Any], *, signing_key: bytes) -> bool:
+    """A finished, successful Job KRATOS placed with hints (an execution Job or a hinted one), whose
+    runs say what the workload takes; profiling runs measure under ncu and never count."""
+    meta = as_mapping(job.get("metadata"))
+    namespace = str(meta.get("namespace", "default"))
+    if finished(job) != "Complete" or signed_role(meta, namespace=namespace, key=signing_key) == "profiling":
+        return False
+    return v.HINTS_ANNOTATION in string_map(meta.get("annotations")) and signature_valid(
+        meta, namespace=namespace, key=signing_key
+    )
+
+
+def _timestamp(value: object) -> dt.datetime | None:
+    if not isinstance(value, str):
+        return None
+    try:
+        return dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+
+
+def runs_of(pods: Iterable[Mapping[str, Any]], products: Mapping[str, str]) -> list[Run]:
+    """The successful runs among a Job's pods: the GPU container's start to finish, on the GPU
+    product of the node it ran on (``products``: node name -> ``nvidia.com/gpu.product``)."""
+    runs = []
+    for pod in pods:
+        meta, spec, status = (as_mapping(pod.get(k)) for k in ("metadata", "spec", "status"))
+        product = products.get(str(spec.get("nodeName", "")))
+        if status.get("phase") != "Succeeded" or not product or not meta.get("uid"):
+            continue
+        gpu_names = {
+            str(as_mapping(c).get("name"))
+            for c in as_list(spec.get("containers"))
+            if any(
+                str(k) == v.GPU_RESOURCE or str(k).startswith(v.MIG_RESOURCE_PREFIX)
+                for k in as_mapping(as_mapping(as_mapping(c).get("resources")).get("limits"))
+            )
+        }
+        for container in as_list(status.get("containerStatuses")):
+            c = as_mapping(container)
+            if gpu_names and c.get("name") not in gpu_names:
+                continue
+            ended = as_mapping(as_mapping(c.get("state")).get("terminated"))
+            started, finished_at = _timestamp(ended.get("startedAt")), _timestamp(ended.get("finishedAt"))
+            if ended.get("exitCode") == 0 and started and finished_at and finished_at > started:
+                runs.append(Run(str(meta["uid"]), product, (finished_at - started).total_seconds()))
+                break
+    return runs
+
+
+def record_runs(profile: Obj, runs: Iterable[Run]) -> RecordObservations | None:
+    """The profile's status with the runs it has not counted yet: a running mean and count per
+    product, and the run's uid remembered (the last MAX_COUNTED_RUNS) so none is counted twice."""
+    meta = as_mapping(profile.get("metadata"))
+    try:
+        status = ProfileStatus.model_validate(profile.get("status") or {})
+    except ValidationError:
+        return None
+    counted = list(status.counted_runs)
+    by_product = {o.product: o for o in status.observations}
+    changed = False
+    for run in runs:
+        if run.uid in counted:
+            continue
+        seen = by_product.get(run.product)
+        count = seen.runs if seen else 0
+        mean = float(seen.mean_seconds) if seen else 0.0
+        new_mean = (mean * count + run.seconds) / (count + 1)
+        by_product[run.product] = Observation(
+            product=run.product, runs=count + 1, meanSeconds=f"{new_mean:.1f}"
+        )
+        counted.append(run.uid)
+        changed = True
+    if not changed:
+        return None
+    updated = status.model_copy(
+        update={
+            "observations": sorted(by_product.values(), key=lambda o: o.product),
+            "counted_runs": counted[-MAX_COUNTED_RUNS:],
+            "observed_runs": sum(o.runs for o in by_product.values()),
+        }
+    )
+    return RecordObservations(
+        str(meta.get("namespace", "")),
+        str(meta.get("name", "")),
+        str(meta.get("resourceVersion", "")),
+        updated,
+    )
