@@ -6,14 +6,18 @@ Two channels, never mixed (controller-runtime): a broken request is an ``Admissi
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from kratos_admit import responses
+from kratos_admit import vocabulary as v
 from kratos_admit.catalog import Catalog, load_catalog
 from kratos_admit.config import Config
 from kratos_admit.patch import diff
 from kratos_admit.policy import Decision, PolicyContext, mutate, parent_warnings, validate
+from kratos_admit.profile import ObjectMeta, ProfileSpec, ProfileStatus, WorkloadProfile
 from kratos_admit.request import AdmissionRequest, decode_review
 from kratos_admit.stores import NodeStore, ProfileStore
 
@@ -32,11 +36,48 @@ class ReviewResult:
     patch: list[dict[str, Any]] = field(default_factory=list)
 
 
+class RunsUnderWay:
+    """Profiling runs this webhook process admitted a moment ago, by (namespace, workload).
+
+    The controller marks a run (phase ``Profiling``) as soon as it sees the profiling Job, but Jobs
+    created back to back reach the webhook before that mark does. Until it arrives (or ``ttl``
+    passes: the API server may still have refused the Job), later Jobs of the workload are held
+    as followers of this run instead of being profiled again. Memory only, and never written for
+    a dry run, so the webhook keeps ``sideEffects: None``. Another replica does not see it: see
+    README "One profiling run per workload" for the race that remains.
+    """
+
+    def __init__(self, ttl: float = 60.0, clock: Callable[[], float] = time.monotonic) -> None:
+        self.ttl, self.clock = ttl, clock
+        self._runs: dict[tuple[str, str], tuple[WorkloadProfile, float]] = {}
+
+    def note(self, namespace: str, workload: str, job: str) -> None:
+        status = ProfileStatus(
+            phase="Profiling", sourceJob=job, message=f"profiling Job {job} was just admitted"
+        )
+        marker = WorkloadProfile(
+            metadata=ObjectMeta(name=v.profile_name(workload), namespace=namespace),
+            spec=ProfileSpec(workload=workload),
+            status=status,
+        )
+        self._runs[(namespace, workload)] = (marker, self.clock() + self.ttl)
+
+    def get(self, namespace: str, workload: str) -> WorkloadProfile | None:
+        found = self._runs.get((namespace, workload))
+        if found is None:
+            return None
+        if self.clock() > found[1]:
+            del self._runs[(namespace, workload)]
+            return None
+        return found[0]
+
+
 @dataclass(frozen=True, slots=True)
 class AdmissionEngine:
     ctx: PolicyContext
     profiles: ProfileStore
     nodes: NodeStore
+    runs: RunsUnderWay = field(default_factory=RunsUnderWay)
 
 
 def build_engine(
@@ -97,9 +138,9 @@ def decide(request: AdmissionRequest, *, webhook: Webhook, engine: AdmissionEngi
     """The policy's decision on an opted-in request, with the profile its key names."""
     assert request.kind is not None and request.object is not None, "only opted-in requests reach here"
     key = request.profile_key
-    profile = engine.profiles.get(*key) if key is not None else None
+    profile = (engine.profiles.get(*key) or engine.runs.get(*key)) if key is not None else None
     if webhook == "mutate":
-        return mutate(
+        decision = mutate(
             request.object,
             request.kind,
             operation=request.operation,
@@ -108,6 +149,9 @@ def decide(request: AdmissionRequest, *, webhook: Webhook, engine: AdmissionEngi
             node_products=engine.nodes.gpu_products(),
             ctx=engine.ctx,
         )
+        if decision.action == "profiling" and key is not None and not request.dry_run:
+            engine.runs.note(*key, request.name)
+        return decision
     return validate(
         request.object,
         request.kind,

@@ -28,8 +28,13 @@ def admit(
     webhook: Webhook = "mutate",
     operation: Operation = "CREATE",
     old: dict[str, Any] | None = None,
+    dry_run: bool = False,
 ) -> ReviewResult:
     review = admission_review(
-        clone(obj), operation=operation, uid="test-uid", old=clone(old) if old is not None else None
+        clone(obj),
+        operation=operation,
+        uid="test-uid",
+        old=clone(old) if old is not None else None,
+        dry_run=dry_run,
     )
     return answer(parse_review(review), webhook=webhook, engine=eng)

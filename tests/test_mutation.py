@@ -558,3 +558,31 @@ def test_the_checker_sees_what_restricted_refuses_in_a_plain_pod():
     _, mutated = mutate_and_check(obj, engine(make_ctx(profilingCapabilities=["SYS_ADMIN"])))
     rewritten = mutated["spec"]["template"]
     assert any("SYS_ADMIN" in r for r in restricted_violations(rewritten["metadata"], rewritten["spec"]))
+
+
+# --- one profiling run per workload: Jobs created back to back --------------------------------------
+
+
+def test_jobs_created_back_to_back_are_held_behind_the_first_profiling_run():
+    eng = engine(make_ctx())
+    first = admit(make_job("sweep-0").label(v.WORKLOAD_LABEL, "sweep").build(), eng)
+    assert first.decision.action == "profiling"
+    for i in (1, 2):
+        follower = admit(make_job(f"sweep-{i}").label(v.WORKLOAD_LABEL, "sweep").build(), eng)
+        mutated = follower.decision.mutated
+        assert follower.decision.action == "hints" and mutated is not None
+        assert mutated["spec"]["suspend"] is True
+        assert mutated["metadata"]["annotations"][v.AWAITING_PROFILE_ANNOTATION] == "sweep-profile"
+
+
+def test_a_dry_run_notes_no_run_and_the_note_expires():
+    clock = [0.0]
+    eng = engine(make_ctx())
+    eng.runs.clock = lambda: clock[0]
+    job = make_job("sweep-0").label(v.WORKLOAD_LABEL, "sweep").build()
+    dry = admit(job, eng, dry_run=True)
+    assert dry.decision.action == "profiling"
+    assert admit(job, eng).decision.action == "profiling", "the dry run left nothing behind"
+    assert admit(job, eng).decision.action == "hints", "held behind the run just admitted"
+    clock[0] = eng.runs.ttl + 1  # the API server may have refused the first Job: profile again
+    assert admit(job, eng).decision.action == "profiling"
