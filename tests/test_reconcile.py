@@ -4,6 +4,7 @@ the release of followers; observations of real runs."""
 from __future__ import annotations
 
 import copy
+import datetime as dt
 import json
 from typing import Any
 
@@ -24,6 +25,8 @@ from kratos_controller.reconcile import (
     RemoveFinalizer,
     Run,
     execution_job_name,
+    orphan_profile,
+    orphaned,
     pod_failure,
     profile_status,
     read_summary,
@@ -450,3 +453,17 @@ def test_the_observations_change_the_ranking_through_the_profile():
     record = json.loads(result.decision.mutated["metadata"]["annotations"][v.HINTS_ANNOTATION])  # type: ignore[index]
     assert [r["product"] for r in record["ranked"]] == ["NVIDIA-L40S", "NVIDIA-A100-SXM4-80GB"]
     assert all(r["source"] == "observed" for r in record["ranked"])
+
+
+def test_followers_of_a_run_that_never_started_are_released_with_base_hints():
+    job = held(make_job("sweep-1"))
+    job["metadata"]["creationTimestamp"] = "2026-11-22T10:00:00Z"
+    late = dt.datetime(2026, 11, 22, 10, 5, tzinfo=dt.UTC)
+    assert orphaned(job, now=late) and not orphaned(job, now=late - dt.timedelta(minutes=4))
+    [action] = release_followers(
+        orphan_profile("team-a", "vector-add"), [("Job", job)], node_products=frozenset(),
+        config=make_ctx().config, catalog=CATALOG, signing_key=TEST_KEY,
+    )  # fmt: skip
+    assert isinstance(action, ReleaseFollower) and action.released["spec"]["suspend"] is False
+    record = json.loads(action.released["metadata"]["annotations"][v.HINTS_ANNOTATION])
+    assert "never started" not in record["reason"] and "is Failed" in record["reason"]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime as dt
 import logging
 from typing import Any, Literal
 
@@ -30,6 +31,8 @@ from kratos_controller.reconcile import (
     PublishProfile,
     ReleaseFollower,
     observed_job,
+    orphan_profile,
+    orphaned,
     reconcile,
     record_runs,
     release_followers,
@@ -204,8 +207,19 @@ class ProfilerController:
             return
         raw = await self.io.get_profile(namespace, v.profile_name(workload))
         if raw is None:
-            return
-        profile = WorkloadProfile.model_validate(raw)
+            running = any(
+                _meta(job)[2].get(v.ROLE_LABEL) == "profiling"
+                and _meta(job)[2].get(v.WORKLOAD_LABEL) == workload
+                for (ns, _), job in self.jobs.items()
+                if ns == namespace
+            )
+            now = dt.datetime.now(dt.UTC)
+            followers = [(kind, obj) for kind, obj in followers if not running and orphaned(obj, now=now)]
+            if not followers:
+                return
+            profile = orphan_profile(namespace, workload)
+        else:
+            profile = WorkloadProfile.model_validate(raw)
         actions = release_followers(
             profile,
             followers,

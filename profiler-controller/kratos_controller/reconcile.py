@@ -508,6 +508,29 @@ def release_followers(
     return actions
 
 
+ORPHAN_GRACE_SECONDS = 180.0  # longer than the webhook remembers a run it admitted (60 s)
+
+
+def orphan_profile(namespace: str, workload: str) -> WorkloadProfile:
+    """Stands in for a run that never started (the API server refused the Job the webhook had just
+    rewritten, say): its followers are released with base hints rather than held for ever."""
+    return WorkloadProfile.model_validate(
+        {
+            "metadata": {"name": v.profile_name(workload), "namespace": namespace},
+            "spec": {"workload": workload},
+            "status": {
+                "phase": "Failed",
+                "message": "the profiling run its followers waited for never started",
+            },
+        }
+    )
+
+
+def orphaned(obj: Mapping[str, Any], *, now: dt.datetime, grace: float = ORPHAN_GRACE_SECONDS) -> bool:
+    created = _timestamp(as_mapping(obj.get("metadata")).get("creationTimestamp"))
+    return created is not None and (now - created).total_seconds() > grace
+
+
 # --- observations: what the workload really took on each GPU product -----------------------------------
 
 
