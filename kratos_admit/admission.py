@@ -18,6 +18,7 @@ from kratos_admit.config import Config
 from kratos_admit.patch import diff
 from kratos_admit.policy import Decision, PolicyContext, mutate, parent_warnings, validate
 from kratos_admit.profile import ObjectMeta, ProfileSpec, ProfileStatus, WorkloadProfile
+from kratos_admit.raw import as_mapping
 from kratos_admit.request import AdmissionRequest, decode_review
 from kratos_admit.stores import NodeStore, ProfileStore
 
@@ -104,9 +105,22 @@ async def review_live(body: bytes, *, webhook: Webhook, engine: AdmissionEngine)
     """The server's path: as ``review``, but a profile cache miss first asks the store to refresh."""
     request = decode_review(body)
     key = request.profile_key
-    if key is not None and engine.profiles.get(*key) is None:
+    if key is not None and _stale(engine.profiles.get(*key), request):
         await engine.profiles.refresh(*key)
     return answer(request, webhook=webhook, engine=engine)
+
+
+def _stale(cached: WorkloadProfile | None, request: AdmissionRequest) -> bool:
+    """A miss, or an execution Job meeting a run still marked Profiling: the controller publishes the
+    profile and creates the execution Job a moment later, so the watch may not have caught up."""
+    if cached is None:
+        return True
+    labels = as_mapping(as_mapping(as_mapping(request.object).get("metadata")).get("labels"))
+    return (
+        cached.status is not None
+        and cached.status.phase == "Profiling"
+        and labels.get(v.ROLE_LABEL) == "execution"
+    )
 
 
 def answer(request: AdmissionRequest, *, webhook: Webhook, engine: AdmissionEngine) -> ReviewResult:
@@ -134,11 +148,21 @@ def answer(request: AdmissionRequest, *, webhook: Webhook, engine: AdmissionEngi
     )
 
 
+def _profile_for(key: tuple[str, str], engine: AdmissionEngine) -> WorkloadProfile | None:
+    """The stored profile, unless it says less than this process knows: the controller creates the
+    profile first and publishes its status (``Profiling``) in a second write, and a Job admitted in
+    between must still be held as a follower of the run this process just admitted."""
+    stored = engine.profiles.get(*key)
+    if stored is not None and stored.status is not None:
+        return stored
+    return engine.runs.get(*key) or stored
+
+
 def decide(request: AdmissionRequest, *, webhook: Webhook, engine: AdmissionEngine) -> Decision:
     """The policy's decision on an opted-in request, with the profile its key names."""
     assert request.kind is not None and request.object is not None, "only opted-in requests reach here"
     key = request.profile_key
-    profile = (engine.profiles.get(*key) or engine.runs.get(*key)) if key is not None else None
+    profile = _profile_for(key, engine) if key is not None else None
     if webhook == "mutate":
         decision = mutate(
             request.object,

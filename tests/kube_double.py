@@ -1,29 +1,48 @@
 """A test double of the Kubernetes API server: an in-process aiohttp app that speaks the REST and
 watch protocol for the few resources KRATOS uses (Jobs, Pods, ConfigMaps, Nodes, Leases,
-WorkloadProfiles with their status subresource, webhook configurations).
+WorkloadProfiles with their status subresource, webhook configurations, RuntimeClasses).
 
-It is NOT a Kubernetes API server: no admission, no defaulting, no validation beyond what the
-tests need. It keeps a global resourceVersion, serves list+watch from an event history (a watch
-from a compacted resourceVersion gets a 410 Gone ERROR event, as the real server sends), answers
-409 on AlreadyExists and on resourceVersion conflicts, applies JSON merge patches, and can be
-told to fail or to go away, so the client code's error paths are exercised for real.
+It keeps a global resourceVersion, serves list+watch from an event history (a watch from a
+compacted resourceVersion gets a 410 Gone ERROR event, as the real server sends), answers 409 on
+AlreadyExists and on resourceVersion conflicts, applies JSON and merge patches, and can be told to
+fail or to go away, so the client code's error paths are exercised for real.
+
+It is not a Kubernetes API server. It imitates only the behaviour KRATOS depends on, each piece
+named after what it imitates (Kubernetes 1.28):
+
+| behaviour | imitates | left out |
+|---|---|---|
+| defaults before admission (``_default``): ``schedulerName``, ``restartPolicy`` (Pods), ``dnsPolicy``, ``terminationMessagePolicy``/``Path``, ``imagePullPolicy``, ``securityContext``, ``terminationGracePeriodSeconds``, Job ``completions``/``parallelism``/``backoffLimit``/``completionMode``/``suspend`` | ``pkg/apis/core/v1/defaults.go``, ``pkg/apis/batch/v1/defaults.go``, run at decode, before any admission plugin | most other defaults |
+| admission (``_admit``): mutating webhooks, then the RuntimeClass check, then validating webhooks, on CREATE and UPDATE of Jobs and Pods; rules, namespace and object selectors (matchLabels, In/NotIn/Exists/DoesNotExist), failurePolicy, reinvocation once; denials and failures in the real messages; warnings as ``Warning`` headers | ``staging/src/k8s.io/apiserver/pkg/admission/plugin/webhook``; ``plugin/pkg/admission/runtimeclass`` | timeouts, matchConditions, dry-run |
+| a Pod naming a RuntimeClass that does not exist is refused | ``plugin/pkg/admission/runtimeclass`` (``pod rejected: RuntimeClass "X" not found``) | overhead, scheduling |
+| a Job's pod template is immutable, except its scheduling directives (node affinity, node selector, tolerations, labels, annotations, scheduling gates) while the Job is suspended and has never started | ``ValidateJobSpecUpdate`` with ``JobMutableNodeSchedulingDirectives`` (GA in 1.27) | other Job fields' rules |
+| a Pod's spec is immutable but for tolerations added and scheduling gates removed; while gated it also accepts added node selector keys, added required node-affinity expressions and any preferred terms | ``ValidatePodUpdate``, KEP-3838 mutable scheduling directives of gated Pods (1.27 beta, on in 1.28) | images and deadlines |
+| a DELETE of an object with finalizers only sets ``deletionTimestamp``; it goes when the last finalizer is removed. ``propagationPolicy`` Foreground adds ``foregroundDeletion`` and deletes dependents first; Orphan strips owner references; Jobs deleted through the API default to Orphan, other kinds to Background | the registry's graceful deletion and ``pkg/controller/garbagecollector``; batch/v1 Job's ``DefaultGarbageCollectionPolicy`` | grace periods |
+| garbage collection: a dependent whose owners are all gone is deleted (background) | ``pkg/controller/garbagecollector`` | |
+| ``expire_ttls(now)``: finished Jobs past ``ttlSecondsAfterFinished`` are deleted with Foreground propagation (their Pods first) | ``pkg/controller/ttlafterfinished`` | a clock of its own: tests step it |
+| ``run_jobs()`` / ``finish_pod()``: one Pod per unsuspended, unfinished Job, created through admission like the Job controller's, owned by the Job; a finished Pod completes or fails its Job | ``pkg/controller/job`` in miniature | parallelism, retries, indexes |
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import copy
+import datetime as dt
 import json
 import re
+import ssl
 import uuid
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
+import aiohttp
 import jsonpatch
 import jsonpointer
 from aiohttp import web
+from multidict import CIMultiDict
 
 Obj = dict[str, Any]
 
@@ -46,7 +65,17 @@ RESOURCES: dict[tuple[str, str], tuple[str, bool, bool]] = {
         False,
         False,
     ),
+    ("apis/node.k8s.io/v1", "runtimeclasses"): ("RuntimeClass", False, False),
 }
+JOBS, PODS = ("apis/batch/v1", "jobs"), ("api/v1", "pods")
+# resources that go through admission: (group, version, kind, resource)
+ADMITTED: dict[tuple[str, str], tuple[str, str, str, str]] = {
+    JOBS: ("batch", "v1", "Job", "jobs"),
+    PODS: ("", "v1", "Pod", "pods"),
+}
+MUTATING = ("apis/admissionregistration.k8s.io/v1", "mutatingwebhookconfigurations")
+VALIDATING = ("apis/admissionregistration.k8s.io/v1", "validatingwebhookconfigurations")
+NOW = "2026-11-22T10:00:00Z"
 _PATH = re.compile(
     r"^/(?P<prefix>api/v1|apis/[^/]+/[^/]+)(?:/namespaces/(?P<ns>[^/]+))?/(?P<plural>[a-z]+)(?:/(?P<name>[^/]+))?(?:/(?P<sub>status))?$"
 )
@@ -71,6 +100,7 @@ class KubeDouble:
     revision: int = 100
     compacted: int = 0
     epoch: int = 0  # bumped by compact(): open watches end, as when an API server restarts
+    stopping: bool = False  # set by stop(): open watches end, as when an API server shuts down
     requests: list[Request] = field(default_factory=list)
     down: bool = False  # answer every call with 503 and end watches
     failures: list[tuple[str, str, int]] = field(
@@ -78,6 +108,11 @@ class KubeDouble:
     )  # (method, path regex, status), used once each
     changed: asyncio.Condition = field(default_factory=asyncio.Condition)
     _wakers: set[asyncio.Task[None]] = field(default_factory=set)
+    # where a webhook's Service answers: (namespace, name) -> (host, port); TLS is checked against
+    # <name>.<namespace>.svc, as the API server does
+    services: dict[tuple[str, str], tuple[str, int]] = field(default_factory=dict)
+    webhook_calls: list[tuple[str, str, str]] = field(default_factory=list)  # (webhook, operation, kind)
+    events: list[str] = field(default_factory=list)  # what the Job controller could not do, and why
 
     # --- seeding and inspection (synchronous helpers for tests) --------------------------------
 
@@ -102,6 +137,12 @@ class KubeDouble:
         self.revision += 1
         obj["metadata"]["resourceVersion"] = str(self.revision)
         self.history[(prefix, plural)].append((self.revision, "DELETED", copy.deepcopy(obj)))
+        self._notify()
+
+    def stop(self) -> None:
+        """End every open watch now (the API server's graceful stop), so a server shutdown does not
+        wait out each watch's timeoutSeconds."""
+        self.stopping = True
         self._notify()
 
     def compact(self) -> None:
@@ -171,19 +212,28 @@ class KubeDouble:
         if request.method == "POST" and name is None:
             obj = await request.json()
             meta = obj.setdefault("metadata", {})
-            if "name" not in meta and "generateName" in meta:
-                meta["name"] = meta["generateName"] + uuid.uuid4().hex[:5]
             if namespaced:
                 meta["namespace"] = ns
+            warnings: list[str] = []
+            if resource in ADMITTED:
+                _default(resource, obj)
+                admitted = await self.admit("CREATE", resource, obj, None)
+                if isinstance(admitted, web.Response):
+                    return admitted
+                obj, warnings = admitted
+                meta = obj["metadata"]
+            if "name" not in meta and "generateName" in meta:
+                meta["name"] = meta["generateName"] + uuid.uuid4().hex[:5]
             key = (meta.get("namespace", ""), meta["name"])
             if key in self.objects[resource]:
                 return _status(409, "AlreadyExists", f'{plural} "{meta["name"]}" already exists')
             meta["uid"] = str(uuid.uuid4())
-            meta.setdefault("creationTimestamp", "2026-11-22T10:00:00Z")
+            meta.setdefault("creationTimestamp", _iso(dt.datetime.now(dt.UTC)))
             if has_status and plural == "workloadprofiles":
                 obj.pop("status", None)  # the status subresource: create ignores status
             self._store(prefix, plural, key, obj, "ADDED")
-            return web.json_response(obj, status=201)
+            self.collect_garbage()
+            return web.json_response(obj, status=201, headers=_warning_headers(warnings))
         key = (ns, name or "")
         current = self.objects[resource].get(key)
         if current is None:
@@ -191,8 +241,12 @@ class KubeDouble:
         if request.method == "GET":
             return web.json_response(current)
         if request.method == "DELETE":
-            self.remove(prefix, plural, ns, name or "")
-            return web.json_response(_status_body(200, "Success", "deleted"))
+            options = await request.json() if request.can_read_body else {}
+            default = "Orphan" if resource == JOBS else "Background"
+            policy = str(
+                (options or {}).get("propagationPolicy") or request.query.get("propagationPolicy") or default
+            )
+            return web.json_response(self.delete(prefix, plural, ns, name or "", policy))
         body = await request.json()
         if request.method == "PUT":
             given = body.get("metadata", {}).get("resourceVersion")
@@ -212,6 +266,13 @@ class KubeDouble:
             "application/merge-patch+json",
             "application/strategic-merge-patch+json",
         ):
+            given = (body.get("metadata") or {}).get("resourceVersion")
+            if given and given != current["metadata"]["resourceVersion"]:
+                return _status(
+                    409,
+                    "Conflict",
+                    "the object has been modified; please apply your changes to the latest version",
+                )
             updated = _merge(copy.deepcopy(current), body)
         elif request.method == "PATCH":
             return _status(
@@ -222,18 +283,333 @@ class KubeDouble:
         else:
             return _status(405, "MethodNotAllowed", request.method)
         updated.setdefault("metadata", {})
-        for keep in ("uid", "creationTimestamp", "name", "namespace"):
-            if keep in current["metadata"]:
+        for keep in ("uid", "creationTimestamp", "name", "namespace", "deletionTimestamp", "ownerReferences"):
+            if keep in current["metadata"] and (
+                keep != "ownerReferences" or "ownerReferences" not in updated["metadata"]
+            ):
                 updated["metadata"][keep] = current["metadata"][keep]
-        if has_status and plural == "workloadprofiles":
-            if sub == "status":
-                updated = {**copy.deepcopy(current), "status": updated.get("status")}
-            else:
-                updated["status"] = copy.deepcopy(current.get("status"))
-                if updated["status"] is None:
-                    updated.pop("status")
+        if has_status and sub == "status":
+            updated = {**copy.deepcopy(current), "status": updated.get("status")}
+        elif has_status:
+            updated["status"] = copy.deepcopy(current.get("status"))
+            if updated["status"] is None:
+                updated.pop("status")
+        warnings = []
+        if resource in ADMITTED and sub is None:
+            refused = _immutable(resource, current, updated)
+            if refused:
+                return _status(422, "Invalid", refused)
+            admitted = await self.admit("UPDATE", resource, updated, current)
+            if isinstance(admitted, web.Response):
+                return admitted
+            updated, warnings = admitted
         self._store(prefix, plural, key, updated, "MODIFIED")
-        return web.json_response(updated)
+        self.collect_garbage()
+        return web.json_response(self.objects[resource].get(key, updated), headers=_warning_headers(warnings))
+
+    # --- admission ----------------------------------------------------------------------------------
+
+    async def admit(
+        self, operation: str, resource: tuple[str, str], obj: Obj, old: Obj | None
+    ) -> tuple[Obj, list[str]] | web.Response:
+        """Mutating webhooks, the RuntimeClass check, validating webhooks: what the API server runs
+        between decoding a write and storing it. A denial or failure is the response to return."""
+        warnings: list[str] = []
+        mutating = [
+            h
+            for c in self.items(*MUTATING)
+            for h in c.get("webhooks") or []
+            if self._matches(h, operation, resource, obj, old)
+        ]
+        patched_by: list[int] = []
+        for rounds in range(2):  # reinvocationPolicy IfNeeded: once more if a later webhook changed it
+            for i, hook in enumerate(mutating):
+                if rounds == 1 and (
+                    hook.get("reinvocationPolicy") != "IfNeeded" or not patched_by or i >= max(patched_by)
+                ):
+                    continue
+                answer = await self._call(hook, operation, resource, obj, old)
+                if isinstance(answer, web.Response):
+                    return answer
+                warnings += answer.get("warnings") or []
+                if not answer.get("allowed"):
+                    return _denied(hook, answer)
+                if answer.get("patch"):
+                    ops = json.loads(base64.b64decode(answer["patch"]))
+                    if ops:
+                        obj = jsonpatch.apply_patch(obj, ops)
+                        patched_by.append(i)
+            if len(mutating) < 2 or not patched_by:
+                break
+        if resource == PODS and operation == "CREATE":
+            runtime_class = (obj.get("spec") or {}).get("runtimeClassName")
+            if runtime_class and self.get("apis/node.k8s.io/v1", "runtimeclasses", "", runtime_class) is None:
+                return _status(403, "Forbidden", f'pod rejected: RuntimeClass "{runtime_class}" not found')
+        for config in self.items(*VALIDATING):
+            for hook in config.get("webhooks") or []:
+                if not self._matches(hook, operation, resource, obj, old):
+                    continue
+                answer = await self._call(hook, operation, resource, obj, old)
+                if isinstance(answer, web.Response):
+                    return answer
+                warnings += answer.get("warnings") or []
+                if not answer.get("allowed"):
+                    return _denied(hook, answer)
+        return obj, warnings
+
+    def _matches(
+        self, hook: Obj, operation: str, resource: tuple[str, str], obj: Obj, old: Obj | None
+    ) -> bool:
+        group, version, _, plural = ADMITTED[resource]
+        rule_ok = any(
+            _has(rule.get("apiGroups"), group)
+            and _has(rule.get("apiVersions"), version)
+            and _has(rule.get("resources"), plural)
+            and _has(rule.get("operations"), operation)
+            for rule in hook.get("rules") or []
+        )
+        if not rule_ok:
+            return False
+        namespace = obj["metadata"].get("namespace", "")
+        ns_obj = self.get("api/v1", "namespaces", "", namespace) or {}
+        ns_labels = {
+            **(ns_obj.get("metadata", {}).get("labels") or {}),
+            "kubernetes.io/metadata.name": namespace,
+        }
+        if not _selector_matches(hook.get("namespaceSelector"), ns_labels):
+            return False
+        candidates = [obj] + ([old] if old is not None else [])
+        return any(
+            _selector_matches(hook.get("objectSelector"), c["metadata"].get("labels") or {})
+            for c in candidates
+        )
+
+    async def _call(
+        self, hook: Obj, operation: str, resource: tuple[str, str], obj: Obj, old: Obj | None
+    ) -> Obj | web.Response:
+        group, version, kind, plural = ADMITTED[resource]
+        review = {
+            "apiVersion": "admission.k8s.io/v1",
+            "kind": "AdmissionReview",
+            "request": {
+                "uid": str(uuid.uuid4()),
+                "kind": {"group": group, "version": version, "kind": kind},
+                "resource": {"group": group, "version": version, "resource": plural},
+                "namespace": obj["metadata"].get("namespace", ""),
+                "name": obj["metadata"].get("name", ""),
+                "operation": operation,
+                "userInfo": {"username": "test-user"},
+                "object": obj,
+                "oldObject": old,
+                "dryRun": False,
+            },
+        }
+        config = hook.get("clientConfig") or {}
+        if "url" in config:
+            url, host = config["url"], None
+        else:
+            service = config["service"]
+            address = self.services[(service["namespace"], service["name"])]
+            url = f"https://{address[0]}:{address[1]}{service.get('path', '')}"
+            host = f"{service['name']}.{service['namespace']}.svc"
+        context = ssl.create_default_context(cadata=base64.b64decode(config.get("caBundle", "")).decode())
+        self.webhook_calls.append((hook["name"], operation, kind))
+        try:
+            async with aiohttp.ClientSession() as session, session.post(
+                url, json=review, ssl=context, server_hostname=host,
+                timeout=aiohttp.ClientTimeout(total=float(hook.get("timeoutSeconds", 10))),
+            ) as response:  # fmt: skip
+                if response.status != 200:
+                    raise ValueError(f"{response.status}: {await response.text()}")
+                answer: Obj = (await response.json())["response"]
+                return answer
+        except (TimeoutError, aiohttp.ClientError, ValueError, KeyError) as exc:
+            if hook.get("failurePolicy", "Fail") == "Ignore":
+                return {"allowed": True}
+            return _status(
+                500,
+                "InternalError",
+                f'Internal error occurred: failed calling webhook "{hook["name"]}": {exc}',
+            )
+
+    # --- deletion, finalizers, garbage collection, TTL ------------------------------------------------
+
+    def delete(self, prefix: str, plural: str, namespace: str, name: str, policy: str = "Background") -> Obj:
+        """DELETE with a propagation policy: finalizers (and Foreground's foregroundDeletion) keep the
+        object, marked with deletionTimestamp, until they are removed."""
+        resource = (prefix, plural)
+        obj = self.objects[resource].get((namespace, name))
+        if obj is None:
+            return _status_body(404, "NotFound", f'{plural} "{name}" not found')
+        obj = copy.deepcopy(obj)
+        meta = obj["metadata"]
+        if policy == "Orphan":
+            for dep_resource, dep_key, dependent in self._dependents(meta["uid"]):
+                orphan = copy.deepcopy(dependent)
+                orphan["metadata"]["ownerReferences"] = [
+                    r for r in orphan["metadata"].get("ownerReferences") or [] if r.get("uid") != meta["uid"]
+                ]
+                self._store(*dep_resource, dep_key, orphan, "MODIFIED")
+        if policy == "Foreground" and "foregroundDeletion" not in (meta.get("finalizers") or []):
+            meta["finalizers"] = [*(meta.get("finalizers") or []), "foregroundDeletion"]
+        if meta.get("finalizers"):
+            meta.setdefault("deletionTimestamp", NOW)
+            meta.setdefault("deletionGracePeriodSeconds", 0)
+            self._store(prefix, plural, (namespace, name), obj, "MODIFIED")
+        else:
+            self.remove(prefix, plural, namespace, name)
+        self.collect_garbage()
+        return obj
+
+    def _dependents(self, uid: str) -> list[tuple[tuple[str, str], tuple[str, str], Obj]]:
+        return [
+            (resource, key, obj)
+            for resource, objects in self.objects.items()
+            for key, obj in list(objects.items())
+            if any(r.get("uid") == uid for r in obj["metadata"].get("ownerReferences") or [])
+        ]
+
+    def collect_garbage(self) -> None:
+        """Finalizers done, owners gone, foreground deletions waiting on dependents: until nothing moves."""
+        moved = True
+        while moved:
+            moved = False
+            live = {o["metadata"].get("uid") for objects in self.objects.values() for o in objects.values()}
+            for resource, objects in list(self.objects.items()):
+                for key, obj in list(objects.items()):
+                    meta = obj["metadata"]
+                    if meta.get("deletionTimestamp") and not meta.get("finalizers"):
+                        self.remove(*resource, *key)
+                        moved = True
+                    elif meta.get("deletionTimestamp") and "foregroundDeletion" in meta["finalizers"]:
+                        dependents = self._dependents(meta["uid"])
+                        for dep_resource, dep_key, dep in dependents:
+                            if not dep["metadata"].get("deletionTimestamp"):
+                                self.delete(*dep_resource, *dep_key, "Background")
+                                moved = True
+                        if not dependents:
+                            updated = copy.deepcopy(obj)
+                            updated["metadata"]["finalizers"] = [
+                                f for f in meta["finalizers"] if f != "foregroundDeletion"
+                            ]
+                            self._store(*resource, key, updated, "MODIFIED")
+                            moved = True
+                    elif (
+                        meta.get("ownerReferences")
+                        and not meta.get("deletionTimestamp")
+                        and not any(r.get("uid") in live for r in meta["ownerReferences"])
+                    ):
+                        self.delete(*resource, *key, "Background")
+                        moved = True
+                    if moved:
+                        break
+                if moved:
+                    break
+
+    def expire_ttls(self, now: dt.datetime) -> list[str]:
+        """The TTL-after-finished controller: delete (Foreground) every finished Job whose
+        ttlSecondsAfterFinished has passed by ``now``; the names deleted."""
+        expired = []
+        for (namespace, name), job in list(self.objects[JOBS].items()):
+            ttl = (job.get("spec") or {}).get("ttlSecondsAfterFinished")
+            done = _finished_at(job)
+            if ttl is None or done is None or job["metadata"].get("deletionTimestamp"):
+                continue
+            if done + dt.timedelta(seconds=int(ttl)) <= now:
+                self.delete(*JOBS, namespace, name, "Foreground")
+                expired.append(name)
+        return expired
+
+    # --- a Job controller in miniature ------------------------------------------------------------------
+
+    async def run_jobs(self) -> list[str]:
+        """One Pod, through admission, for every Job that is not suspended, finished or being
+        deleted and has none yet; the names of the Pods created."""
+        created = []
+        for (namespace, name), job in list(self.objects[JOBS].items()):
+            spec = job.get("spec") or {}
+            if spec.get("suspend") or _finished_at(job) or job["metadata"].get("deletionTimestamp"):
+                continue
+            if self._dependents(job["metadata"]["uid"]):
+                continue
+            template = copy.deepcopy(spec.get("template") or {})
+            tmeta = template.get("metadata") or {}
+            labels = {**(tmeta.get("labels") or {}), "job-name": name, "batch.kubernetes.io/job-name": name,
+                      "controller-uid": job["metadata"]["uid"], "batch.kubernetes.io/controller-uid": job["metadata"]["uid"]}  # fmt: skip
+            pod: Obj = {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {
+                    "name": f"{name}-{uuid.uuid4().hex[:5]}",
+                    "namespace": namespace,
+                    "labels": labels,
+                    "annotations": tmeta.get("annotations") or {},
+                    "finalizers": tmeta.get("finalizers") or [],
+                    "ownerReferences": [
+                        {
+                            "apiVersion": "batch/v1",
+                            "kind": "Job",
+                            "name": name,
+                            "uid": job["metadata"]["uid"],
+                            "controller": True,
+                            "blockOwnerDeletion": True,
+                        }
+                    ],
+                },
+                "spec": template.get("spec") or {},
+            }
+            _default(PODS, pod)
+            admitted = await self.admit("CREATE", PODS, pod, None)
+            if isinstance(admitted, web.Response):
+                refusal = json.loads(admitted.text or "{}")
+                self.events.append(f"{namespace}/{name}: FailedCreate: {refusal.get('message', '')}")
+                continue
+            pod = admitted[0]
+            pod["metadata"]["uid"] = str(uuid.uuid4())
+            pod["metadata"]["creationTimestamp"] = _iso(dt.datetime.now(dt.UTC))
+            pod["status"] = {"phase": "Pending"}
+            self._store(*PODS, (namespace, pod["metadata"]["name"]), pod, "ADDED")
+            updated = copy.deepcopy(job)
+            updated.setdefault("status", {}).update(startTime=NOW, active=1)
+            self._store(*JOBS, (namespace, name), updated, "MODIFIED")
+            created.append(pod["metadata"]["name"])
+        return created
+
+    def finish_pod(
+        self, namespace: str, name: str, *, exit_code: int = 0, message: str | None = None,
+        container: str | None = None, node: str = "", seconds: float = 60.0,
+    ) -> None:  # fmt: skip
+        """The kubelet and the Job controller, at once: the Pod ends (each container terminated,
+        ``message`` in ``container``'s), then its Job completes or fails."""
+        pod = copy.deepcopy(self.objects[PODS][(namespace, name)])
+        started = dt.datetime(2026, 11, 22, 10, 0, tzinfo=dt.UTC)
+        ended = started + dt.timedelta(seconds=seconds)
+        statuses = []
+        for c in pod["spec"].get("containers") or []:
+            terminated = {"exitCode": exit_code, "reason": "Completed" if exit_code == 0 else "Error",
+                          "startedAt": _iso(started), "finishedAt": _iso(ended)}  # fmt: skip
+            if message is not None and c["name"] == (container or c["name"]):
+                terminated["message"] = message
+            statuses.append({"name": c["name"], "ready": False, "restartCount": 0, "image": c.get("image", ""),
+                             "imageID": "", "state": {"terminated": terminated}})  # fmt: skip
+        pod["spec"]["nodeName"] = node or pod["spec"].get("nodeName", "")
+        pod["status"] = {"phase": "Succeeded" if exit_code == 0 else "Failed", "containerStatuses": statuses}
+        self._store(*PODS, (namespace, name), pod, "MODIFIED")
+        owner = next(
+            (r for r in pod["metadata"].get("ownerReferences") or [] if r.get("kind") == "Job"), None
+        )
+        if owner is None:
+            return
+        job = copy.deepcopy(self.objects[JOBS][(namespace, owner["name"])])
+        condition = "Complete" if exit_code == 0 else "Failed"
+        status = job.setdefault("status", {})
+        status.update(
+            active=0, conditions=[{"type": condition, "status": "True", "lastTransitionTime": _iso(ended)}]
+        )
+        status["succeeded" if exit_code == 0 else "failed"] = 1
+        if exit_code == 0:
+            status["completionTime"] = _iso(ended)
+        self._store(*JOBS, (namespace, owner["name"]), job, "MODIFIED")
 
     def _list(self, request: web.Request, resource: tuple[str, str], ns: str, kind: str) -> web.Response:
         selector = request.query.get("labelSelector", "")
@@ -269,14 +645,17 @@ class KubeDouble:
             return response
         sent = since
         epoch = self.epoch
-        while not self.down and epoch == self.epoch:
+        while not self.down and not self.stopping and epoch == self.epoch:
             for revision, event, obj in list(self.history[resource]):
                 if (
                     revision > sent
                     and (not ns or obj["metadata"].get("namespace") == ns)
                     and _selects(selector, obj)
                 ):
-                    await response.write(json.dumps({"type": event, "object": obj}).encode() + b"\n")
+                    try:
+                        await response.write(json.dumps({"type": event, "object": obj}).encode() + b"\n")
+                    except ConnectionError:  # the watcher hung up: nothing to send it
+                        return response
                 sent = max(sent, revision)
             remaining = deadline - asyncio.get_running_loop().time()
             if remaining <= 0:
@@ -285,6 +664,158 @@ class KubeDouble:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self.changed.wait(), timeout=min(remaining, 0.5))
         return response
+
+
+def _iso(moment: dt.datetime) -> str:
+    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _finished_at(job: Obj) -> dt.datetime | None:
+    for condition in (job.get("status") or {}).get("conditions") or []:
+        if condition.get("type") in ("Complete", "Failed") and condition.get("status") == "True":
+            return dt.datetime.fromisoformat(
+                str(condition.get("lastTransitionTime", NOW)).replace("Z", "+00:00")
+            )
+    return None
+
+
+def _has(values: object, value: str) -> bool:
+    return isinstance(values, list) and ("*" in values or value in values)
+
+
+def _selector_matches(selector: Obj | None, labels: dict[str, str]) -> bool:
+    """A metav1.LabelSelector: matchLabels and matchExpressions (In, NotIn, Exists, DoesNotExist)."""
+    if not selector:
+        return True
+    if any(labels.get(k) != val for k, val in (selector.get("matchLabels") or {}).items()):
+        return False
+    for expression in selector.get("matchExpressions") or []:
+        key, operator, values = expression["key"], expression["operator"], expression.get("values") or []
+        if operator == "In" and labels.get(key) not in values:
+            return False
+        if operator == "NotIn" and key in labels and labels[key] in values:
+            return False
+        if operator == "Exists" and key not in labels:
+            return False
+        if operator == "DoesNotExist" and key in labels:
+            return False
+    return True
+
+
+def _denied(hook: Obj, answer: Obj) -> web.Response:
+    status = answer.get("status") or {}
+    code = int(status.get("code") or 403)
+    message = f'admission webhook "{hook["name"]}" denied the request: {status.get("message", "")}'
+    return _status(code, str(status.get("reason") or "Forbidden"), message)
+
+
+def _warning_headers(warnings: list[str]) -> CIMultiDict[str]:
+    """Admission warnings reach the client as HTTP Warning headers (code 299), as the real server sends them."""
+    headers: CIMultiDict[str] = CIMultiDict()
+    for warning in warnings:
+        headers.add("Warning", '299 - "' + warning.replace('"', "'") + '"')
+    return headers
+
+
+def _default(resource: tuple[str, str], obj: Obj) -> None:
+    """What the API server fills in when it decodes a Pod or Job, before any admission plugin or webhook
+    (pkg/apis/core/v1/defaults.go, pkg/apis/batch/v1/defaults.go)."""
+    spec = obj.setdefault("spec", {})
+    if resource == JOBS:
+        if spec.get("completions") is None and spec.get("parallelism") is None:
+            spec["completions"] = spec["parallelism"] = 1
+        spec.setdefault("parallelism", 1)
+        spec.setdefault("backoffLimit", 6)
+        spec.setdefault("completionMode", "NonIndexed")
+        spec.setdefault("suspend", False)
+        pod_spec = spec.setdefault("template", {}).setdefault("spec", {})
+    else:
+        pod_spec = spec
+    pod_spec.setdefault("restartPolicy", "Always")
+    pod_spec.setdefault("dnsPolicy", "ClusterFirst")
+    pod_spec.setdefault("schedulerName", "default-scheduler")
+    pod_spec.setdefault("securityContext", {})
+    pod_spec.setdefault("terminationGracePeriodSeconds", 30)
+    for key in ("initContainers", "containers"):
+        for container in pod_spec.get(key) or []:
+            container.setdefault("terminationMessagePath", "/dev/termination-log")
+            container.setdefault("terminationMessagePolicy", "File")
+            image = str(container.get("image", ""))
+            tag = image.rsplit("/", 1)[-1].partition(":")[2] if "@" not in image else "digest"
+            container.setdefault("imagePullPolicy", "Always" if tag in ("", "latest") else "IfNotPresent")
+
+
+# the scheduling directives of a suspended Job's template (JobMutableNodeSchedulingDirectives)
+_JOB_SCHEDULING_META = ("labels", "annotations")
+_JOB_SCHEDULING_SPEC = ("nodeSelector", "tolerations", "schedulingGates")
+
+
+def _without(template: Obj, *, scheduling: bool) -> Obj:
+    template = copy.deepcopy(template or {})
+    if scheduling:
+        meta = template.setdefault("metadata", {})
+        for key in _JOB_SCHEDULING_META:
+            meta.pop(key, None)
+        spec = template.setdefault("spec", {})
+        for key in _JOB_SCHEDULING_SPEC:
+            spec.pop(key, None)
+        (spec.get("affinity") or {}).pop("nodeAffinity", None)
+    return template
+
+
+def _immutable(resource: tuple[str, str], old: Obj, new: Obj) -> str:
+    """Why the API server refuses this update of a Job's template or a Pod's spec ("" when it does not)."""
+    name = old["metadata"]["name"]
+    if resource == JOBS:
+        old_template, new_template = old["spec"].get("template"), new.get("spec", {}).get("template")
+        if old_template == new_template:
+            return ""
+        never_started = old["spec"].get("suspend") is True and not (old.get("status") or {}).get("startTime")
+        if never_started and _without(old_template, scheduling=True) == _without(
+            new_template, scheduling=True
+        ):
+            return ""
+        return f'Job.batch "{name}" is invalid: spec.template: Invalid value: ...: field is immutable'
+    old_spec, new_spec = copy.deepcopy(old["spec"]), copy.deepcopy(new.get("spec") or {})
+    if old_spec == new_spec:
+        return ""
+    gated = bool(old_spec.get("schedulingGates"))
+    refused = f'Pod "{name}" is invalid: spec: Forbidden: pod updates may not change fields other than `spec.containers[*].image`, `spec.initContainers[*].image`, `spec.activeDeadlineSeconds`, `spec.tolerations` (only additions to existing tolerations), `spec.terminationGracePeriodSeconds` (allow it to be set to 1 if it was previously negative)'
+    old_gates, new_gates = (
+        old_spec.pop("schedulingGates", None) or [],
+        new_spec.pop("schedulingGates", None) or [],
+    )
+    if any(g not in old_gates for g in new_gates):
+        return f'Pod "{name}" is invalid: spec.schedulingGates: Forbidden: only deletion is allowed, but found new scheduling gate'
+    old_tol, new_tol = old_spec.pop("tolerations", None) or [], new_spec.pop("tolerations", None) or []
+    if any(t not in new_tol for t in old_tol):
+        return refused
+    if gated:
+        old_sel, new_sel = old_spec.pop("nodeSelector", None) or {}, new_spec.pop("nodeSelector", None) or {}
+        if any(new_sel.get(k) != val for k, val in old_sel.items()):
+            return refused
+        old_na = (old_spec.get("affinity") or {}).pop("nodeAffinity", None) or {}
+        new_na = (new_spec.get("affinity") or {}).pop("nodeAffinity", None) or {}
+        old_req = (old_na.get("requiredDuringSchedulingIgnoredDuringExecution") or {}).get(
+            "nodeSelectorTerms"
+        )
+        new_req = (new_na.get("requiredDuringSchedulingIgnoredDuringExecution") or {}).get(
+            "nodeSelectorTerms"
+        )
+        if old_req is not None and (
+            new_req is None
+            or len(new_req) != len(old_req)
+            or any(
+                e not in (n.get("matchExpressions") or [])
+                for o, n in zip(old_req, new_req, strict=True)
+                for e in o.get("matchExpressions") or []
+            )
+        ):
+            return f'Pod "{name}" is invalid: spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution: Invalid value: ...: only additions of matchExpressions to existing terms are allowed for a gated pod'
+        for spec in (old_spec, new_spec):
+            if spec.get("affinity") == {}:
+                spec.pop("affinity")
+    return "" if old_spec == new_spec else refused
 
 
 def _selects(selector: str, obj: Obj) -> bool:

@@ -95,6 +95,8 @@ class ProfilerController:
         self.pods: dict[tuple[str, str], dict[str, Any]] = {}
         self.queue: asyncio.Queue[Key] = asyncio.Queue()
         self.queued: set[Key] = set()
+        self.processing: set[Key] = set()
+        self.dirty: set[Key] = set()
         self.attempts: dict[Key, Backoff] = {}
         selector = v.WORKLOAD_LABEL  # every opted-in Job and Pod: profiling runs, followers, hinted runs
         self.informer = Informer(
@@ -115,7 +117,11 @@ class ProfilerController:
         )
 
     def enqueue(self, key: Key) -> None:
-        if key not in self.queued:
+        """client-go's work queue: a key is queued once, and never handled by two workers at once; one
+        enqueued while it is being handled is handled again afterwards."""
+        if key in self.processing:
+            self.dirty.add(key)
+        elif key not in self.queued:
             self.queued.add(key)
             self.queue.put_nowait(key)
 
@@ -161,7 +167,10 @@ class ProfilerController:
         if job is None:
             return
         observed = await self.io.observe(job)
-        for action in reconcile(observed, signing_key=self.signing_key):
+        actions = reconcile(observed, signing_key=self.signing_key)
+        if actions:  # look again once these are applied: the finalizer comes off in a later pass
+            self.enqueue(("run", namespace, name))
+        for action in actions:
             outcome = await self.io.apply(action)
             if isinstance(action, PublishProfile):
                 self.metrics.profiles_published.labels(action.status.phase.lower()).inc()
@@ -262,6 +271,7 @@ class ProfilerController:
         while True:
             key = await self.queue.get()
             self.queued.discard(key)
+            self.processing.add(key)
             try:
                 await self.reconcile_key(key)
                 self.attempts.pop(key, None)
@@ -281,6 +291,11 @@ class ProfilerController:
                     },
                 )
                 asyncio.get_running_loop().call_later(delay, self.enqueue, key)
+            finally:
+                self.processing.discard(key)
+                if key in self.dirty:
+                    self.dirty.discard(key)
+                    self.enqueue(key)
 
     async def _resync(self) -> None:
         while True:

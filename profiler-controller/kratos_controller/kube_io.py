@@ -189,16 +189,17 @@ class KubeIO:
             except ApiException as exc:
                 if exc.status != 409:
                     raise
-            # _content_type is accepted at run time but missing from the generated signature
+            # the whole status, replaced (a JSON patch "add" of /status replaces it): a merge patch
+            # would keep the metrics of an earlier result. _content_type is accepted at run time but
+            # missing from the generated signature.
             await self.custom.patch_namespaced_custom_object_status(  # type: ignore[call-arg]
                 v.GROUP,
                 v.VERSION,
                 action.namespace,
                 v.PROFILE_PLURAL,
                 action.name,
-                {"status": action.status.as_status()},
-                # a dict body would otherwise go out as application/json-patch+json and be refused
-                _content_type=MERGE_PATCH,
+                [{"op": "add", "path": "/status", "value": action.status.as_status()}],
+                _content_type="application/json-patch+json",
             )
             return outcome
         if isinstance(action, CreateExecutionJob):

@@ -297,7 +297,9 @@ def build_execution_job(
     profiling_job: Mapping[str, Any], original: Mapping[str, Any], *, signing_key: bytes
 ) -> Obj:
     """The user's Job again, as ``<job>-execution``: owned by the original (deleting it, or a CronJob's
-    history limit, removes both), with the user's own ``ttlSecondsAfterFinished``."""
+    history limit, removes both), with the user's own ``ttlSecondsAfterFinished``. When the original
+    is already being deleted (a delete or TTL that came before the controller), the execution Job is
+    not owned by it: the garbage collector would delete it with its owner, losing the workload."""
     meta = as_mapping(profiling_job.get("metadata"))
     namespace = str(meta.get("namespace", "default"))
     kept = as_mapping(original.get("metadata"))
@@ -308,7 +310,7 @@ def build_execution_job(
         "namespace": namespace,
         "labels": labels,
     }
-    if meta.get("uid"):
+    if meta.get("uid") and not deleting(profiling_job):
         metadata["ownerReferences"] = [
             {
                 "apiVersion": "batch/v1",
@@ -424,7 +426,14 @@ def reconcile(observed: Observed, *, signing_key: bytes) -> list[Action]:
         }
     )
     message = observed.runner.message if observed.runner else None
-    if ours and (existing is None or not _same_result(existing, status)):
+    # a published result is only ever replaced by a Ready one: once the pods are gone (the finalizer
+    # let them go), a later look at this Job sees less than the first one did
+    settled = existing_status.get("phase") in ("Ready", "Failed")
+    if (
+        ours
+        and (existing is None or not settled or status.phase == "Ready")
+        and (existing is None or not _same_result(existing, status))
+    ):
         actions.append(
             PublishConfigMap(
                 namespace, v.summary_configmap_name(workload), configmap_data(summary, status, message)
