@@ -88,7 +88,7 @@ class Config(BaseModel):
     source: StoreSource = "cluster"
     profiles_dir: Path | None = None
     nodes_file: Path | None = None
-    shutdown_grace_seconds: float = Field(default=20.0, ge=0)
+    shutdown_grace_seconds: float = Field(default=5.0, ge=0, le=60)
     lease_namespace: str = "kratos-system"
     lease_name: str = "kratos-profiler-controller"
     lease_duration_seconds: int = Field(default=15, ge=3)

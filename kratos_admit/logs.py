@@ -7,6 +7,7 @@ part is formatted once per second, and the record is encoded with orjson.
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import time
 from typing import Any, TextIO
@@ -34,6 +35,7 @@ class JsonFormatter(logging.Formatter):
             "level": record.levelname.lower(),
             "logger": record.name,
             "msg": record.getMessage(),
+            "pid": os.getpid(),  # which worker of `webhook --workers N` wrote it
         }
         for key, value in record.__dict__.items():
             if key not in _STANDARD:

@@ -7,18 +7,22 @@ import contextlib
 import gc
 import logging
 import os
+import shutil
 import signal
+import tempfile
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import orjson
 from aiohttp import web
+from prometheus_client import CollectorRegistry
 
 from kratos_admit import process
 from kratos_admit.admission import AdmissionEngine, Webhook, review_live
 from kratos_admit.config import Config, split_host_port
-from kratos_admit.metrics import AdmissionMetrics
+from kratos_admit.metrics import AdmissionMetrics, share_between_processes, shared_registry, worker_gone
 from kratos_admit.request import AdmissionRequestError
 from kratos_admit.tls import ServingCertificate
 
@@ -29,7 +33,7 @@ log = logging.getLogger("kratos.webhook")
 class Probes:
     """What /healthz, /readyz, /metrics and the SIGTERM drain share, on every app the process serves."""
 
-    metrics: AdmissionMetrics
+    exposition: CollectorRegistry  # what /metrics serves
     ready: Callable[[], bool]
     inflight: int = 0
     draining: bool = False
@@ -39,11 +43,8 @@ class Probes:
 class WebhookState:
     engine: AdmissionEngine
     probes: Probes
+    metrics: AdmissionMetrics
     max_body_bytes: int
-
-    @property
-    def metrics(self) -> AdmissionMetrics:
-        return self.probes.metrics
 
 
 PROBES = web.AppKey("probes", Probes)
@@ -64,9 +65,12 @@ def _handler(webhook: Webhook) -> Callable[[web.Request], Awaitable[web.Response
         state = request.app[STATE]
         state.probes.inflight += 1
         try:
-            return await _handle(request, state)
+            response = await _handle(request, state)
         finally:
             state.probes.inflight -= 1
+        if state.probes.draining:  # the client reconnects, and endpoints send it to a pod that stays
+            response.force_close()
+        return response
 
     async def _handle(request: web.Request, state: WebhookState) -> web.Response:
         started = time.perf_counter()
@@ -151,7 +155,7 @@ async def readyz(request: web.Request) -> web.Response:
     return web.Response(status=503, text="caches not synced or certificate not loaded\n")
 
 
-metrics_handler = process.metrics_handler(lambda request: request.app[PROBES].metrics.registry)
+metrics_handler = process.metrics_handler(lambda request: request.app[PROBES].exposition)
 
 
 def create_app(
@@ -162,8 +166,8 @@ def create_app(
     ready: Callable[[], bool] = lambda: True,
 ) -> web.Application:
     app = web.Application(client_max_size=max_body_bytes)
-    app[PROBES] = Probes(metrics, ready)
-    app[STATE] = WebhookState(engine, app[PROBES], max_body_bytes)
+    app[PROBES] = Probes(metrics.exposition, ready)
+    app[STATE] = WebhookState(engine, app[PROBES], metrics, max_body_bytes)
     app.router.add_post("/mutate", _handler("mutate"))
     app.router.add_post("/validate", _handler("validate"))
     app.router.add_get("/healthz", healthz)
@@ -190,10 +194,9 @@ async def running_site(
     port: int,
     *,
     certificate: ServingCertificate | None,
-    shutdown_timeout: float,
     reuse_port: bool = False,
 ) -> AsyncIterator[web.AppRunner]:
-    runner = web.AppRunner(app, access_log=None, shutdown_timeout=shutdown_timeout)
+    runner = web.AppRunner(app, access_log=None, shutdown_timeout=DRAIN_SECONDS)
     await runner.setup()
     site = web.TCPSite(
         runner,
@@ -206,11 +209,14 @@ async def running_site(
     try:
         yield runner
     finally:
-        await drain(runner, app[PROBES], shutdown_timeout)
+        await drain(runner, app[PROBES])
         await runner.cleanup()
 
 
-async def drain(runner: web.AppRunner, state: Probes, timeout: float) -> None:
+DRAIN_SECONDS = 10.0  # the longest a request in a handler is waited for; the API server gives up at 5
+
+
+async def drain(runner: web.AppRunner, state: Probes, timeout: float = DRAIN_SECONDS) -> None:
     """Stop accepting connections, then wait for requests already in a handler to finish.
 
     aiohttp's own cleanup drops body bytes that arrive after shutdown starts, so a request whose
@@ -225,7 +231,10 @@ async def drain(runner: web.AppRunner, state: Probes, timeout: float) -> None:
 
 
 async def serve(engine: AdmissionEngine, *, config: Config, reuse_port: bool = False) -> None:
-    """Serve until SIGTERM/SIGINT, then finish in-flight requests and return."""
+    """Serve until SIGTERM/SIGINT; then turn unready and serve on for ``shutdownGraceSeconds``
+    (endpoints are still dropping this pod, and the API server's calls must not meet a closed port),
+    answering with ``Connection: close`` so keep-alive clients move on; then stop listening, finish
+    the requests in flight and return."""
     assert config.tls_cert_file is not None and config.tls_key_file is not None
     metrics = AdmissionMetrics()
     metrics.watch_profile_count(lambda: len(engine.profiles))
@@ -244,9 +253,7 @@ async def serve(engine: AdmissionEngine, *, config: Config, reuse_port: bool = F
     gc.freeze()
     async with contextlib.AsyncExitStack() as stack:
         await stack.enter_async_context(
-            running_site(
-                app, host, port, certificate=certificate, shutdown_timeout=config.shutdown_grace_seconds
-            )
+            running_site(app, host, port, certificate=certificate, reuse_port=reuse_port)
         )
         if config.metrics_listen and not reuse_port:
             m_host, m_port = split_host_port(config.metrics_listen)
@@ -256,15 +263,23 @@ async def serve(engine: AdmissionEngine, *, config: Config, reuse_port: bool = F
                     m_host,
                     m_port,
                     certificate=None,
-                    shutdown_timeout=config.shutdown_grace_seconds,
                 )
             )
         watcher = asyncio.create_task(certificate.watch())
         stores = [asyncio.create_task(engine.profiles.run()), asyncio.create_task(engine.nodes.run())]
-        log.info("serving", extra={"listen": config.listen, "metricsListen": config.metrics_listen})
+        log.info(
+            "serving",
+            extra={"listen": config.listen, "metricsListen": config.metrics_listen},
+        )
         try:
             await process.wait_for_termination()
-            log.info("SIGTERM: finishing in-flight requests")
+            app[PROBES].draining = True
+            log.info(
+                "SIGTERM: unready, serving on while endpoints drop this pod",
+                extra={"seconds": config.shutdown_grace_seconds},
+            )
+            await asyncio.sleep(config.shutdown_grace_seconds)
+            log.info("grace over: finishing in-flight requests", extra={"inflight": app[PROBES].inflight})
         finally:
             for task in (watcher, *stores):
                 task.cancel()
@@ -274,34 +289,77 @@ async def serve(engine: AdmissionEngine, *, config: Config, reuse_port: bool = F
 def serve_processes(make_engine: Callable[[], AdmissionEngine], *, config: Config, workers: int) -> int:
     """Serve from ``workers`` processes sharing one port (SO_REUSEPORT; the kernel spreads connections).
 
-    The parent forks before any event loop exists, forwards SIGTERM/SIGINT to its children and
-    returns 0 once all have drained and exited cleanly. Each child keeps its own metrics registry,
-    so with several workers scrape each process, or run one worker per Pod and scale replicas.
+    The parent forks before any event loop exists, then supervises: it forwards SIGTERM/SIGINT,
+    logs each worker that fails (a worker that cannot bind or crashes takes the others down, so
+    the Pod restarts instead of serving at a fraction of its capacity), serves ``metricsListen``
+    with every worker's samples summed (prometheus-client multiprocess mode), and returns 0 only
+    when every worker drained and exited cleanly.
     """
     if workers == 1:
         asyncio.run(serve(make_engine(), config=config))
         return 0
-    children: list[int] = []
-    for _ in range(workers):
-        pid = os.fork()
-        if pid == 0:  # the child: serve, then leave without running the parent's cleanup
-            code = 1
-            try:
-                asyncio.run(serve(make_engine(), config=config, reuse_port=True))
-                code = 0
-            finally:
-                os._exit(code)
-        children.append(pid)
+    shared = Path(tempfile.mkdtemp(prefix="kratos-metrics-"))
+    share_between_processes(shared)
+    try:
+        children: list[int] = []
+        for _ in range(workers):
+            pid = os.fork()
+            if pid == 0:  # the worker: serve, then leave without running the parent's cleanup
+                os._exit(_worker(make_engine, config))
+            children.append(pid)
+        return asyncio.run(_supervise(children, config=config, shared=shared))
+    finally:
+        shutil.rmtree(shared, ignore_errors=True)
 
-    def forward(signum: int, _: object) -> None:
-        for child in children:
+
+def _worker(make_engine: Callable[[], AdmissionEngine], config: Config) -> int:
+    try:
+        asyncio.run(serve(make_engine(), config=config, reuse_port=True))
+    except BaseException as exc:  # whatever ends a worker is logged; its exit code says so
+        log.error(
+            "worker failed",
+            extra={"error": f"{type(exc).__name__}: {exc}"},
+            exc_info=not isinstance(exc, OSError | KeyboardInterrupt),
+        )
+        return 1
+    return 0
+
+
+async def _supervise(children: list[int], *, config: Config, shared: Path) -> int:
+    loop = asyncio.get_running_loop()
+    alive = set(children)
+    stopping = False
+
+    def signal_workers(signum: int) -> None:
+        nonlocal stopping
+        stopping = stopping or signum in (signal.SIGTERM, signal.SIGINT)
+        for pid in alive:
             with contextlib.suppress(ProcessLookupError):
-                os.kill(child, signum)
+                os.kill(pid, signum)
 
-    signal.signal(signal.SIGTERM, forward)
-    signal.signal(signal.SIGINT, forward)
-    failed = 0
-    for child in children:
-        _, status = os.waitpid(child, 0)
-        failed += os.waitstatus_to_exitcode(status) != 0
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, signal_workers, sig)
+    log.info("workers started", extra={"pids": children, "listen": config.listen})
+    async with contextlib.AsyncExitStack() as stack:
+        if config.metrics_listen:
+            m_host, m_port = split_host_port(config.metrics_listen)
+            probes = Probes(shared_registry(shared), ready=lambda: not stopping)
+            await stack.enter_async_context(
+                running_site(create_metrics_app(probes), m_host, m_port, certificate=None)
+            )
+        failed = False
+        waits = {asyncio.ensure_future(asyncio.to_thread(os.waitpid, pid, 0)): pid for pid in children}
+        while waits:
+            done, _ = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            for finished in done:
+                pid = waits.pop(finished)
+                alive.discard(pid)
+                worker_gone(shared, pid)
+                code = os.waitstatus_to_exitcode(finished.result()[1])
+                if code != 0:
+                    failed = True
+                    log.error("worker exited", extra={"worker": pid, "exitCode": code})
+                    if not stopping:  # stop the rest: a Pod at part capacity must not look healthy
+                        signal_workers(signal.SIGTERM)
+    log.info("workers stopped", extra={"failed": failed})
     return 1 if failed else 0

@@ -1,31 +1,205 @@
-"""What tests share that is not an object builder: the API double served in-process, API clients,
-waiting, the controller and the webhook running against the double."""
+"""What tests share, beside the object builders (tests/builders.py): paths and the test key,
+schema validation, engines and one-call admission, AdmissionReviews, the API double served
+in-process, API clients and waiting, the controller and the webhook running against the double,
+and the profiling Job, runner Pod and runner summary as the webhook and runner write them.
+Test modules import from here and from builders, never from each other or from conftest."""
 
 from __future__ import annotations
 
 import asyncio
 import base64
 import contextlib
+import copy
+import json
 import socket
-from collections.abc import AsyncIterator, Callable
+import threading
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+import jsonpatch
+import kubernetes_validate
 import pytest
 import yaml
 from aiohttp.test_utils import TestServer
 from kubernetes_asyncio import client
 
-from kratos_admit.admission import AdmissionEngine, build_engine
+from kratos_admit import vocabulary as v
+from kratos_admit.admission import AdmissionEngine, ReviewResult, Webhook, answer, build_engine
+from kratos_admit.catalog import load_catalog
 from kratos_admit.certs import generate
 from kratos_admit.cluster import ClusterNodeStore, ClusterProfileStore
 from kratos_admit.config import Config
 from kratos_admit.metrics import AdmissionMetrics
+from kratos_admit.policy import PolicyContext
+from kratos_admit.profile import WorkloadProfile
+from kratos_admit.raw import clone
+from kratos_admit.request import Operation, admission_review, parse_review
 from kratos_admit.server import create_app, running_site
+from kratos_admit.stores import StaticNodeStore, StaticProfileStore
 from kratos_admit.tls import ServingCertificate
 from kratos_controller.controller import ControllerMetrics, ProfilerController
-from tests.conftest import CATALOG, REPO, TEST_KEY
+from kratos_runner.parse import parse_report
+from kratos_runner.summary import encode_summary, summarise
+from tests.builders import make_job
 from tests.kube_double import MUTATING, VALIDATING, KubeDouble
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+FIXTURES = REPO.parent / "shared" / "fixtures"
+
+
+EXAMPLES = REPO / "examples"
+
+
+K8S_VERSION = "1.32"
+
+
+TEST_KEY = b"0123456789abcdef0123456789abcdef-test-key"
+
+
+CATALOG = load_catalog()
+
+
+def make_ctx(**config: Any) -> PolicyContext:
+    return PolicyContext(config=Config.model_validate(config), catalog=CATALOG, signing_key=TEST_KEY)
+
+
+def assert_valid_kubernetes(obj: dict[str, Any]) -> None:
+    """Strict validation against the official Kubernetes OpenAPI schema (kubernetes-validate)."""
+    kubernetes_validate.validate(copy.deepcopy(obj), K8S_VERSION, strict=True)
+
+
+def apply_patch(obj: dict[str, Any], patch: list[dict[str, Any]]) -> dict[str, Any]:
+    result: dict[str, Any] = jsonpatch.apply_patch(obj, patch)
+    return result
+
+
+def require_fixtures() -> Path:
+    if not FIXTURES.is_dir():
+        pytest.fail(f"shared fixtures not found at {FIXTURES}: the repo must sit beside shared/")
+    return FIXTURES
+
+
+MIXED_CLUSTER = ("NVIDIA-A100-SXM4-80GB", "NVIDIA-L40S", "NVIDIA-L4", "NVIDIA-H100-80GB-HBM3")
+
+
+def engine(
+    ctx: PolicyContext, profiles: Iterable[WorkloadProfile] = (), products: Iterable[str] = MIXED_CLUSTER
+) -> AdmissionEngine:
+    return AdmissionEngine(ctx=ctx, profiles=StaticProfileStore(profiles), nodes=StaticNodeStore(products))
+
+
+def admit(
+    obj: dict[str, Any],
+    eng: AdmissionEngine,
+    *,
+    webhook: Webhook = "mutate",
+    operation: Operation = "CREATE",
+    old: dict[str, Any] | None = None,
+    dry_run: bool = False,
+) -> ReviewResult:
+    review = admission_review(
+        clone(obj),
+        operation=operation,
+        uid="test-uid",
+        old=clone(old) if old is not None else None,
+        dry_run=dry_run,
+    )
+    return answer(parse_review(review), webhook=webhook, engine=eng)
+
+
+HOSTNAME = "kratos-webhook.kratos-system.svc"  # the serving certificate's name in tests
+
+
+def review_of(
+    obj: dict[str, Any], *, uid: str = "uid-1", operation: Operation = "CREATE", dry_run: bool = False
+) -> dict[str, Any]:
+    """An AdmissionReview as the API server sends it, from alice in the object's namespace (team-a)."""
+    namespace = obj["metadata"].get("namespace", "team-a")
+    return admission_review(
+        obj, uid=uid, operation=operation, namespace=namespace, user="alice", dry_run=dry_run
+    )
+
+
+def profiling_job(
+    name: str = "vector-add", namespace: str = "team-a", workload: str | None = None
+) -> dict[str, Any]:
+    """The user's Job after the mutating webhook rewrote it (signed with TEST_KEY)."""
+    user = make_job(name, namespace).label(v.WORKLOAD_LABEL, workload or name).args("--n", "4096").build()
+    result = admit(user, engine(make_ctx()))
+    assert result.decision.action == "profiling"
+    job = copy.deepcopy(result.decision.mutated)
+    assert job is not None
+    job["metadata"]["uid"] = f"uid-{name}"
+    return job
+
+
+def finish(
+    job: dict[str, Any], condition: str = "Complete", *, reason: str = "", message: str = ""
+) -> dict[str, Any]:
+    job = copy.deepcopy(job)
+    status: dict[str, Any] = {
+        "conditions": [
+            {
+                "type": condition,
+                "status": "True",
+                "lastTransitionTime": "2026-11-22T10:03:00Z",
+                "reason": reason,
+                "message": message,
+            }
+        ]
+    }
+    if condition == "Complete":
+        status["completionTime"] = "2026-11-22T10:03:00Z"
+    job["status"] = status
+    return job
+
+
+def runner_summary(fixture: str = "mdinfo-t4-two-kernel-basic-text.txt", exit_code: int = 0) -> str:
+    """What the profiling-runner writes to its termination log, from a real ncu output."""
+    text = (require_fixtures() / "ncu" / fixture).read_text(encoding="utf-8")
+    return encode_summary(summarise(parse_report(text), exit_code=exit_code, ncu_version="2024.3.2.0"))
+
+
+def runner_pod(
+    job: dict[str, Any], message: str | None, *, exit_code: int = 0, name: str | None = None
+) -> dict[str, Any]:
+    meta = job["metadata"]
+    terminated: dict[str, Any] = {"exitCode": exit_code, "reason": "Completed" if exit_code == 0 else "Error"}
+    if message is not None:
+        terminated["message"] = message
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name or f"{meta['name']}-abcde",
+            "namespace": meta["namespace"],
+            "labels": {"job-name": meta["name"], "batch.kubernetes.io/job-name": meta["name"]},
+            "creationTimestamp": "2026-11-22T10:00:00Z",
+        },
+        "spec": {"containers": [{"name": v.RUNNER_CONTAINER, "image": "kratos-nsight-compute-poc:latest"}]},
+        "status": {
+            "phase": "Succeeded" if exit_code == 0 else "Failed",
+            "containerStatuses": [
+                {
+                    "name": v.RUNNER_CONTAINER,
+                    "ready": False,
+                    "restartCount": 0,
+                    "image": "x",
+                    "imageID": "",
+                    "state": {"terminated": terminated},
+                }
+            ],
+        },
+    }
+
+
+def summary_json(message: str) -> dict[str, Any]:
+    parsed: dict[str, Any] = json.loads(message)
+    return parsed
+
 
 JOBS, PODS, PROFILES = (
     ("apis/batch/v1", "jobs"),
@@ -139,7 +313,7 @@ async def webhook_serving(
     app = create_app(engine, metrics=AdmissionMetrics(), max_body_bytes=1 << 22)
     certificate = ServingCertificate(certs / "tls.crt", certs / "tls.key")
     try:
-        async with running_site(app, "127.0.0.1", port, certificate=certificate, shutdown_timeout=1):
+        async with running_site(app, "127.0.0.1", port, certificate=certificate):
             kube.services[SERVICE] = ("127.0.0.1", port)
             await eventually(lambda: engine.profiles.ready() and engine.nodes.ready())
             yield engine
@@ -148,3 +322,129 @@ async def webhook_serving(
             task.cancel()
         await asyncio.gather(*stores, return_exceptions=True)
         await api.close()
+
+
+@contextlib.contextmanager
+def double_in_thread(kube: KubeDouble) -> Iterator[str]:
+    """Serve the double from its own event loop, so a CLI that runs asyncio.run() can call it."""
+    loop = asyncio.new_event_loop()
+    started = threading.Event()
+    holder: dict[str, TestServer] = {}
+
+    async def start() -> None:
+        holder["server"] = TestServer(kube.app())
+        await holder["server"].start_server()
+        started.set()
+
+    thread = threading.Thread(
+        target=lambda: (loop.run_until_complete(start()), loop.run_forever()), daemon=True
+    )
+    thread.start()
+    assert started.wait(10)
+    try:
+        yield str(holder["server"].make_url("")).rstrip("/")
+    finally:
+        asyncio.run_coroutine_threadsafe(holder["server"].close(), loop).result(10)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)
+
+
+def kubeconfig_for(url: str, path: Path) -> Path:
+    path.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "double",
+        "clusters": [{"name": "double", "cluster": {"server": url}}],
+        "users": [{"name": "u", "user": {"token": "test-token"}}],
+        "contexts": [{"name": "double", "context": {"cluster": "double", "user": "u"}}],
+    }))  # fmt: skip
+    return path
+
+
+def profile(
+    workload: str, namespace: str = "team-a", *, phase: str = "Ready", bound: str = "memory"
+) -> dict[str, Any]:
+    return {
+        "apiVersion": v.API_VERSION,
+        "kind": v.PROFILE_KIND,
+        "metadata": {"name": f"{workload}-profile", "namespace": namespace},
+        "spec": {"workload": workload},
+        "status": {
+            "phase": phase,
+            "boundType": bound,
+            "metrics": {"smThroughput": "12.0", "memoryThroughput": "85.0"},
+        },
+    }
+
+
+def node(name: str, product: str, *, gpu: bool = True) -> dict[str, Any]:
+    labels = {"kubernetes.io/hostname": name}
+    if gpu:
+        labels |= {v.GPU_PRESENT_LABEL: "true", v.GPU_PRODUCT_LABEL: product}
+    return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": labels}}
+
+
+def seed_finished(
+    kube: KubeDouble, name: str, message: str | None, condition: str = "Complete"
+) -> dict[str, Any]:
+    job = finish(profiling_job(name), condition)
+    kube.put(*PODS, runner_pod(job, message, exit_code=0 if message else 1))
+    return kube.put(*JOBS, job)
+
+
+def execution_jobs(kube: KubeDouble) -> list[dict[str, Any]]:
+    return [j for j in kube.items(*JOBS) if j["metadata"].get("labels", {}).get(v.ROLE_LABEL) == "execution"]
+
+
+STAND_IN_NCU = r'''#!{python}
+"""Stand-in for Nsight Compute's ncu: runs the workload and 'exports' a real report file.
+
+It honours --launch-skip S, --launch-count N and --kill as ncu does: a workload that announces each
+kernel launch with a line "kernel" gets launches S+1..S+N profiled (the export keeps that many of
+the real report's kernels) and, with --kill on, is killed once they are; a workload that announces
+nothing plays the whole real report back."""
+import os, shutil, signal, subprocess, sys
+args = sys.argv[1:]
+with open(os.environ["FAKE_NCU_LOG"], "a") as log:
+    log.write(repr(args) + "\n")
+if args == ["--version"]:
+    print("NVIDIA (R) Nsight Compute Command Line Profiler\nVersion 2024.3.2.0 (build 34861637) (public-release)")
+    sys.exit(0)
+if "--import" in args:
+    sys.stdout.write(open(args[args.index("--import") + 1]).read())
+    sys.exit(0)
+takes_value = {{"--set", "--target-processes", "--launch-skip", "--launch-count", "--export", "--kill", "--section", "--cache-control"}}
+options = {{}}
+i = 0
+while args[i].startswith("-"):
+    if args[i] in takes_value:
+        options[args[i]] = args[i + 1]
+        i += 2
+    else:
+        i += 1
+workload = args[i:]
+export = options["--export"]
+skip, count = int(options.get("--launch-skip", "0")), int(options.get("--launch-count", "1000000"))
+kill = options.get("--kill", "no") in ("yes", "on", "1", "true")
+print("==PROF== Connected to process 4242 (" + workload[0] + ")", flush=True)
+if os.environ.get("FAKE_NCU_MODE") == "perm":
+    print("==ERROR== ERR_NVGPUCTRPERM - The user does not have permission to access NVIDIA GPU Performance Counters on the target device 0.", flush=True)
+    sys.exit(subprocess.call(workload))
+process = subprocess.Popen(workload, stdout=subprocess.PIPE, text=True)
+launches = 0
+for line in process.stdout:
+    if line.strip() != "kernel":
+        sys.stdout.write(line)
+        continue
+    launches += 1
+    if skip < launches <= skip + count:
+        print("==PROF== Profiling kernel " + str(launches - skip), flush=True)
+    if kill and launches == skip + count:
+        process.send_signal(signal.SIGKILL)
+        break
+code = process.wait()
+lines = open(os.environ["FAKE_NCU_EXPORT"]).read().splitlines(True)
+profiled = min(max(0, launches - skip), count) if launches else len(lines) - 2
+with open(export + ".ncu-rep", "w") as out:
+    out.writelines(lines[: 2 + profiled])
+print("==PROF== Disconnected from process 4242", flush=True)
+sys.exit(128 - code if code < 0 else code)
+'''

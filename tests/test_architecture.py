@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 import kratos_admit
-from tests.conftest import REPO
+from tests.harness import REPO
 
 PURE = [
     "kratos_admit.policy",
@@ -106,3 +106,25 @@ def test_the_version_is_written_once_and_the_image_tag_follows_it():
     tags = {image["newTag"] for image in kustomization["images"]}
     assert tags == {kratos_admit.__version__}
     assert Path(kratos_admit.__file__).read_text("utf-8").count("__version__ =") == 1
+
+
+SHARED_TEST_HELPERS = {"tests.builders", "tests.harness", "tests.kube_double", "tests.pod_security"}
+
+
+@pytest.mark.parametrize("module", sorted((REPO / "tests").glob("*.py")), ids=lambda p: p.name)
+def test_tests_share_helpers_only_through_the_helper_modules(module: Path):
+    """Issue 8: a test module imports builders, the harness, the double and the Pod Security checker,
+    never another test module or conftest (which holds fixtures only)."""
+    tree = ast.parse(module.read_text(encoding="utf-8"))
+    imported = {
+        node.module
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("tests")
+    } | {
+        alias.name
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Import)
+        for alias in node.names
+        if alias.name.startswith("tests")
+    }
+    assert imported <= SHARED_TEST_HELPERS, f"{module.name} imports {sorted(imported - SHARED_TEST_HELPERS)}"

@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.conftest import REPO
+from tests.harness import REPO
 
 
 def test_benchmark_smoke_run_writes_its_results(tmp_path: Path):

@@ -4,18 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import contextlib
 import io
 import ssl
-import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import aiohttp
 import pytest
 import yaml
-from aiohttp.test_utils import TestServer
 
 from kratos_admit.certs import generate
 from kratos_admit.cli import main
@@ -23,48 +19,17 @@ from kratos_admit.metrics import AdmissionMetrics
 from kratos_admit.server import create_app, running_site
 from kratos_admit.tls import ServingCertificate
 from tests.builders import make_job, make_profile
-from tests.conftest import REPO, make_ctx
-from tests.helpers import engine
-from tests.kube_double import KubeDouble
-from tests.test_server import HOSTNAME, free_port, review_of
-
-MUTATING = ("apis/admissionregistration.k8s.io/v1", "mutatingwebhookconfigurations")
-VALIDATING = ("apis/admissionregistration.k8s.io/v1", "validatingwebhookconfigurations")
-
-
-@contextlib.contextmanager
-def double_in_thread(kube: KubeDouble) -> Iterator[str]:
-    """Serve the double from its own event loop, so a CLI that runs asyncio.run() can call it."""
-    loop = asyncio.new_event_loop()
-    started = threading.Event()
-    holder: dict[str, TestServer] = {}
-
-    async def start() -> None:
-        holder["server"] = TestServer(kube.app())
-        await holder["server"].start_server()
-        started.set()
-
-    thread = threading.Thread(
-        target=lambda: (loop.run_until_complete(start()), loop.run_forever()), daemon=True
-    )
-    thread.start()
-    assert started.wait(10)
-    try:
-        yield str(holder["server"].make_url("")).rstrip("/")
-    finally:
-        asyncio.run_coroutine_threadsafe(holder["server"].close(), loop).result(10)
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(10)
-
-
-def kubeconfig_for(url: str, path: Path) -> Path:
-    path.write_text(yaml.safe_dump({
-        "apiVersion": "v1", "kind": "Config", "current-context": "double",
-        "clusters": [{"name": "double", "cluster": {"server": url}}],
-        "users": [{"name": "u", "user": {"token": "test-token"}}],
-        "contexts": [{"name": "double", "context": {"cluster": "double", "user": "u"}}],
-    }))  # fmt: skip
-    return path
+from tests.harness import (
+    HOSTNAME,
+    REPO,
+    double_in_thread,
+    engine,
+    free_port,
+    kubeconfig_for,
+    make_ctx,
+    review_of,
+)
+from tests.kube_double import MUTATING, VALIDATING, KubeDouble
 
 
 def test_inject_writes_the_ca_into_both_configurations(tmp_path: Path):
@@ -138,7 +103,7 @@ async def test_running_server_picks_up_a_rotated_certificate_with_no_failed_requ
     port = free_port()
     body = review_of(make_job().build())
     failures, answered = 0, 0
-    async with running_site(app, "127.0.0.1", port, certificate=certificate, shutdown_timeout=5):
+    async with running_site(app, "127.0.0.1", port, certificate=certificate):
         watcher = asyncio.create_task(certificate.watch(interval=0.1))
         async with aiohttp.ClientSession() as session:
 
@@ -193,7 +158,7 @@ async def test_a_bad_rotated_pair_keeps_the_old_certificate_serving(tmp_path: Pa
     port = free_port()
     app = create_app(engine(make_ctx()), metrics=AdmissionMetrics(), max_body_bytes=1 << 20)
     async with (
-        running_site(app, "127.0.0.1", port, certificate=certificate, shutdown_timeout=5),
+        running_site(app, "127.0.0.1", port, certificate=certificate),
         aiohttp.ClientSession() as session,
     ):
         context = ssl.create_default_context(cafile=str(good / "ca.crt"))

@@ -20,17 +20,17 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 from kratos_admit import vocabulary as v
 from tests.builders import make_job, make_pod
-from tests.conftest import assert_valid_kubernetes
-from tests.controller_helpers import runner_summary
 from tests.harness import (
     JOBS,
     PODS,
     PROFILES,
     api_for,
     api_server,
+    assert_valid_kubernetes,
     controller_running,
     eventually,
     opted_in_cluster,
+    runner_summary,
     webhook_serving,
 )
 from tests.kube_double import KubeDouble

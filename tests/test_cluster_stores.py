@@ -6,45 +6,16 @@ import asyncio
 import contextlib
 import json
 from collections.abc import AsyncIterator
-from typing import Any
 
 from aiohttp.test_utils import TestClient, TestServer
 
-from kratos_admit import vocabulary as v
 from kratos_admit.admission import AdmissionEngine
 from kratos_admit.cluster import ClusterNodeStore, ClusterProfileStore
 from kratos_admit.metrics import AdmissionMetrics
 from kratos_admit.server import create_app
 from tests.builders import make_job
-from tests.conftest import make_ctx
+from tests.harness import NODES, PROFILES, api_for, api_server, eventually, make_ctx, node, profile, review_of
 from tests.kube_double import KubeDouble
-from tests.test_controller import PROFILES, api_for, api_server, eventually
-from tests.test_server import review_of
-
-NODES = ("api/v1", "nodes")
-
-
-def profile(
-    workload: str, namespace: str = "team-a", *, phase: str = "Ready", bound: str = "memory"
-) -> dict[str, Any]:
-    return {
-        "apiVersion": v.API_VERSION,
-        "kind": v.PROFILE_KIND,
-        "metadata": {"name": f"{workload}-profile", "namespace": namespace},
-        "spec": {"workload": workload},
-        "status": {
-            "phase": phase,
-            "boundType": bound,
-            "metrics": {"smThroughput": "12.0", "memoryThroughput": "85.0"},
-        },
-    }
-
-
-def node(name: str, product: str, *, gpu: bool = True) -> dict[str, Any]:
-    labels = {"kubernetes.io/hostname": name}
-    if gpu:
-        labels |= {v.GPU_PRESENT_LABEL: "true", v.GPU_PRODUCT_LABEL: product}
-    return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": labels}}
 
 
 @contextlib.asynccontextmanager

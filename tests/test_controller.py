@@ -4,84 +4,28 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
-from typing import Any
 
-import pytest
-from aiohttp.test_utils import TestServer
-from kubernetes_asyncio import client
-
-from kratos_admit import vocabulary as v
 from kratos_controller.controller import ControllerMetrics, ProfilerController, run_when_leading
 from kratos_controller.leader import LeaderElector
-from tests.conftest import TEST_KEY
-from tests.controller_helpers import finish, profiling_job, runner_pod, runner_summary
-from tests.kube_double import KubeDouble
-
-JOBS, PODS, PROFILES = (
-    ("apis/batch/v1", "jobs"),
-    ("api/v1", "pods"),
-    ("apis/gpu.scheduler.io/v1alpha1", "workloadprofiles"),
+from tests.harness import (
+    CONFIGMAPS,
+    JOBS,
+    LEASES,
+    PODS,
+    PROFILES,
+    TEST_KEY,
+    api_for,
+    api_server,
+    controller_running,
+    eventually,
+    execution_jobs,
+    finish,
+    profiling_job,
+    runner_pod,
+    runner_summary,
+    seed_finished,
 )
-CONFIGMAPS, LEASES = ("api/v1", "configmaps"), ("apis/coordination.k8s.io/v1", "leases")
-
-
-@contextlib.asynccontextmanager
-async def api_server(kube: KubeDouble) -> AsyncIterator[TestServer]:
-    server = TestServer(kube.app())
-    await server.start_server()
-    try:
-        yield server
-    finally:
-        await server.close()
-
-
-def api_for(server: TestServer, agent: str = "kratos-test") -> client.ApiClient:
-    configuration = client.Configuration(host=str(server.make_url("")).rstrip("/"))
-    api = client.ApiClient(configuration)
-    api.user_agent = agent
-    return api
-
-
-async def eventually(check, timeout: float = 10.0) -> Any:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while True:
-        result = check()
-        if result:
-            return result
-        if asyncio.get_running_loop().time() > deadline:
-            pytest.fail("condition not met in time")
-        await asyncio.sleep(0.05)
-
-
-@contextlib.asynccontextmanager
-async def controller_running(
-    server: TestServer, *, agent: str = "controller-a", resync: float = 300.0, signing_key: bytes = TEST_KEY
-) -> AsyncIterator[ProfilerController]:
-    api = api_for(server, agent)
-    controller = ProfilerController(
-        api, signing_key=signing_key, metrics=ControllerMetrics(), resync_seconds=resync, watch_timeout=5
-    )
-    task = asyncio.create_task(controller.run())
-    try:
-        yield controller
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
-        await api.close()
-
-
-def seed_finished(
-    kube: KubeDouble, name: str, message: str | None, condition: str = "Complete"
-) -> dict[str, Any]:
-    job = finish(profiling_job(name), condition)
-    kube.put(*PODS, runner_pod(job, message, exit_code=0 if message else 1))
-    return kube.put(*JOBS, job)
-
-
-def execution_jobs(kube: KubeDouble) -> list[dict[str, Any]]:
-    return [j for j in kube.items(*JOBS) if j["metadata"].get("labels", {}).get(v.ROLE_LABEL) == "execution"]
+from tests.kube_double import KubeDouble
 
 
 async def test_finished_profiling_job_becomes_profile_configmap_and_one_execution_job():

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from tests.conftest import REPO
+from tests.harness import REPO
 
 
 def instructions(path: str) -> list[tuple[str, str]]:

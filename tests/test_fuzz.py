@@ -17,8 +17,7 @@ from kratos_admit import vocabulary as v
 from kratos_admit.metrics import AdmissionMetrics
 from kratos_admit.server import create_app
 from tests.builders import make_job, make_pod, make_profile
-from tests.conftest import make_ctx
-from tests.helpers import engine
+from tests.harness import engine, make_ctx
 
 json_values = st.recursive(
     st.none()

@@ -22,19 +22,22 @@ from kratos_admit import vocabulary as v
 from kratos_admit.cli import main as kratos_admit
 from kratos_admit.signing import load_signing_key
 from kratos_runner.cli import main as kratos_runner
-from tests.conftest import EXAMPLES, assert_valid_kubernetes, require_fixtures
-from tests.controller_helpers import finish, runner_pod
-from tests.kube_double import KubeDouble
-from tests.test_controller import (
+from tests.harness import (
+    EXAMPLES,
     JOBS,
     PODS,
     PROFILES,
+    STAND_IN_NCU,
     api_server,
+    assert_valid_kubernetes,
     controller_running,
     eventually,
     execution_jobs,
+    finish,
+    require_fixtures,
+    runner_pod,
 )
-from tests.test_runner_cli import STAND_IN_NCU
+from tests.kube_double import KubeDouble
 
 SIGNING_KEY = "f" * 64
 

@@ -13,8 +13,7 @@ from kratos_admit.profiling import decode_original_template
 from kratos_admit.request import Operation
 from kratos_admit.signing import sign_block
 from tests.builders import make_job, make_pod, make_profile
-from tests.conftest import TEST_KEY, apply_patch, assert_valid_kubernetes, make_ctx
-from tests.helpers import admit, engine
+from tests.harness import TEST_KEY, admit, apply_patch, assert_valid_kubernetes, engine, make_ctx
 from tests.pod_security import restricted_violations
 
 GPU = v.GPU_RESOURCE

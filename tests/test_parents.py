@@ -9,8 +9,7 @@ import pytest
 
 from kratos_admit import vocabulary as v
 from tests.builders import make_job
-from tests.conftest import assert_valid_kubernetes, make_ctx
-from tests.helpers import admit, engine
+from tests.harness import admit, assert_valid_kubernetes, engine, make_ctx
 
 
 def cronjob(*, on_template: bool, on_parent: bool) -> dict[str, Any]:

@@ -9,7 +9,7 @@ from pathlib import Path
 import yaml
 
 from kratos_admit.cli import ExitStatus, main
-from tests.conftest import EXAMPLES
+from tests.harness import EXAMPLES
 
 A100 = "NVIDIA-A100-SXM4-80GB"
 

@@ -7,7 +7,7 @@ import pytest
 from kratos_admit.profile import Observation
 from kratos_admit.ranking import predicted_relative_time, rank_gpu_products
 from tests.builders import make_profile
-from tests.conftest import CATALOG
+from tests.harness import CATALOG
 
 A100, L40S = "NVIDIA-A100-SXM4-80GB", "NVIDIA-L40S"
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import yaml
 
 from kratos_admit.config import load_config
-from tests.conftest import REPO
+from tests.harness import REPO
 
 
 def readme() -> str:

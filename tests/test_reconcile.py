@@ -36,9 +36,17 @@ from kratos_controller.reconcile import (
     runs_of,
 )
 from tests.builders import make_job, make_pod, make_profile
-from tests.conftest import CATALOG, TEST_KEY, assert_valid_kubernetes, make_ctx
-from tests.controller_helpers import finish, profiling_job, runner_summary
-from tests.helpers import admit, engine
+from tests.harness import (
+    CATALOG,
+    TEST_KEY,
+    admit,
+    assert_valid_kubernetes,
+    engine,
+    finish,
+    make_ctx,
+    profiling_job,
+    runner_summary,
+)
 
 JOB = profiling_job()
 DONE = finish(JOB)

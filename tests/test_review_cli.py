@@ -12,7 +12,7 @@ import yaml
 
 from kratos_admit import vocabulary as v
 from kratos_admit.cli import ExitStatus, main
-from tests.conftest import EXAMPLES, apply_patch, assert_valid_kubernetes, require_fixtures
+from tests.harness import EXAMPLES, apply_patch, assert_valid_kubernetes, require_fixtures
 
 # file -> (exit status and per-document (kind, action) without a profile, the same with a Ready profile).
 # Every manifest fixture, labelled for KRATOS, with the decision a user would agree with and why:

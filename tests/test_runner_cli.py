@@ -13,62 +13,7 @@ from pathlib import Path
 import pytest
 
 from kratos_runner.cli import main
-from tests.conftest import REPO, require_fixtures
-
-STAND_IN_NCU = r'''#!{python}
-"""Stand-in for Nsight Compute's ncu: runs the workload and 'exports' a real report file.
-
-It honours --launch-skip S, --launch-count N and --kill as ncu does: a workload that announces each
-kernel launch with a line "kernel" gets launches S+1..S+N profiled (the export keeps that many of
-the real report's kernels) and, with --kill on, is killed once they are; a workload that announces
-nothing plays the whole real report back."""
-import os, shutil, signal, subprocess, sys
-args = sys.argv[1:]
-with open(os.environ["FAKE_NCU_LOG"], "a") as log:
-    log.write(repr(args) + "\n")
-if args == ["--version"]:
-    print("NVIDIA (R) Nsight Compute Command Line Profiler\nVersion 2024.3.2.0 (build 34861637) (public-release)")
-    sys.exit(0)
-if "--import" in args:
-    sys.stdout.write(open(args[args.index("--import") + 1]).read())
-    sys.exit(0)
-takes_value = {{"--set", "--target-processes", "--launch-skip", "--launch-count", "--export", "--kill", "--section", "--cache-control"}}
-options = {{}}
-i = 0
-while args[i].startswith("-"):
-    if args[i] in takes_value:
-        options[args[i]] = args[i + 1]
-        i += 2
-    else:
-        i += 1
-workload = args[i:]
-export = options["--export"]
-skip, count = int(options.get("--launch-skip", "0")), int(options.get("--launch-count", "1000000"))
-kill = options.get("--kill", "no") in ("yes", "on", "1", "true")
-print("==PROF== Connected to process 4242 (" + workload[0] + ")", flush=True)
-if os.environ.get("FAKE_NCU_MODE") == "perm":
-    print("==ERROR== ERR_NVGPUCTRPERM - The user does not have permission to access NVIDIA GPU Performance Counters on the target device 0.", flush=True)
-    sys.exit(subprocess.call(workload))
-process = subprocess.Popen(workload, stdout=subprocess.PIPE, text=True)
-launches = 0
-for line in process.stdout:
-    if line.strip() != "kernel":
-        sys.stdout.write(line)
-        continue
-    launches += 1
-    if skip < launches <= skip + count:
-        print("==PROF== Profiling kernel " + str(launches - skip), flush=True)
-    if kill and launches == skip + count:
-        process.send_signal(signal.SIGKILL)
-        break
-code = process.wait()
-lines = open(os.environ["FAKE_NCU_EXPORT"]).read().splitlines(True)
-profiled = min(max(0, launches - skip), count) if launches else len(lines) - 2
-with open(export + ".ncu-rep", "w") as out:
-    out.writelines(lines[: 2 + profiled])
-print("==PROF== Disconnected from process 4242", flush=True)
-sys.exit(128 - code if code < 0 else code)
-'''
+from tests.harness import REPO, STAND_IN_NCU, require_fixtures
 
 WORKLOAD = '#!/bin/sh\necho "workload ran with: $*"\nexit 3\n'
 

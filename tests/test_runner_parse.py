@@ -12,7 +12,7 @@ import pytest
 
 from kratos_runner.parse import parse_number, parse_report
 from kratos_runner.summary import classify, encode_summary, summarise, weighted_mean
-from tests.conftest import REPO, require_fixtures
+from tests.harness import REPO, require_fixtures
 
 
 def summary_of(name: str) -> dict[str, Any]:

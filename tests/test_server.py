@@ -26,17 +26,20 @@ from kratos_admit.server import create_app, running_site
 from kratos_admit.stores import StaticProfileStore
 from kratos_admit.tls import CertificateError, ServingCertificate
 from tests.builders import make_job, make_pod, make_profile
-from tests.conftest import EXAMPLES, REPO, apply_patch, assert_valid_kubernetes, make_ctx, require_fixtures
-from tests.helpers import engine
+from tests.harness import (
+    EXAMPLES,
+    HOSTNAME,
+    REPO,
+    apply_patch,
+    assert_valid_kubernetes,
+    engine,
+    free_port,
+    make_ctx,
+    require_fixtures,
+    review_of,
+)
 
 SERVICE, NAMESPACE = "kratos-webhook", "kratos-system"
-HOSTNAME = f"{SERVICE}.{NAMESPACE}.svc"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture(scope="module")
@@ -94,30 +97,10 @@ async def serving(
     app = create_app(eng, metrics=metrics, max_body_bytes=max_body_bytes, ready=ready)
     port = free_port()
     async with (
-        running_site(app, "127.0.0.1", port, certificate=certificate, shutdown_timeout=5),
+        running_site(app, "127.0.0.1", port, certificate=certificate),
         aiohttp.ClientSession() as session,
     ):
         yield Webhook(session, port, metrics, client_context(certs))
-
-
-def review_of(
-    obj: dict[str, Any], *, uid: str = "uid-1", operation: str = "CREATE", dry_run: bool = False
-) -> dict[str, Any]:
-    group, _, version = obj["apiVersion"].rpartition("/")
-    return {
-        "apiVersion": "admission.k8s.io/v1",
-        "kind": "AdmissionReview",
-        "request": {
-            "uid": uid,
-            "kind": {"group": group, "version": version, "kind": obj["kind"]},
-            "resource": {"group": group, "version": version, "resource": obj["kind"].lower() + "s"},
-            "operation": operation,
-            "namespace": obj["metadata"].get("namespace", "team-a"),
-            "userInfo": {"username": "alice"},
-            "object": obj,
-            "dryRun": dry_run,
-        },
-    }
 
 
 async def test_https_round_trip_hints_a_job(certs: Path):
@@ -344,7 +327,12 @@ async def test_fixture_reviews_get_well_formed_answers_or_400(certs: Path):
 
 def test_sigterm_finishes_in_flight_requests_and_exits_0(certs: Path):
     port = free_port()
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "KRATOS_LOG_LEVEL": "DEBUG"}  # every admission logged
+    env = {
+        **os.environ,
+        "PYTHONUNBUFFERED": "1",
+        "KRATOS_LOG_LEVEL": "DEBUG",  # every admission logged
+        "KRATOS_SHUTDOWN_GRACE_SECONDS": "1",
+    }
     proc = subprocess.Popen(
         [
             sys.executable,
@@ -455,7 +443,7 @@ async def test_requests_read_no_files_after_start_up(tmp_path: Path, certs: Path
     port = free_port()
     certificate = ServingCertificate(certs / "tls.crt", certs / "tls.key")
     async with (
-        running_site(app, "127.0.0.1", port, certificate=certificate, shutdown_timeout=5),
+        running_site(app, "127.0.0.1", port, certificate=certificate),
         aiohttp.ClientSession() as session,
         session.post(
             f"https://127.0.0.1:{port}/mutate",
@@ -510,6 +498,7 @@ def test_metrics_on_a_plain_port_next_to_the_webhook(certs: Path):
          "--tls-key", str(certs / "tls.key"), "--signing-key", str(certs / "signing.key"),
          "--profiles", str(EXAMPLES / "profiles")],
         cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        env={**os.environ, "KRATOS_SHUTDOWN_GRACE_SECONDS": "0"},
     )  # fmt: skip
     try:
         deadline = time.monotonic() + 20

@@ -6,7 +6,7 @@ import pytest
 
 from kratos_admit import vocabulary as v
 from kratos_admit.signing import SigningKeyError, load_signing_key, sign_block, signature_valid
-from tests.conftest import TEST_KEY
+from tests.harness import TEST_KEY
 
 
 def test_signature_covers_kratos_keys_and_namespace_only():

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from kratos_admit.stores import FileNodeStore, FileProfileStore, StoreError
-from tests.conftest import EXAMPLES
+from tests.harness import EXAMPLES
 
 
 def test_example_profiles_and_nodes_load():

@@ -10,8 +10,7 @@ from kratos_admit import vocabulary as v
 from kratos_admit.fields import RULES
 from kratos_admit.policy import validate
 from tests.builders import make_job, make_pod, make_profile
-from tests.conftest import make_ctx
-from tests.helpers import admit, engine
+from tests.harness import admit, engine, make_ctx
 
 GPU = v.GPU_RESOURCE
 PROFILE = make_profile()

@@ -18,12 +18,19 @@ import pytest
 from kratos_admit import vocabulary as v
 from kratos_admit.certs import generate
 from tests.builders import make_job
-from tests.conftest import REPO
+from tests.harness import (
+    HOSTNAME,
+    NODES,
+    PROFILES,
+    REPO,
+    double_in_thread,
+    free_port,
+    kubeconfig_for,
+    node,
+    profile,
+    review_of,
+)
 from tests.kube_double import KubeDouble
-from tests.test_certs_live import double_in_thread, kubeconfig_for
-from tests.test_cluster_stores import NODES, node, profile
-from tests.test_controller import PROFILES
-from tests.test_server import HOSTNAME, free_port, review_of
 
 
 def post(port: int, context: ssl.SSLContext, body: dict[str, Any]) -> dict[str, Any]:

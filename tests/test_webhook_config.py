@@ -14,8 +14,7 @@ import yaml
 
 from kratos_admit import vocabulary as v
 from kratos_controller.reconcile import ContainerEnd, Observed, PublishProfile, reconcile
-from tests.conftest import EXAMPLES, K8S_VERSION, REPO, TEST_KEY
-from tests.controller_helpers import finish, profiling_job, runner_summary
+from tests.harness import EXAMPLES, K8S_VERSION, REPO, TEST_KEY, finish, profiling_job, runner_summary
 
 COMPONENTS = ["cert-manager", "failure-policy-ignore", "scheduler-kai", "scheduler-volcano"]
 # kinds that are not part of Kubernetes itself (their CRDs come with cert-manager)

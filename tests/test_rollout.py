@@ -1,0 +1,298 @@
+"""Issue 10: rollouts and node drains cost no admission, and ``webhook --workers N`` really serves.
+
+The rollout is played with real processes. The Service is modelled by a TCP forwarder in the test
+(what kube-proxy does with a ClusterIP): each new connection goes to a ready endpoint; when none
+is ready it goes to one that is terminating but still serving (kube-proxy's fallback to
+terminating endpoints, GA in 1.28); an open connection stays where it is (conntrack). Endpoints
+follow each pod's ``/readyz`` and ``/healthz`` every 0.2 s: the time allowed for endpoints to
+update (a real cluster drops a terminating pod at once, while the preStop pause runs).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from kratos_admit.certs import generate
+from kratos_admit.cli import ExitStatus
+from tests.builders import make_job
+from tests.harness import EXAMPLES, REPO, free_port, review_of
+
+HOSTNAME = "kratos-webhook.kratos-system.svc"
+ENDPOINT_PERIOD = 0.2
+
+
+@pytest.fixture(scope="module")
+def certs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("certs")
+    generate(service="kratos-webhook", namespace="kratos-system", out=out)
+    return out
+
+
+def start_webhook(certs: Path, port: int, *args: str, grace: float) -> subprocess.Popen[bytes]:
+    """The webhook as a process; its log goes to a file beside the certificates (a pipe nobody
+    reads while the test runs would fill and stall it)."""
+    env = {
+        **os.environ,
+        "PYTHONUNBUFFERED": "1",
+        "KRATOS_LOG_LEVEL": "DEBUG",  # every admission logged, with the pid that answered it
+        "KRATOS_SHUTDOWN_GRACE_SECONDS": str(grace),
+    }
+    return subprocess.Popen(
+        [sys.executable, "-m", "kratos_admit", "webhook", "--listen", f"127.0.0.1:{port}",
+         "--tls-cert", str(certs / "tls.crt"), "--tls-key", str(certs / "tls.key"),
+         "--signing-key", str(certs / "signing.key"), "--profiles", str(EXAMPLES / "profiles"),
+         "--nodes", str(EXAMPLES / "nodes.yaml"), *args],
+        cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=(certs / f"webhook-{port}.log").open("wb"),
+    )  # fmt: skip
+
+
+def logs(certs: Path, port: int) -> list[dict[str, object]]:
+    lines = (certs / f"webhook-{port}.log").read_text().splitlines()
+    return [json.loads(line) for line in lines if line.startswith("{")]
+
+
+def tls(certs: Path) -> ssl.SSLContext:
+    return ssl.create_default_context(cafile=str(certs / "ca.crt"))
+
+
+async def probe(session: aiohttp.ClientSession, port: int, path: str, context: ssl.SSLContext) -> bool:
+    with contextlib.suppress(aiohttp.ClientError, OSError, TimeoutError):
+        async with session.get(
+            f"https://127.0.0.1:{port}{path}",
+            ssl=context,
+            server_hostname=HOSTNAME,
+            timeout=aiohttp.ClientTimeout(total=0.5),
+        ) as response:
+            return response.status == 200
+    return False
+
+
+@dataclass
+class Service:
+    """A ClusterIP Service over the webhook pods' ports, as kube-proxy and the endpoints controller
+    make one (see the module docstring)."""
+
+    context: ssl.SSLContext
+    pods: list[int] = field(default_factory=list)
+    ready: list[int] = field(default_factory=list)
+    serving: list[int] = field(default_factory=list)
+    port: int = 0
+    picks: int = 0
+
+    def backend(self) -> int | None:
+        chosen = self.ready or self.serving
+        if not chosen:
+            return None
+        self.picks += 1
+        return chosen[self.picks % len(chosen)]
+
+    async def follow_endpoints(self) -> None:
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as session:
+            while True:
+                ready, serving = [], []
+                for port in list(self.pods):
+                    if await probe(session, port, "/readyz", self.context):
+                        ready.append(port)
+                    elif await probe(session, port, "/healthz", self.context):
+                        serving.append(port)
+                self.ready, self.serving = ready, serving
+                await asyncio.sleep(ENDPOINT_PERIOD)
+
+    async def _forward(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        port = self.backend()
+        if port is None:  # no endpoint at all: the client's connection is refused
+            writer.close()
+            return
+        try:
+            up_reader, up_writer = await asyncio.open_connection("127.0.0.1", port)
+        except OSError:
+            writer.close()
+            return
+
+        async def pipe(source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
+            with contextlib.suppress(OSError):
+                while chunk := await source.read(65536):
+                    sink.write(chunk)
+                    await sink.drain()
+            with contextlib.suppress(OSError):
+                sink.close()
+
+        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
+
+    @contextlib.asynccontextmanager
+    async def running(self) -> AsyncIterator[Service]:
+        server = await asyncio.start_server(self._forward, "127.0.0.1", 0)
+        self.port = server.sockets[0].getsockname()[1]
+        follower = asyncio.create_task(self.follow_endpoints())
+        try:
+            yield self
+        finally:
+            follower.cancel()
+            server.close()
+
+
+@dataclass
+class Load:
+    """The API server's side: keep-alive connections posting AdmissionReviews without pause."""
+
+    port: int
+    context: ssl.SSLContext
+    answered: int = 0
+    failures: list[str] = field(default_factory=list)
+    stop: asyncio.Event = field(default_factory=asyncio.Event)
+
+    async def client(self, session: aiohttp.ClientSession) -> None:
+        body = review_of(make_job().build())
+        while not self.stop.is_set():
+            try:
+                async with session.post(
+                    f"https://127.0.0.1:{self.port}/mutate",
+                    json=body,
+                    ssl=self.context,
+                    server_hostname=HOSTNAME,
+                    timeout=aiohttp.ClientTimeout(total=5),  # the webhook's timeoutSeconds
+                ) as response:
+                    answer = await response.json()
+                    if response.status != 200 or not answer["response"]["allowed"]:
+                        self.failures.append(f"{response.status}: {answer}")
+                    else:
+                        self.answered += 1
+            except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+                self.failures.append(f"{type(exc).__name__}: {exc}")
+            await asyncio.sleep(0.005)
+
+    @contextlib.asynccontextmanager
+    async def running(self, clients: int = 4) -> AsyncIterator[Load]:
+        async with aiohttp.ClientSession() as session:
+            tasks = [asyncio.create_task(self.client(session)) for _ in range(clients)]
+            try:
+                yield self
+            finally:
+                self.stop.set()
+                await asyncio.gather(*tasks)
+
+
+async def wait_for(check: object, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():  # type: ignore[operator]
+        if time.monotonic() > deadline:
+            pytest.fail("condition not met in time")
+        await asyncio.sleep(0.05)
+
+
+async def test_a_rollout_fails_no_admission(certs: Path):
+    """Pod A gets SIGTERM under load; pod B starts after A turned unready and takes the traffic.
+    A's grace (3 s) covers B's start-up; endpoints update every 0.2 s."""
+    old_port, new_port = free_port(), free_port()
+    service = Service(tls(certs), pods=[old_port, new_port])
+    old = start_webhook(certs, old_port, grace=3)
+    new: subprocess.Popen[bytes] | None = None
+    try:
+        async with service.running():
+            await wait_for(lambda: service.ready == [old_port])
+            async with Load(service.port, tls(certs)).running() as load:
+                await wait_for(lambda: load.answered > 50)
+                old.send_signal(signal.SIGTERM)
+                await wait_for(lambda: old_port in service.serving)  # unready, still serving
+                before_new = load.answered
+                new = start_webhook(certs, new_port, grace=0.5)
+                await wait_for(lambda: service.ready == [new_port])
+                await wait_for(lambda: old.poll() is not None)
+                after_old = load.answered
+                await wait_for(lambda: load.answered > after_old + 50)
+            assert load.failures == [], load.failures[:5]
+        assert old.wait(timeout=10) == 0
+        old_logs = logs(certs, old_port)
+        sigterm = next(i for i, e in enumerate(old_logs) if str(e["msg"]).startswith("SIGTERM"))
+        served_after = [e for e in old_logs[sigterm:] if e["msg"] == "admission"]
+        assert served_after, "the terminating pod answered requests while endpoints caught up"
+        print(
+            f"rollout: {load.answered} answered, {len(load.failures)} failed, {len(served_after)} by the old pod after SIGTERM"
+        )
+        assert before_new > 50 and load.answered > after_old
+    finally:
+        for proc in (old, new):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
+def metrics_text(port: int) -> str:
+    import urllib.request
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as response:
+        return str(response.read().decode())
+
+
+def answered_total(text: str) -> float:
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("kratos_admission_requests_total{")
+    )
+
+
+async def test_workers_answer_from_several_processes_sum_metrics_and_stop_cleanly(certs: Path):
+    port, metrics_port = free_port(), free_port()
+    proc = start_webhook(
+        certs, port, "--workers", "2", "--metrics-listen", f"127.0.0.1:{metrics_port}", grace=0.2
+    )
+    try:
+        connector = aiohttp.TCPConnector(force_close=True)  # a new connection per request
+        async with aiohttp.ClientSession(connector=connector) as session:
+            deadline = time.monotonic() + 20
+            while not await probe(session, port, "/readyz", tls(certs)):
+                assert proc.poll() is None and time.monotonic() < deadline, logs(certs, port)
+                await asyncio.sleep(0.1)
+            for _ in range(60):
+                async with session.post(
+                    f"https://127.0.0.1:{port}/mutate",
+                    json=review_of(make_job().build()),
+                    ssl=tls(certs),
+                    server_hostname=HOSTNAME,
+                ) as response:
+                    assert response.status == 200
+        assert answered_total(metrics_text(metrics_port)) == 60, "the parent serves the workers' sum"
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=20) == 0
+        entries = logs(certs, port)
+        answering = {e["pid"] for e in entries if e["msg"] == "admission"}
+        assert len(answering) == 2, f"answered by {answering}"
+        assert proc.pid not in answering
+        assert next(e for e in entries if e["msg"] == "workers stopped")["failed"] is False
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_a_worker_that_cannot_start_is_logged_and_the_parent_fails(certs: Path):
+    with socket.socket() as taken:  # another program holds the port, without SO_REUSEPORT
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        proc = start_webhook(certs, port, "--workers", "2", grace=0)
+        try:
+            assert proc.wait(timeout=30) == ExitStatus.FAILED
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+        entries = logs(certs, port)
+    failed = [e for e in entries if e["msg"] == "worker failed"]
+    assert failed and "address" in str(failed[0]["error"]).lower(), entries
+    assert [e for e in entries if e["msg"] == "worker exited"], "the parent says which worker ended"
