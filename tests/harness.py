@@ -11,6 +11,7 @@ import base64
 import contextlib
 import copy
 import json
+import re
 import socket
 import threading
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator
@@ -74,6 +75,14 @@ def assert_valid_kubernetes(obj: dict[str, Any]) -> None:
 def apply_patch(obj: dict[str, Any], patch: list[dict[str, Any]]) -> dict[str, Any]:
     result: dict[str, Any] = jsonpatch.apply_patch(obj, patch)
     return result
+
+
+def readme_overlay(registry: str = "registry.example.com/gpu") -> str:
+    """The README install section's overlay (``my-kratos/kustomization.yaml``), registry filled in."""
+    text = (REPO / "README.md").read_text(encoding="utf-8")
+    found = re.search(r"cat > my-kratos/kustomization.yaml <<YAML\n(.*?)\nYAML\n", text, re.S)
+    assert found, "the README's install section has the overlay"
+    return found.group(1).replace("REGISTRY", registry)
 
 
 def require_fixtures() -> Path:

@@ -20,6 +20,7 @@ named after what it imitates (Kubernetes 1.28):
 | a DELETE of an object with finalizers only sets ``deletionTimestamp``; it goes when the last finalizer is removed. ``propagationPolicy`` Foreground adds ``foregroundDeletion`` and deletes dependents first; Orphan strips owner references; Jobs deleted through the API default to Orphan, other kinds to Background | the registry's graceful deletion and ``pkg/controller/garbagecollector``; batch/v1 Job's ``DefaultGarbageCollectionPolicy`` | grace periods |
 | garbage collection: a dependent whose owners are all gone is deleted (background) | ``pkg/controller/garbagecollector`` | |
 | ``expire_ttls(now)``: finished Jobs past ``ttlSecondsAfterFinished`` are deleted with Foreground propagation (their Pods first) | ``pkg/controller/ttlafterfinished`` | a clock of its own: tests step it |
+| ``namespace_lifecycle = True``: creating a namespaced object in a namespace that does not exist is refused with 404 ``namespaces "X" not found`` | the ``NamespaceLifecycle`` admission plugin | terminating namespaces; off by default, as most tests never create namespaces |
 | ``run_jobs()`` / ``finish_pod()``: one Pod per unsuspended, unfinished Job, created through admission like the Job controller's, owned by the Job; a finished Pod completes or fails its Job | ``pkg/controller/job`` in miniature | parallelism, retries, indexes |
 """
 
@@ -101,6 +102,7 @@ class KubeDouble:
     compacted: int = 0
     epoch: int = 0  # bumped by compact(): open watches end, as when an API server restarts
     stopping: bool = False  # set by stop(): open watches end, as when an API server shuts down
+    namespace_lifecycle: bool = False  # refuse creates in namespaces that do not exist (see the table)
     requests: list[Request] = field(default_factory=list)
     down: bool = False  # answer every call with 503 and end watches
     failures: list[tuple[str, str, int]] = field(
@@ -214,6 +216,8 @@ class KubeDouble:
             meta = obj.setdefault("metadata", {})
             if namespaced:
                 meta["namespace"] = ns
+                if self.namespace_lifecycle and ("", ns) not in self.objects[("api/v1", "namespaces")]:
+                    return _status(404, "NotFound", f'namespaces "{ns}" not found')
             warnings: list[str] = []
             if resource in ADMITTED:
                 _default(resource, obj)

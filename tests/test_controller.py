@@ -5,12 +5,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
+import pytest
+
 from kratos_controller.controller import ControllerMetrics, ProfilerController, run_when_leading
 from kratos_controller.leader import LeaderElector
 from tests.harness import (
     CONFIGMAPS,
     JOBS,
     LEASES,
+    NAMESPACES,
     PODS,
     PROFILES,
     TEST_KEY,
@@ -160,3 +163,47 @@ async def test_two_controllers_sharing_a_lease_never_both_act():
                     await task
             for api in apis:
                 await api.close()
+
+
+async def test_a_missing_lease_namespace_is_one_clear_error_and_leading_starts_once_it_exists(
+    caplog: pytest.LogCaptureFixture,
+):
+    kube = KubeDouble()
+    kube.namespace_lifecycle = True  # the real server refuses creates in a missing namespace
+    async with api_server(kube) as server:
+        api = api_for(server, "controller-a")
+        elector = LeaderElector(
+            api,
+            namespace="kratos-system",
+            name="kratos-profiler-controller",
+            identity="a",
+            retry_seconds=0.05,
+        )
+        task = asyncio.create_task(elector.run())
+        try:
+            await eventually(lambda: len([r for r in kube.requests if r.method == "POST"]) >= 5)
+            errors = [r for r in caplog.records if r.name == "kratos.leader" and r.levelname == "ERROR"]
+            assert len(errors) == 1, "said once, not at every retry"
+            assert errors[0].getMessage() == (
+                "the Lease namespace 'kratos-system' does not exist: create it "
+                "(kubectl create namespace kratos-system) or set leaseNamespace"
+            )
+            assert "\n" not in errors[0].getMessage() and not elector.leading.is_set()
+            kube.put(*NAMESPACES, {"metadata": {"name": "kratos-system"}})
+            await eventually(elector.leading.is_set)
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            await api.close()
+
+
+def test_api_errors_are_logged_as_one_line():
+    from kubernetes_asyncio.client.exceptions import ApiException
+
+    from kratos_controller.leader import one_line
+
+    exc = ApiException(status=403, reason="Forbidden")
+    exc.body = b'{"kind": "Status", "message": "leases is forbidden: User \\"x\\" cannot get"}'
+    assert one_line(exc) == '403 Forbidden: leases is forbidden: User "x" cannot get'
+    assert one_line(OSError("connection\n refused")) == "OSError: connection refused"

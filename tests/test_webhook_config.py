@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -13,8 +14,18 @@ import pytest
 import yaml
 
 from kratos_admit import vocabulary as v
+from kratos_admit.config import Config, load_config
 from kratos_controller.reconcile import ContainerEnd, Observed, PublishProfile, reconcile
-from tests.harness import EXAMPLES, K8S_VERSION, REPO, TEST_KEY, finish, profiling_job, runner_summary
+from tests.harness import (
+    EXAMPLES,
+    K8S_VERSION,
+    REPO,
+    TEST_KEY,
+    finish,
+    profiling_job,
+    readme_overlay,
+    runner_summary,
+)
 
 COMPONENTS = ["cert-manager", "failure-policy-ignore", "scheduler-kai", "scheduler-volcano"]
 # kinds that are not part of Kubernetes itself (their CRDs come with cert-manager)
@@ -124,21 +135,90 @@ def test_cert_manager_component_injects_the_ca(rendered):
     assert certificate["spec"]["dnsNames"][-1] == "kratos-webhook.kratos-system.svc.cluster.local"
 
 
+def effective_config(objects: list[dict[str, Any]], deployment: str, tmp_path: Path) -> Config:
+    """What a Deployment's process reads: the ConfigMap's config.yaml, then its KRATOS_* env."""
+    path = tmp_path / f"{deployment}-config.yaml"
+    path.write_text(find(objects, "ConfigMap", "kratos-config")["data"]["config.yaml"])
+    [container] = find(objects, "Deployment", deployment)["spec"]["template"]["spec"]["containers"]
+    env = {e["name"]: e["value"] for e in container.get("env", []) if "value" in e}
+    return load_config(path, environ=env)
+
+
 @pytest.mark.parametrize(
     ("component", "scheduler"), [("scheduler-kai", "kai"), ("scheduler-volcano", "volcano")]
 )
-def test_scheduler_components_set_the_backend(rendered, component: str, scheduler: str):
-    config = yaml.safe_load(find(rendered[component], "ConfigMap", "kratos-config")["data"]["config.yaml"])
-    assert config["scheduler"] == scheduler
+def test_scheduler_components_set_the_backend(rendered, component: str, scheduler: str, tmp_path: Path):
+    for deployment in ("kratos-webhook", "kratos-controller"):
+        assert effective_config(rendered[component], deployment, tmp_path).scheduler == scheduler
 
 
 def test_the_shipped_config_loads(rendered, tmp_path: Path):
-    from kratos_admit.config import load_config
-
     for variant in ("base", "scheduler-kai", "scheduler-volcano"):
-        path = tmp_path / f"{variant}.yaml"
-        path.write_text(find(rendered[variant], "ConfigMap", "kratos-config")["data"]["config.yaml"])
-        assert load_config(path, environ={}).source == "cluster"
+        assert effective_config(rendered[variant], "kratos-webhook", tmp_path).source == "cluster"
+
+
+@pytest.mark.parametrize("scheduler", ["kai", "volcano"])
+def test_base_components_and_the_readme_overlay_compose(tmp_path: Path, scheduler: str):
+    """Issue 9: every part's settings survive together. The README's overlay plus cert-manager,
+    fail-open and a scheduler: each component's change and the overlay's own setting are all
+    there, and so is every key of the base configuration."""
+    shutil.copytree(REPO / "webhook-config", tmp_path / "webhook-config")
+    overlay = yaml.safe_load(readme_overlay())
+    overlay["components"] = [
+        f"../webhook-config/components/{c}"
+        for c in ("cert-manager", "failure-policy-ignore", f"scheduler-{scheduler}")
+    ]
+    (tmp_path / "my-kratos").mkdir()
+    (tmp_path / "my-kratos" / "kustomization.yaml").write_text(yaml.safe_dump(overlay))
+    objects = render(tmp_path / "my-kratos")
+    base = yaml.safe_load(find(render(REPO / "webhook-config"), "ConfigMap")["data"]["config.yaml"])
+    webhook = effective_config(objects, "kratos-webhook", tmp_path)
+    controller = effective_config(objects, "kratos-controller", tmp_path)
+    # the scheduler component, on both Deployments
+    assert webhook.scheduler == controller.scheduler == scheduler
+    if scheduler == "kai":
+        assert webhook.kai_queue == controller.kai_queue == "default-queue"
+    # the overlay's own setting and images
+    assert webhook.nsight_compute_image == "registry.example.com/gpu/kratos-nsight-compute-poc:0.1.0"
+    images = {
+        c["image"]
+        for o in objects
+        if o["kind"] == "Deployment"
+        for c in o["spec"]["template"]["spec"]["containers"]
+    }
+    assert images == {"registry.example.com/gpu/kratos-admit:0.1.0"}
+    # every base key the parts did not set is still the base's
+    dumped = webhook.model_dump(by_alias=True, mode="json")
+    for key, value in base.items():
+        if key not in ("scheduler", "nsightComputeImage"):
+            assert dumped[key] == value, key
+    # the other components
+    for kind in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):
+        config = find(objects, kind)
+        assert (
+            config["metadata"]["annotations"]["cert-manager.io/inject-ca-from"]
+            == "kratos-system/kratos-webhook"
+        )
+        assert {hook["failurePolicy"] for hook in config["webhooks"]} == {"Ignore"}
+    assert find(objects, "Certificate")["spec"]["secretName"] == "kratos-webhook-tls"
+    pod = find(objects, "Deployment", "kratos-webhook")["spec"]["template"]["spec"]
+    assert pod["priorityClassName"] == find(objects, "PriorityClass")["metadata"]["name"]
+    for obj in objects:
+        if (obj["apiVersion"], obj["kind"]) not in FOREIGN:
+            kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
+
+
+def test_webhook_pods_shut_down_within_their_grace_period(rendered, tmp_path: Path):
+    """Issue 10: the preStop pause, then shutdownGraceSeconds of serving, then the drain bound,
+    all inside terminationGracePeriodSeconds, so kubelet never SIGKILLs a draining webhook."""
+    from kratos_admit.server import DRAIN_SECONDS
+
+    pod = find(rendered["base"], "Deployment", "kratos-webhook")["spec"]["template"]["spec"]
+    [container] = pod["containers"]
+    pause = container["lifecycle"]["preStop"]["exec"]["command"]
+    seconds = float(re.search(r"sleep\((\d+(?:\.\d+)?)\)", " ".join(pause)).group(1))  # type: ignore[union-attr]
+    grace = effective_config(rendered["base"], "kratos-webhook", tmp_path).shutdown_grace_seconds
+    assert seconds > 0 and seconds + grace + DRAIN_SECONDS < pod["terminationGracePeriodSeconds"]
 
 
 def test_rbac_grants_no_wildcards_and_never_delete(rendered):

@@ -7,7 +7,9 @@ its duration, and stop leading the moment a renewal fails or someone else holds 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime as dt
+import json
 import logging
 from collections.abc import Callable
 
@@ -19,6 +21,21 @@ log = logging.getLogger("kratos.leader")
 
 def _now() -> dt.datetime:
     return dt.datetime.now(dt.UTC)
+
+
+def one_line(exc: BaseException) -> str:
+    """An API error as one line (status, reason and the server's message), not the client's
+    multi-line dump of headers and body."""
+    if isinstance(exc, ApiException):
+        message = ""
+        with contextlib.suppress(ValueError, TypeError, AttributeError):
+            message = str(json.loads(exc.body or "{}").get("message", ""))
+        return f"{exc.status} {exc.reason}" + (f": {message}" if message else "")
+    return " ".join(f"{type(exc).__name__}: {exc}".split())
+
+
+class LeaseNamespaceMissing(Exception):
+    """The Lease's namespace does not exist: nothing can lead until someone creates it."""
 
 
 class LeaderElector:
@@ -64,6 +81,11 @@ class LeaderElector:
             except ApiException as create_exc:
                 if create_exc.status == 409:
                     return False
+                if create_exc.status == 404:  # the namespace itself is missing (NamespaceLifecycle)
+                    raise LeaseNamespaceMissing(
+                        f"the Lease namespace {self.namespace!r} does not exist: create it "
+                        f"(kubectl create namespace {self.namespace}) or set leaseNamespace"
+                    ) from create_exc
                 raise
             return True
         spec = lease.spec or client.V1LeaseSpec()
@@ -90,12 +112,20 @@ class LeaderElector:
         loop = asyncio.get_running_loop()
         renew_deadline = self.lease_seconds * 2 / 3
         last_renewed = 0.0
+        said = ""  # the last failure logged: a failure that repeats every retry is said once
         while True:
             try:
                 ok = await self.try_acquire_or_renew()
+            except LeaseNamespaceMissing as exc:
+                if said != str(exc):
+                    log.error(str(exc), extra={"lease": self.name})
+                said, ok = str(exc), False
             except Exception as exc:  # the API away: keep trying until the renew deadline
-                log.warning("lease call failed", extra={"lease": self.name, "reason": str(exc)})
-                ok = False
+                if said != one_line(exc):
+                    log.warning("lease call failed", extra={"lease": self.name, "reason": one_line(exc)})
+                said, ok = one_line(exc), False
+            else:
+                said = "" if ok else said
             if ok:
                 last_renewed = loop.time()
                 if not self.leading.is_set():
