@@ -20,23 +20,26 @@ _MIG_PROFILE = re.compile(r"^(?P<g>[0-9]+)g\.(?P<m>[0-9]+)gb(?:\.me)?$")
 # Kernels do not reach datasheet peaks. Where no measurement of a product is published, its
 # sustained figure is the datasheet's times the factor of its architecture (FP32) or memory type
 # (bandwidth), each derived from the measured products of that kind (docs/ranking.md shows the
-# derivation and every source). Ada and GA10x datasheets count dual-issue FP32 that real kernels
-# rarely sustain; HBM3e parts reach a smaller share of their bandwidth than HBM2e/HBM3 ones.
+# derivation and every source: te42kyfo/gpu-benches' gpu-roofline and gpu-stream results). SMs
+# with 128 FP32 lanes (GA10x, Ada, Hopper, Blackwell) need an FFMA issued every cycle of every
+# scheduler to reach the datasheet figure and sustain 44-64 % of it; SMs with 64 (GA100, Volta,
+# Turing) leave issue slots free and sustain nearly all of it. HBM3e parts reach a smaller share
+# of their bandwidth (74 % on H200) than HBM2/HBM2e (86-92 %) or GDDR6 (93-95 %) ones.
 FP32_FACTOR: dict[str, float] = {
-    "Turing": 0.90,
-    "Volta": 0.94,
-    "Ampere": 0.97,  # GA100 (A100, A30)
-    "Ampere GA10x": 0.58,  # A10, A40: dual-issue FP32 in the datasheet figure
-    "Ada Lovelace": 0.58,
-    "Hopper": 0.90,
-    "Blackwell": 0.90,
+    "Turing": 0.95,  # not measured here: 64 FP32 lanes per SM, as GA100 (assumed a little below it)
+    "Volta": 0.95,  # not measured here: as Turing
+    "Ampere": 0.98,  # GA100: A100-SXM4-40GB 19.19 of 19.5
+    "Ampere GA10x": 0.63,  # A40 23.61 of 37.4
+    "Ada Lovelace": 0.44,  # L40 39.73 of 90.5 (at the 1740 MHz it held under load)
+    "Hopper": 0.64,  # H200 42.56 of 67
+    "Blackwell": 0.64,  # not measured here: 128 FP32 lanes per SM, as Hopper
 }
 BANDWIDTH_FACTOR: dict[str, float] = {
-    "GDDR6": 0.80,
-    "HBM2": 0.90,
-    "HBM2e": 0.89,
-    "HBM3": 0.90,
-    "HBM3e": 0.74,
+    "GDDR6": 0.94,  # A40 663 of 696, L40 803 of 864
+    "HBM2": 0.88,  # A100-SXM4-40GB 1375 of 1555
+    "HBM2e": 0.89,  # A100-SXM4-80GB 1759 of 2039, H100-PCIe 1832 of 2000
+    "HBM3": 0.89,  # not measured here: taken as HBM2e
+    "HBM3e": 0.74,  # H200 3534 of 4800
 }
 DEFAULT_FACTOR = 0.85  # an architecture or memory type this table does not know
 

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import gc
 import logging
 import os
 import shutil
 import signal
+import sys
 import tempfile
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -302,17 +304,31 @@ def serve_processes(make_engine: Callable[[], AdmissionEngine], *, config: Confi
     share_between_processes(shared)
     try:
         children: list[int] = []
+        parent = os.getpid()
         for _ in range(workers):
             pid = os.fork()
             if pid == 0:  # the worker: serve, then leave without running the parent's cleanup
-                os._exit(_worker(make_engine, config))
+                os._exit(_worker(make_engine, config, parent))
             children.append(pid)
         return asyncio.run(_supervise(children, config=config, shared=shared))
     finally:
         shutil.rmtree(shared, ignore_errors=True)
 
 
-def _worker(make_engine: Callable[[], AdmissionEngine], config: Config) -> int:
+def _die_with_parent() -> None:
+    """Ask Linux to SIGTERM this worker when its parent dies (PR_SET_PDEATHSIG), so a supervisor
+    that is SIGKILLed (OOM, kubelet) leaves no worker serving unsupervised; elsewhere a no-op."""
+    if not sys.platform.startswith("linux"):
+        return
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
+
+
+def _worker(make_engine: Callable[[], AdmissionEngine], config: Config, parent: int) -> int:
+    _die_with_parent()
+    if os.getppid() != parent:  # the parent died before the line above took effect
+        return 1
     try:
         asyncio.run(serve(make_engine(), config=config, reuse_port=True))
     except BaseException as exc:  # whatever ends a worker is logged; its exit code says so

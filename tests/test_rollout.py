@@ -296,3 +296,36 @@ def test_a_worker_that_cannot_start_is_logged_and_the_parent_fails(certs: Path):
     failed = [e for e in entries if e["msg"] == "worker failed"]
     assert failed and "address" in str(failed[0]["error"]).lower(), entries
     assert [e for e in entries if e["msg"] == "worker exited"], "the parent says which worker ended"
+
+
+def test_workers_do_not_outlive_a_killed_parent(certs: Path):
+    """A supervisor SIGKILLed (OOM, kubelet) must not leave workers serving unsupervised."""
+    port = free_port()
+    proc = start_webhook(certs, port, "--workers", "2", grace=0)
+    try:
+        deadline = time.monotonic() + 20
+        workers: list[int] = []
+        while len(workers) < 2:
+            assert time.monotonic() < deadline and proc.poll() is None, logs(certs, port)
+            workers = [int(e["pid"]) for e in logs(certs, port) if e["msg"] == "serving"]  # type: ignore[call-overload]
+            time.sleep(0.1)
+        proc.kill()
+        proc.wait()
+        deadline = time.monotonic() + 15
+        while any(alive(pid) for pid in workers):
+            assert time.monotonic() < deadline, f"workers {workers} outlived their parent"
+            time.sleep(0.1)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with contextlib.suppress(ChildProcessError):  # reap it if it became ours
+        os.waitpid(pid, os.WNOHANG)
+    return Path(f"/proc/{pid}").exists() and "zombie" not in Path(f"/proc/{pid}/status").read_text().lower()
