@@ -7,6 +7,7 @@ TTL or an early delete, ownership of the execution Job.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import datetime as dt
 import functools
@@ -30,6 +31,7 @@ from tests.harness import (
     controller_running,
     eventually,
     opted_in_cluster,
+    profile,
     runner_summary,
     webhook_serving,
 )
@@ -303,3 +305,61 @@ async def test_deleting_the_original_job_removes_its_execution_job(tmp_path: Pat
         )
         await eventually(lambda: kube.get(*JOBS, "team-a", "sweep-0-execution") is None)
         assert not [p for p in kube.items(*PODS) if p["metadata"]["name"].startswith("sweep-0-execution-")]
+
+
+# --- issue 11: learning from real runs --------------------------------------------------------------
+
+
+def observations(kube: KubeDouble) -> dict[str, tuple[int, str]]:
+    found = kube.get(*PROFILES, "team-a", "sweep-profile")
+    status = (found or {}).get("status") or {}
+    return {o["product"]: (o["runs"], o["meanSeconds"]) for o in status.get("observations") or []}
+
+
+def ranked_record(job: dict[str, Any]) -> list[dict[str, Any]]:
+    record: list[dict[str, Any]] = json.loads(job["metadata"]["annotations"][v.HINTS_ANNOTATION])["ranked"]
+    return record
+
+
+async def test_finished_runs_are_observed_once_and_turn_the_ranking_to_the_observed_order(tmp_path: Path):
+    """Memory-bound: the model puts the A100 (1759 GB/s sustained) before the L40S (812). Three
+    runs on each say otherwise (100 s on the A100, 40 s on the L40S): once both products have
+    minObservedRuns (3) runs, hints follow the observations. A replayed event and a controller
+    restart count nothing twice."""
+    async with cluster(tmp_path) as (kube, server, api):
+        kube.put(*PROFILES, profile("sweep", bound="memory"))
+        await create_job(api, plain_job("model-first"))
+        first = ranked_record(stored(kube, "model-first"))
+        assert [r["product"] for r in first] == [A100, L40S] and "source" not in first[0]
+        for i in range(6):
+            await create_job(api, plain_job(f"sweep-{i}"))
+        created = await kube.run_jobs()
+        for pod in created:
+            if pod.startswith("sweep-"):
+                a100 = int(pod.split("-")[1]) < 3
+                kube.finish_pod("team-a", pod, node="gpu-0" if a100 else "gpu-1", seconds=100 if a100 else 40)
+        await eventually(lambda: observations(kube) == {A100: (3, "100.0"), L40S: (3, "40.0")})
+        profile_now = kube.get(*PROFILES, "team-a", "sweep-profile")
+        assert profile_now and profile_now["status"]["observedRuns"] == 6
+
+        # the same events again (a relist, a resync): nothing counted twice
+        for pod in [p for p in kube.items(*PODS) if p["metadata"]["name"].startswith("sweep-")]:
+            pod["metadata"].setdefault("labels", {})["replayed"] = "yes"
+            kube.put(*PODS, pod)
+        for job in [j for j in kube.items(*JOBS) if j["metadata"]["name"].startswith("sweep-")]:
+            job["metadata"].setdefault("labels", {})["replayed"] = "yes"
+            kube.put(*JOBS, job)
+        async with controller_running(server, agent="controller-restarted") as restarted:
+            await eventually(restarted.informer.synced.is_set)
+            await asyncio.sleep(0.5)  # time to (wrongly) count again
+        assert observations(kube) == {A100: (3, "100.0"), L40S: (3, "40.0")}
+
+        await create_job(api, plain_job("observed-first"))
+        ranked = ranked_record(stored(kube, "observed-first"))
+        assert [r["product"] for r in ranked] == [L40S, A100]
+        assert all(r["source"] == "observed" for r in ranked)
+        weights = {
+            t["preference"]["matchExpressions"][0]["values"][0]: t["weight"]
+            for t in preferred(template(stored(kube, "observed-first")))
+        }
+        assert weights[L40S] == 100 and weights[A100] == 40
