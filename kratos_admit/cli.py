@@ -72,6 +72,11 @@ class _Parser(argparse.ArgumentParser):
         raise ArgumentsError(f"{self.prog}: error: {message}", self.format_usage())
 
 
+def _path(parser: argparse.ArgumentParser, flag: str, metavar: str, help_text: str) -> None:
+    """A flag naming a file or directory."""
+    parser.add_argument(flag, type=Path, metavar=metavar, help=help_text)
+
+
 def build_parser() -> argparse.ArgumentParser:
     defaults = Config()
     parser = _Parser(prog="kratos-admit", description="Application-aware GPU admission for Kubernetes.")
@@ -81,31 +86,24 @@ def build_parser() -> argparse.ArgumentParser:
     config_help = "YAML configuration file (KRATOS_* environment variables override it; see README)"
     kubeconfig_help = "kubeconfig file (default: in-cluster account, else $KUBECONFIG, else ~/.kube/config)"
     webhook = commands.add_parser("webhook", help="serve the HTTPS admission webhooks")
-    webhook.add_argument("--config", type=Path, metavar="FILE", help=config_help)
+    _path(webhook, "--config", "FILE", config_help)
     webhook.add_argument(
         "--listen", metavar="HOST:PORT", help=f"where to serve HTTPS (default: {defaults.listen})"
     )
     webhook.add_argument(
         "--metrics-listen", metavar="HOST:PORT", help="also serve /metrics and probes over plain HTTP here"
     )
-    webhook.add_argument("--tls-cert", type=Path, metavar="FILE", help="serving certificate (PEM); required")
-    webhook.add_argument("--tls-key", type=Path, metavar="FILE", help="its private key (PEM); required")
-    webhook.add_argument(
+    _path(webhook, "--tls-cert", "FILE", "serving certificate (PEM); required")
+    _path(webhook, "--tls-key", "FILE", "its private key (PEM); required")
+    _path(
+        webhook,
         "--signing-key",
-        type=Path,
-        metavar="FILE",
-        help="key for KRATOS-only annotations (required in a cluster; certs generate writes one)",
+        "FILE",
+        "key for KRATOS-only annotations (required in a cluster; certs generate writes one)",
     )
-    webhook.add_argument("--kubeconfig", type=Path, metavar="FILE", help=kubeconfig_help)
-    webhook.add_argument(
-        "--profiles",
-        type=Path,
-        metavar="DIR",
-        help="read WorkloadProfile YAML from DIR instead of the cluster",
-    )
-    webhook.add_argument(
-        "--nodes", type=Path, metavar="FILE", help="read Nodes from FILE instead of the cluster"
-    )
+    _path(webhook, "--kubeconfig", "FILE", kubeconfig_help)
+    _path(webhook, "--profiles", "DIR", "read WorkloadProfile YAML from DIR instead of the cluster")
+    _path(webhook, "--nodes", "FILE", "read Nodes from FILE instead of the cluster")
     webhook.add_argument(
         "--workers", type=int, default=1, metavar="N", help="serving processes sharing the port"
     )
@@ -118,18 +116,14 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="FILE",
         help="manifest (Job, Pod, List, multi-document), or -",
     )
-    review.add_argument("--config", type=Path, metavar="FILE", help=config_help)
-    review.add_argument(
-        "--profiles", type=Path, metavar="DIR", help="WorkloadProfile YAML files (default: none)"
-    )
-    review.add_argument("--nodes", type=Path, metavar="FILE", help="Node YAML of the cluster (default: none)")
+    _path(review, "--config", "FILE", config_help)
+    _path(review, "--profiles", "DIR", "WorkloadProfile YAML files (default: none)")
+    _path(review, "--nodes", "FILE", "Node YAML of the cluster (default: none)")
     review.add_argument(
         "--namespace", metavar="NS", help="namespace to review in (default: the object's, else default)"
     )
     review.add_argument("--user", default="kratos-review", metavar="NAME", help="requesting user")
-    review.add_argument(
-        "--signing-key", type=Path, metavar="FILE", help="signing key (default: the fixed development key)"
-    )
+    _path(review, "--signing-key", "FILE", "signing key (default: the fixed development key)")
     review.add_argument(
         "-o",
         "--output",
@@ -144,20 +138,16 @@ def build_parser() -> argparse.ArgumentParser:
     placement.add_argument(
         "-p", "--profile", type=Path, required=True, metavar="FILE", help="a WorkloadProfile YAML file"
     )
-    placement.add_argument(
-        "--nodes", type=Path, metavar="FILE", help="Node YAML of the cluster (default: all known GPUs)"
-    )
-    placement.add_argument("--config", type=Path, metavar="FILE", help=config_help)
+    _path(placement, "--nodes", "FILE", "Node YAML of the cluster (default: all known GPUs)")
+    _path(placement, "--config", "FILE", config_help)
     placement.add_argument(
         "-o", "--output", choices=("table", "json"), default="table", help="a table for people, or JSON rows"
     )
 
     controller = commands.add_parser("controller", help="run the profiler controller (leader-elected)")
-    controller.add_argument("--config", type=Path, metavar="FILE", help=config_help)
-    controller.add_argument("--kubeconfig", type=Path, metavar="FILE", help=kubeconfig_help)
-    controller.add_argument(
-        "--signing-key", type=Path, metavar="FILE", help="the key shared with the webhook; required"
-    )
+    _path(controller, "--config", "FILE", config_help)
+    _path(controller, "--kubeconfig", "FILE", kubeconfig_help)
+    _path(controller, "--signing-key", "FILE", "the key shared with the webhook; required")
 
     certs = commands.add_parser("certs", help="certificates for the webhook")
     certs_commands = certs.add_subparsers(
@@ -173,7 +163,7 @@ def build_parser() -> argparse.ArgumentParser:
         "inject", help="write the CA into the webhook configurations' caBundle"
     )
     inject.add_argument("--ca", type=Path, required=True, metavar="FILE", help="the CA certificate (PEM)")
-    inject.add_argument("--kubeconfig", type=Path, metavar="FILE", help=kubeconfig_help)
+    _path(inject, "--kubeconfig", "FILE", kubeconfig_help)
     inject.add_argument(
         "--name", default=WEBHOOK_CONFIGURATION, metavar="NAME", help="the webhook configurations' name"
     )

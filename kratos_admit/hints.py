@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
@@ -251,17 +251,31 @@ def _ranked_hint(
     catalog: Catalog,
 ) -> tuple[list[RankedProduct], bool]:
     """The ranking, and whether its preferred affinity was added (a user's own product preference wins)."""
-    ranked = rank_gpu_products(
+    ranked = ranking_of(profile, node_products, config=config, catalog=catalog, annotations=annotations)
+    return ranked, _prefer_products(pod_spec, ranked)
+
+
+def ranking_of(
+    profile: WorkloadProfile,
+    node_products: Iterable[str],
+    *,
+    config: Config,
+    catalog: Catalog,
+    annotations: Mapping[str, str] | None = None,
+) -> list[RankedProduct]:
+    """The ranking the configuration asks for (strategy, reference, observed runs), within the
+    object's own GPU minimums when ``annotations`` has them: what hints and the placement report show."""
+    found = annotations or {}
+    return rank_gpu_products(
         profile,
         node_products,
         catalog=catalog,
         strategy=config.hint_strategy,
         reference_product=config.reference_product,
-        min_compute_capability=min_compute_capability(annotations),
-        min_memory_mib=min_memory_mib(annotations),
+        min_compute_capability=min_compute_capability(found),
+        min_memory_mib=min_memory_mib(found),
         min_observed_runs=config.min_observed_runs,
     )
-    return ranked, _prefer_products(pod_spec, ranked)
 
 
 def release_hold(

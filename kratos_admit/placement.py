@@ -11,8 +11,9 @@ from dataclasses import asdict, dataclass
 
 from kratos_admit.catalog import Catalog, mig_profile_of
 from kratos_admit.config import Config
+from kratos_admit.hints import ranking_of
 from kratos_admit.profile import WorkloadProfile
-from kratos_admit.ranking import rank_gpu_products, throughput_shares
+from kratos_admit.ranking import throughput_shares
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,14 +38,7 @@ def placement_rows(
     profile: WorkloadProfile, node_products: Iterable[str], *, catalog: Catalog, config: Config
 ) -> list[PlacementRow]:
     """One row per ranked product, best first; empty when the profile gives nothing to rank by."""
-    ranked = rank_gpu_products(
-        profile,
-        node_products,
-        catalog=catalog,
-        strategy=config.hint_strategy,
-        reference_product=config.reference_product,
-        min_observed_runs=config.min_observed_runs,
-    )
+    ranked = ranking_of(profile, node_products, config=config, catalog=catalog)
     rows = []
     for r in ranked:
         entry = r.product

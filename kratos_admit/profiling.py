@@ -85,25 +85,6 @@ def profiling_wanted(annotations: Mapping[str, str], config: Config) -> bool:
     return config.profiling_default if value is None else value == "true"
 
 
-def profiling_needed(
-    workload: Workload,
-    *,
-    operation: str,
-    profile: WorkloadProfile | None,
-    namespace: str,
-    config: Config,
-    signing_key: bytes,
-) -> bool:
-    """A Job created without a profile, profiling wanted, and not already a KRATOS-made Job."""
-    return (
-        workload.kind == "Job"
-        and operation == "CREATE"
-        and profile is None
-        and profiling_wanted(workload.metadata.annotations, config)
-        and signed_role(workload.metadata.raw, namespace=namespace, key=signing_key) is None
-    )
-
-
 def profiling_demanded(
     workload: Workload,
     *,
@@ -113,15 +94,16 @@ def profiling_demanded(
     config: Config,
     signing_key: bytes,
 ) -> bool:
-    """Profiling needed and asked for explicitly (``profiling: "true"``): only then is a Job that
-    cannot be profiled denied (rule profiling-target); profiling by default never denies a Job."""
-    return workload.metadata.annotations.get(v.PROFILING_ANNOTATION) == "true" and profiling_needed(
-        workload,
-        operation=operation,
-        profile=profile,
-        namespace=namespace,
-        config=config,
-        signing_key=signing_key,
+    """Profiling asked for explicitly (``profiling: "true"``) and needed (a Job created without a
+    profile, not made by KRATOS): only then is a Job that cannot be profiled denied (rule
+    profiling-target); profiling by default never denies a Job."""
+    return (
+        workload.metadata.annotations.get(v.PROFILING_ANNOTATION) == "true"
+        and workload.kind == "Job"
+        and operation == "CREATE"
+        and profile is None
+        and profiling_wanted(workload.metadata.annotations, config)
+        and signed_role(workload.metadata.raw, namespace=namespace, key=signing_key) is None
     )
 
 

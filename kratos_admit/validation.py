@@ -220,19 +220,16 @@ def _gpu_sharing(workload: Workload, gpus: PodGpus) -> Iterator[FieldError]:
             sharing.memory,
         )
     if sharing.num_devices is not None:
-        if parse_positive_integer(sharing.num_devices) is None or not sharing.num_devices.isdigit():
+        problem = (
+            f"{sharing.num_devices!r} must be a positive integer"
+            if parse_positive_integer(sharing.num_devices) is None or not sharing.num_devices.isdigit()
+            else ""
+            if sharing.requested
+            else f"needs {v.KAI_FRACTION_ANNOTATION} or {v.KAI_MEMORY_ANNOTATION}"
+        )
+        if problem:
             yield FieldError(
-                "gpu-sharing",
-                annotations.key(v.KAI_NUM_DEVICES_ANNOTATION),
-                f"{sharing.num_devices!r} must be a positive integer",
-                sharing.num_devices,
-            )
-        elif not sharing.requested:
-            yield FieldError(
-                "gpu-sharing",
-                annotations.key(v.KAI_NUM_DEVICES_ANNOTATION),
-                f"needs {v.KAI_FRACTION_ANNOTATION} or {v.KAI_MEMORY_ANNOTATION}",
-                sharing.num_devices,
+                "gpu-sharing", annotations.key(v.KAI_NUM_DEVICES_ANNOTATION), problem, sharing.num_devices
             )
     if not sharing.requested:
         return

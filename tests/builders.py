@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import copy
-from typing import Any
+from typing import Any, Self
 
 from kratos_admit import vocabulary as v
 from kratos_admit.profile import WorkloadProfile
@@ -11,99 +11,83 @@ from kratos_admit.profile import WorkloadProfile
 NAMESPACE = "team-a"
 
 
-class PodSpecBuilder:
-    def __init__(self, kind: str, name: str, namespace: str = NAMESPACE) -> None:
-        self.kind = kind
-        container = {
-            "name": "main",
-            "image": "nvcr.io/nvidia/k8s/cuda-sample:vectoradd-cuda12.5.0",
-            "command": ["/cuda-samples/vectorAdd"],
-            "resources": {"limits": {v.GPU_RESOURCE: 1}},
+class _PodTemplateBuilder:
+    """The setters a Job's pod template and a Pod share; subclasses say where the spec lives."""
+
+    def __init__(self, api_version: str, kind: str, name: str, namespace: str, spec: dict[str, Any]) -> None:
+        labels = {v.WORKLOAD_LABEL: name}
+        self._obj: dict[str, Any] = {
+            "apiVersion": api_version,
+            "kind": kind,
+            "metadata": {"name": name, "namespace": namespace, "labels": labels},
+            "spec": spec,
         }
-        pod_spec: dict[str, Any] = {"restartPolicy": "Never", "containers": [container]}
-        if kind == "Job":
-            self.obj: dict[str, Any] = {
-                "apiVersion": "batch/v1",
-                "kind": "Job",
-                "metadata": {"name": name, "namespace": namespace, "labels": {v.WORKLOAD_LABEL: name}},
-                "spec": {"template": {"spec": pod_spec}},
-            }
-        else:
-            self.obj = {
-                "apiVersion": "v1",
-                "kind": "Pod",
-                "metadata": {"name": name, "namespace": namespace, "labels": {v.WORKLOAD_LABEL: name}},
-                "spec": pod_spec,
-            }
+
+    def _template(self) -> dict[str, Any]:
+        """The dict holding the pod's ``metadata`` and ``spec``: a Job's template, or the Pod."""
+        return self._obj
 
     @property
     def pod_spec(self) -> dict[str, Any]:
-        spec: dict[str, Any] = (
-            self.obj["spec"]["template"]["spec"] if self.kind == "Job" else self.obj["spec"]
-        )
+        spec: dict[str, Any] = self._template()["spec"]
         return spec
 
     @property
     def pod_meta(self) -> dict[str, Any]:
-        template: dict[str, Any] = (
-            self.obj["spec"]["template"] if self.kind == "Job" else {"metadata": self.obj["metadata"]}
-        )
-        meta: dict[str, Any] = template.setdefault("metadata", {})
+        meta: dict[str, Any] = self._template().setdefault("metadata", {})
         return meta
 
     def container(self, i: int = 0) -> dict[str, Any]:
         container: dict[str, Any] = self.pod_spec["containers"][i]
         return container
 
-    def label(self, key: str, value: str) -> PodSpecBuilder:
-        self.obj["metadata"].setdefault("labels", {})[key] = value
+    def label(self, key: str, value: str) -> Self:
+        self._obj["metadata"].setdefault("labels", {})[key] = value
         return self
 
-    def unlabelled(self) -> PodSpecBuilder:
-        self.obj["metadata"]["labels"].pop(v.WORKLOAD_LABEL)
+    def unlabelled(self) -> Self:
+        self._obj["metadata"]["labels"].pop(v.WORKLOAD_LABEL)
         return self
 
-    def annotate(self, key: str, value: str) -> PodSpecBuilder:
-        self.obj["metadata"].setdefault("annotations", {})[key] = value
+    def annotate(self, key: str, value: str) -> Self:
+        self._obj["metadata"].setdefault("annotations", {})[key] = value
         return self
 
-    def pod_annotate(self, key: str, value: str) -> PodSpecBuilder:
+    def pod_annotate(self, key: str, value: str) -> Self:
         self.pod_meta.setdefault("annotations", {})[key] = value
         return self
 
-    def limits(self, values: dict[str, Any], i: int = 0) -> PodSpecBuilder:
+    def limits(self, values: dict[str, Any], i: int = 0) -> Self:
         self.container(i).setdefault("resources", {})["limits"] = values
         return self
 
-    def requests(self, values: dict[str, Any], i: int = 0) -> PodSpecBuilder:
+    def requests(self, values: dict[str, Any], i: int = 0) -> Self:
         self.container(i).setdefault("resources", {})["requests"] = values
         return self
 
-    def no_resources(self, i: int = 0) -> PodSpecBuilder:
+    def no_resources(self, i: int = 0) -> Self:
         self.container(i).pop("resources", None)
         return self
 
-    def command(self, *command: str, i: int = 0) -> PodSpecBuilder:
+    def command(self, *command: str, i: int = 0) -> Self:
         if command:
             self.container(i)["command"] = list(command)
         else:
             self.container(i).pop("command", None)
         return self
 
-    def args(self, *args: str, i: int = 0) -> PodSpecBuilder:
+    def args(self, *args: str, i: int = 0) -> Self:
         self.container(i)["args"] = list(args)
         return self
 
-    def add_container(
-        self, name: str, limits: dict[str, Any] | None = None, *, init: bool = False
-    ) -> PodSpecBuilder:
+    def add_container(self, name: str, limits: dict[str, Any] | None = None, *, init: bool = False) -> Self:
         container: dict[str, Any] = {"name": name, "image": "busybox:1.36", "command": ["/bin/true"]}
         if limits is not None:
             container["resources"] = {"limits": limits}
         self.pod_spec.setdefault("initContainers" if init else "containers", []).append(container)
         return self
 
-    def dra_claim(self, name: str, template: str, i: int = 0) -> PodSpecBuilder:
+    def dra_claim(self, name: str, template: str, i: int = 0) -> Self:
         """A GPU claimed through Dynamic Resource Allocation instead of nvidia.com/gpu."""
         self.pod_spec.setdefault("resourceClaims", []).append(
             {"name": name, "resourceClaimTemplateName": template}
@@ -111,24 +95,85 @@ class PodSpecBuilder:
         self.container(i)["resources"] = {"claims": [{"name": name}]}
         return self
 
-    def spec(self, **fields: Any) -> PodSpecBuilder:
+    def spec(self, **fields: Any) -> Self:
         self.pod_spec.update(fields)
         return self
 
-    def job_spec(self, **fields: Any) -> PodSpecBuilder:
-        self.obj["spec"].update(fields)
+    def obj(self) -> dict[str, Any]:
+        """The object built so far (a copy: the builder can go on)."""
+        return copy.deepcopy(self._obj)
+
+
+def _vector_add() -> dict[str, Any]:
+    container = {
+        "name": "main",
+        "image": "nvcr.io/nvidia/k8s/cuda-sample:vectoradd-cuda12.5.0",
+        "command": ["/cuda-samples/vectorAdd"],
+        "resources": {"limits": {v.GPU_RESOURCE: 1}},
+    }
+    return {"restartPolicy": "Never", "containers": [container]}
+
+
+class JobBuilder(_PodTemplateBuilder):
+    """A batch/v1 Job of the vectorAdd sample, labelled for KRATOS with its own name as workload."""
+
+    def __init__(self, name: str, namespace: str = NAMESPACE) -> None:
+        super().__init__("batch/v1", "Job", name, namespace, {"template": {"spec": _vector_add()}})
+
+    def _template(self) -> dict[str, Any]:
+        template: dict[str, Any] = self._obj["spec"]["template"]
+        return template
+
+    @classmethod
+    def of(cls, job: dict[str, Any]) -> JobBuilder:
+        """Go on building a Job made elsewhere (the webhook's rewrite, say); ``job`` is copied."""
+        builder = cls(str(job["metadata"]["name"]))
+        builder._obj = copy.deepcopy(job)
+        return builder
+
+    def job_spec(self, **fields: Any) -> Self:
+        self._obj["spec"].update(fields)
         return self
 
-    def build(self) -> dict[str, Any]:
-        return copy.deepcopy(self.obj)
+    def finished(
+        self,
+        condition: str = "Complete",
+        *,
+        reason: str = "",
+        message: str = "",
+        at: str = "2026-11-22T10:03:00Z",
+    ) -> Self:
+        """The status the Job controller writes when the Job ends (``Complete`` or ``Failed``)."""
+        ended = {
+            "type": condition,
+            "status": "True",
+            "lastTransitionTime": at,
+            "reason": reason,
+            "message": message,
+        }
+        status: dict[str, Any] = {
+            "conditions": [ended],
+            "succeeded" if condition == "Complete" else "failed": 1,
+        }
+        if condition == "Complete":
+            status["completionTime"] = at
+        self._obj["status"] = status
+        return self
 
 
-def make_job(name: str = "vector-add", namespace: str = NAMESPACE) -> PodSpecBuilder:
-    return PodSpecBuilder("Job", name, namespace)
+class PodBuilder(_PodTemplateBuilder):
+    """A v1 Pod of the vectorAdd sample, labelled for KRATOS with its own name as workload."""
+
+    def __init__(self, name: str, namespace: str = NAMESPACE) -> None:
+        super().__init__("v1", "Pod", name, namespace, _vector_add())
 
 
-def make_pod(name: str = "vector-add", namespace: str = NAMESPACE) -> PodSpecBuilder:
-    return PodSpecBuilder("Pod", name, namespace)
+def make_job(name: str = "vector-add", namespace: str = NAMESPACE) -> JobBuilder:
+    return JobBuilder(name, namespace)
+
+
+def make_pod(name: str = "vector-add", namespace: str = NAMESPACE) -> PodBuilder:
+    return PodBuilder(name, namespace)
 
 
 def make_profile(

@@ -42,7 +42,7 @@ from kratos_admit.tls import ServingCertificate
 from kratos_controller.controller import ControllerMetrics, ProfilerController
 from kratos_runner.parse import parse_report
 from kratos_runner.summary import encode_summary, summarise
-from tests.builders import make_job
+from tests.builders import JobBuilder, make_job
 from tests.kube_double import MUTATING, VALIDATING, KubeDouble
 
 REPO = Path(__file__).resolve().parents[1]
@@ -136,7 +136,7 @@ def profiling_job(
     name: str = "vector-add", namespace: str = "team-a", workload: str | None = None
 ) -> dict[str, Any]:
     """The user's Job after the mutating webhook rewrote it (signed with TEST_KEY)."""
-    user = make_job(name, namespace).label(v.WORKLOAD_LABEL, workload or name).args("--n", "4096").build()
+    user = make_job(name, namespace).label(v.WORKLOAD_LABEL, workload or name).args("--n", "4096").obj()
     result = admit(user, engine(make_ctx()))
     assert result.decision.action == "profiling"
     job = copy.deepcopy(result.decision.mutated)
@@ -148,22 +148,8 @@ def profiling_job(
 def finish(
     job: dict[str, Any], condition: str = "Complete", *, reason: str = "", message: str = ""
 ) -> dict[str, Any]:
-    job = copy.deepcopy(job)
-    status: dict[str, Any] = {
-        "conditions": [
-            {
-                "type": condition,
-                "status": "True",
-                "lastTransitionTime": "2026-11-22T10:03:00Z",
-                "reason": reason,
-                "message": message,
-            }
-        ]
-    }
-    if condition == "Complete":
-        status["completionTime"] = "2026-11-22T10:03:00Z"
-    job["status"] = status
-    return job
+    """A copy of ``job`` (as the webhook or a builder made it) ended as the Job controller ends it."""
+    return JobBuilder.of(job).finished(condition, reason=reason, message=message).obj()
 
 
 def runner_summary(fixture: str = "mdinfo-t4-two-kernel-basic-text.txt", exit_code: int = 0) -> str:

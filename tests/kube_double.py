@@ -332,12 +332,9 @@ class KubeDouble:
                     hook.get("reinvocationPolicy") != "IfNeeded" or not patched_by or i >= max(patched_by)
                 ):
                     continue
-                answer = await self._call(hook, operation, resource, obj, old)
+                answer = await self._ask(hook, operation, resource, obj, old, warnings=warnings)
                 if isinstance(answer, web.Response):
                     return answer
-                warnings += answer.get("warnings") or []
-                if not answer.get("allowed"):
-                    return _denied(hook, answer)
                 if answer.get("patch"):
                     ops = json.loads(base64.b64decode(answer["patch"]))
                     if ops:
@@ -353,12 +350,9 @@ class KubeDouble:
             for hook in config.get("webhooks") or []:
                 if not self._matches(hook, operation, resource, obj, old):
                     continue
-                answer = await self._call(hook, operation, resource, obj, old)
+                answer = await self._ask(hook, operation, resource, obj, old, warnings=warnings)
                 if isinstance(answer, web.Response):
                     return answer
-                warnings += answer.get("warnings") or []
-                if not answer.get("allowed"):
-                    return _denied(hook, answer)
         return obj, warnings
 
     def _matches(
@@ -387,6 +381,24 @@ class KubeDouble:
             _selector_matches(hook.get("objectSelector"), c["metadata"].get("labels") or {})
             for c in candidates
         )
+
+    async def _ask(
+        self,
+        hook: Obj,
+        operation: str,
+        resource: tuple[str, str],
+        obj: Obj,
+        old: Obj | None,
+        *,
+        warnings: list[str],
+    ) -> Obj | web.Response:
+        """One webhook's answer, its warnings collected; a failure or a denial as the API server's
+        response to the client."""
+        answer = await self._call(hook, operation, resource, obj, old)
+        if isinstance(answer, web.Response):
+            return answer
+        warnings += answer.get("warnings") or []
+        return answer if answer.get("allowed") else _denied(hook, answer)
 
     async def _call(
         self, hook: Obj, operation: str, resource: tuple[str, str], obj: Obj, old: Obj | None

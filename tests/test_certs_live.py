@@ -101,7 +101,7 @@ async def test_running_server_picks_up_a_rotated_certificate_with_no_failed_requ
     trust = ssl.create_default_context(cadata=(old / "ca.crt").read_text() + (new / "ca.crt").read_text())
     only_new = ssl.create_default_context(cafile=str(new / "ca.crt"))
     port = free_port()
-    body = review_of(make_job().build())
+    body = review_of(make_job().obj())
     failures, answered = 0, 0
     async with running_site(app, "127.0.0.1", port, certificate=certificate):
         watcher = asyncio.create_task(certificate.watch(interval=0.1))

@@ -43,7 +43,7 @@ AFTER_FINISH = dt.datetime(2026, 11, 22, 10, 5, tzinfo=dt.UTC)
 
 def plain_job(name: str, workload: str = "sweep", **spec: Any) -> dict[str, Any]:
     """A Job as a user writes it: no schedulerName, no defaults; the API double fills them in."""
-    job = make_job(name).label(v.WORKLOAD_LABEL, workload).job_spec(**spec).build()
+    job = make_job(name).label(v.WORKLOAD_LABEL, workload).job_spec(**spec).obj()
     del job["spec"]["template"]["spec"]["restartPolicy"]
     job["spec"]["template"]["spec"]["restartPolicy"] = "Never"
     return job
@@ -125,7 +125,7 @@ async def test_a_server_defaulted_job_gets_the_configured_scheduler(
 
 async def test_a_pod_naming_a_missing_runtime_class_is_refused_as_the_server_does(tmp_path: Path):
     async with cluster(tmp_path, controller=False, runtimeClassName="gpu-runtime") as (_, _, api):
-        pod = make_pod("solo").build()
+        pod = make_pod("solo").obj()
         with pytest.raises(ApiException) as refused:
             await create_pod(api, pod)
         assert refused.value.status == 403
@@ -226,7 +226,7 @@ async def test_a_follower_the_user_suspended_stays_suspended_but_gets_the_hints(
 async def test_a_pod_arriving_during_the_run_is_gated_then_released(tmp_path: Path):
     async with cluster(tmp_path) as (kube, _, api):
         await create_job(api, plain_job("sweep-0"))
-        pod = make_pod("solo").label(v.WORKLOAD_LABEL, "sweep").build()
+        pod = make_pod("solo").label(v.WORKLOAD_LABEL, "sweep").obj()
         await create_pod(api, pod)
         gated = kube.get(*PODS, "team-a", "solo")
         assert gated and {"name": v.PROFILE_SCHEDULING_GATE} in gated["spec"]["schedulingGates"]

@@ -137,14 +137,14 @@ async def test_server_path_hit_makes_no_api_call_and_miss_makes_one():
             for _ in range(20):
                 response = await http.post(
                     "/mutate",
-                    data=json.dumps(review_of(make_job().build())),
+                    data=json.dumps(review_of(make_job().obj())),
                     headers={"Content-Type": "application/json"},
                 )
                 assert (await response.json())["response"]["patchType"] == "JSONPatch"
             assert api_calls(kube) == before, "cache hits answer from memory"
             response = await http.post(
                 "/mutate",
-                data=json.dumps(review_of(make_job("other").build())),
+                data=json.dumps(review_of(make_job("other").obj())),
                 headers={"Content-Type": "application/json"},
             )
             assert response.status == 200

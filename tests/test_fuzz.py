@@ -32,14 +32,14 @@ json_values = st.recursive(
 )
 
 BASES = [
-    make_job().build(),
-    make_pod().build(),
-    make_job().pod_annotate("gpu-fraction", "0.5").no_resources().build(),
-    make_job().dra_claim("gpu", "t").annotate(v.MIN_CC_ANNOTATION, "8.6").build(),
+    make_job().obj(),
+    make_pod().obj(),
+    make_job().pod_annotate("gpu-fraction", "0.5").no_resources().obj(),
+    make_job().dra_claim("gpu", "t").annotate(v.MIN_CC_ANNOTATION, "8.6").obj(),
     make_pod()
     .limits({"nvidia.com/mig-1g.5gb": 1})
     .add_container("init", {v.GPU_RESOURCE: 2}, init=True)
-    .build(),
+    .obj(),
 ]
 KINDS = [
     {"group": "batch", "version": "v1", "kind": "Job"},

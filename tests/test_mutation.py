@@ -74,7 +74,7 @@ WORKLOADS = [
 
 @pytest.mark.parametrize("builder", WORKLOADS)
 def test_hints_are_valid_idempotent_and_pass_validation(builder):
-    result, mutated = mutate_and_check(builder.build(), engine(make_ctx(), [PROFILE]))
+    result, mutated = mutate_and_check(builder.obj(), engine(make_ctx(), [PROFILE]))
     assert result.decision.action == "hints"
     meta = mutated["metadata"]
     assert meta["annotations"][v.PROFILE_ANNOTATION] == "vector-add-profile@7"
@@ -87,7 +87,7 @@ def _pod_spec(obj):
 
 
 def test_hints_inject_runtime_class_affinity_and_toleration():
-    _, mutated = mutate_and_check(make_job().build(), engine(make_ctx(), [PROFILE]))
+    _, mutated = mutate_and_check(make_job().obj(), engine(make_ctx(), [PROFILE]))
     spec = _pod_spec(mutated)
     assert spec["runtimeClassName"] == "nvidia"
     terms = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
@@ -108,7 +108,7 @@ def test_hints_inject_runtime_class_affinity_and_toleration():
 
 
 def test_required_requirements_are_anded_into_every_existing_term():
-    obj = TWO_TERMS.build()
+    obj = TWO_TERMS.obj()
     obj["metadata"]["annotations"] = {v.MIN_CC_ANNOTATION: "8.6", v.MIN_MEMORY_ANNOTATION: "40Gi"}
     _, mutated = mutate_and_check(obj, engine(make_ctx(), [PROFILE]))
     terms = _pod_spec(mutated)["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
@@ -149,7 +149,7 @@ def test_hints_never_override_what_the_user_set():
             affinity={"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [user_pref]}},
         )
         .annotate(v.PRIORITY_ANNOTATION, "high")
-        .build()
+        .obj()
     )
     eng = engine(make_ctx(scheduler="kai", priorityClasses={"high": "gpu-high"}), [PROFILE])
     _, mutated = mutate_and_check(obj, eng)
@@ -170,7 +170,7 @@ def test_hints_never_override_what_the_user_set():
     ],
 )
 def test_scheduler_backend_from_config(config, scheduler, queue):
-    _, mutated = mutate_and_check(make_job().build(), engine(make_ctx(**config), [PROFILE]))
+    _, mutated = mutate_and_check(make_job().obj(), engine(make_ctx(**config), [PROFILE]))
     assert _pod_spec(mutated).get("schedulerName") == scheduler
     labels = mutated["spec"]["template"]["metadata"].get("labels", {})
     assert labels.get(v.KAI_QUEUE_LABEL) == queue
@@ -178,16 +178,16 @@ def test_scheduler_backend_from_config(config, scheduler, queue):
 
 def test_priority_annotation_maps_to_priority_class_on_jobs():
     eng = engine(make_ctx(priorityClasses={"high": "gpu-high", "low": "gpu-low"}), [PROFILE])
-    _, mutated = mutate_and_check(make_job().annotate(v.PRIORITY_ANNOTATION, "low").build(), eng)
+    _, mutated = mutate_and_check(make_job().annotate(v.PRIORITY_ANNOTATION, "low").obj(), eng)
     assert _pod_spec(mutated)["priorityClassName"] == "gpu-low"
-    result, mutated = mutate_and_check(make_pod().annotate(v.PRIORITY_ANNOTATION, "low").build(), eng)
+    result, mutated = mutate_and_check(make_pod().annotate(v.PRIORITY_ANNOTATION, "low").obj(), eng)
     assert "priorityClassName" not in _pod_spec(mutated)
     assert any("applied to Jobs only" in w for w in result.decision.warnings)
 
 
 def test_profile_runtime_class_overrides_the_configured_default():
     profile = make_profile(runtime_class="nvidia-legacy")
-    _, mutated = mutate_and_check(make_job().build(), engine(make_ctx(), [profile]))
+    _, mutated = mutate_and_check(make_job().obj(), engine(make_ctx(), [profile]))
     assert _pod_spec(mutated)["runtimeClassName"] == "nvidia-legacy"
 
 
@@ -204,7 +204,7 @@ def pod_of(job):
 
 def test_pods_created_by_a_hinted_job_are_left_alone():
     eng = engine(make_ctx(), [PROFILE])
-    _, job = mutate_and_check(make_job().build(), eng)
+    _, job = mutate_and_check(make_job().obj(), eng)
     pod = pod_of(job)
     pod["metadata"].update(name="vector-add-x7k2p", namespace="team-a")
     pod["metadata"].setdefault("labels", {}).update(
@@ -229,7 +229,7 @@ def test_profiling_rewrite_shape():
             backoffLimit=6, completions=4, parallelism=2, completionMode="Indexed", ttlSecondsAfterFinished=0
         )
         .annotate(v.PROFILE_SKIP_ANNOTATION, "5")
-        .build()
+        .obj()
     )
     obj["spec"]["template"]["spec"]["containers"][0]["env"] = [{"name": "A", "value": "1"}]
     obj["spec"]["template"]["spec"]["containers"][0]["volumeMounts"] = [
@@ -295,7 +295,7 @@ def test_profiling_uses_the_executable_annotation_when_there_is_no_command():
         .command()
         .args("--size", "1024")
         .annotate(v.EXECUTABLE_ANNOTATION, "/usr/local/bin/app")
-        .build()
+        .obj()
     )
     _, mutated = mutate_and_check(obj, engine(make_ctx()))
     runner = mutated["spec"]["template"]["spec"]["containers"][0]
@@ -304,7 +304,7 @@ def test_profiling_uses_the_executable_annotation_when_there_is_no_command():
 
 def test_pods_of_a_profiling_job_are_left_alone():
     eng = engine(make_ctx())
-    _, job = mutate_and_check(make_job().build(), eng)
+    _, job = mutate_and_check(make_job().obj(), eng)
     pod = pod_of(job)
     pod["metadata"]["labels"][v.WORKLOAD_LABEL] = "vector-add"
     result = admit(pod, eng)
@@ -336,7 +336,7 @@ def test_pods_of_a_profiling_job_are_left_alone():
 )
 def test_editing_a_kratos_key_of_a_hinted_job_is_denied(edit):
     eng = engine(make_ctx(), [PROFILE])
-    _, mutated = mutate_and_check(make_job().build(), eng)
+    _, mutated = mutate_and_check(make_job().obj(), eng)
     stored = copy.deepcopy(mutated)
     edit(mutated)
     cases: tuple[tuple[Operation, dict[str, Any] | None], ...] = (("CREATE", None), ("UPDATE", stored))
@@ -348,7 +348,7 @@ def test_editing_a_kratos_key_of_a_hinted_job_is_denied(edit):
 
 def test_editing_the_original_template_of_a_profiling_job_is_denied():
     eng = engine(make_ctx())
-    _, mutated = mutate_and_check(make_job().build(), eng)
+    _, mutated = mutate_and_check(make_job().obj(), eng)
     forged = copy.deepcopy(mutated)
     forged["metadata"]["annotations"][v.ORIGINAL_TEMPLATE_ANNOTATION] = "H4sIAAAAAAAA/6uuBQBDv6ajAgAAAA=="
     result = admit(forged, eng, webhook="validate", operation="UPDATE", old=mutated)
@@ -360,7 +360,7 @@ def test_editing_the_original_template_of_a_profiling_job_is_denied():
 
 def test_a_signature_from_another_namespace_is_not_valid():
     eng = engine(make_ctx(), [PROFILE])
-    _, mutated = mutate_and_check(make_job().build(), eng)
+    _, mutated = mutate_and_check(make_job().obj(), eng)
     mutated["metadata"]["namespace"] = "team-b"
     result = admit(mutated, eng, webhook="validate")
     assert not result.decision.allowed
@@ -372,7 +372,7 @@ def execution_job():
         make_job("vector-add-execution")
         .label(v.WORKLOAD_LABEL, "vector-add")
         .label(v.ROLE_LABEL, "execution")
-        .build()
+        .obj()
     )
     sign_block(job["metadata"], namespace="team-a", key=TEST_KEY)
     return job
@@ -430,7 +430,7 @@ def assert_base_hints(mutated: dict[str, Any], kind: str, *, ranked: bool) -> di
     ],
 )  # fmt: skip
 def test_objects_without_ranked_hints_get_base_hints_and_a_reason(builder, profiles, warning, reason):
-    obj = builder.build()
+    obj = builder.obj()
     result, mutated = mutate_and_check(obj, engine(make_ctx(), profiles))
     assert result.decision.action == "hints"
     assert any(warning in w for w in result.decision.warnings), result.decision.warnings
@@ -440,7 +440,7 @@ def test_objects_without_ranked_hints_get_base_hints_and_a_reason(builder, profi
 
 
 def test_a_job_that_cannot_be_profiled_says_how_to_enable_profiling():
-    result = admit(ENTRYPOINT_JOB.build(), engine(make_ctx()))
+    result = admit(ENTRYPOINT_JOB.obj(), engine(make_ctx()))
     [warning] = result.decision.warnings
     assert "command[0]" in warning and v.EXECUTABLE_ANNOTATION in warning
 
@@ -454,7 +454,7 @@ def test_execution_job_without_a_profile_is_never_profiled_again_but_gets_base_h
 
 
 def test_the_profiling_run_gets_base_hints_so_it_reaches_tainted_gpu_nodes():
-    result, mutated = mutate_and_check(make_job().build(), engine(make_ctx()))
+    result, mutated = mutate_and_check(make_job().obj(), engine(make_ctx()))
     assert result.decision.action == "profiling"
     record = assert_base_hints(mutated, "Job", ranked=False)
     assert record["reason"] == "profiling run"
@@ -476,23 +476,23 @@ def test_the_servers_default_scheduler_name_is_no_choice(backend, annotation, ex
     if annotation:
         builder = builder.annotate(v.SCHEDULER_ANNOTATION, annotation)
     for profiles in ([PROFILE], []):
-        _, mutated = mutate_and_check(builder.build(), engine(make_ctx(scheduler=backend), profiles))
+        _, mutated = mutate_and_check(builder.obj(), engine(make_ctx(scheduler=backend), profiles))
         assert mutated["spec"]["template"]["spec"]["schedulerName"] == expected
 
 
 def test_a_scheduler_the_user_chose_is_kept():
-    obj = make_job().spec(schedulerName="my-scheduler").build()
+    obj = make_job().spec(schedulerName="my-scheduler").obj()
     _, mutated = mutate_and_check(obj, engine(make_ctx(scheduler="kai"), [PROFILE]))
     assert mutated["spec"]["template"]["spec"]["schedulerName"] == "my-scheduler"
 
 
 def test_unlabelled_objects_are_never_touched():
-    result = admit(make_job().unlabelled().build(), engine(make_ctx(), [PROFILE]))
+    result = admit(make_job().unlabelled().obj(), engine(make_ctx(), [PROFILE]))
     assert result.outcome == "allowed" and result.patch == [] and not result.decision.warnings
 
 
 def test_mutating_denies_a_broken_object_with_every_reason():
-    obj = make_job().limits({GPU: "1.5"}).annotate(v.PRIORITY_ANNOTATION, "urgent").build()
+    obj = make_job().limits({GPU: "1.5"}).annotate(v.PRIORITY_ANNOTATION, "urgent").obj()
     result = admit(obj, engine(make_ctx(), [PROFILE]))
     assert not result.decision.allowed
     message = result.body["response"]["status"]["message"]
@@ -502,7 +502,7 @@ def test_mutating_denies_a_broken_object_with_every_reason():
 
 
 def test_profile_in_another_namespace_does_not_apply():
-    result = admit(make_job(namespace="team-b").build(), engine(make_ctx(), [PROFILE]))
+    result = admit(make_job(namespace="team-b").obj(), engine(make_ctx(), [PROFILE]))
     assert result.decision.action == "profiling"
 
 
@@ -531,7 +531,7 @@ RESTRICTED_CONTAINER = {
     ],
 )
 def test_the_profiling_rewrite_passes_restricted_whenever_the_users_pod_does(builder):
-    obj = builder.build()
+    obj = builder.obj()
     container = obj["spec"]["template"]["spec"]["containers"][0]
     container["securityContext"] = (
         {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
@@ -550,7 +550,7 @@ def test_the_profiling_rewrite_passes_restricted_whenever_the_users_pod_does(bui
 
 def test_the_checker_sees_what_restricted_refuses_in_a_plain_pod():
     """The checker itself is not vacuous: an ordinary pod fails restricted, and so does its rewrite."""
-    obj = make_job().build()
+    obj = make_job().obj()
     template = obj["spec"]["template"]
     refused = restricted_violations({}, template["spec"])
     assert any("allowPrivilegeEscalation" in r for r in refused) and any("runAsNonRoot" in r for r in refused)
@@ -564,10 +564,10 @@ def test_the_checker_sees_what_restricted_refuses_in_a_plain_pod():
 
 def test_jobs_created_back_to_back_are_held_behind_the_first_profiling_run():
     eng = engine(make_ctx())
-    first = admit(make_job("sweep-0").label(v.WORKLOAD_LABEL, "sweep").build(), eng)
+    first = admit(make_job("sweep-0").label(v.WORKLOAD_LABEL, "sweep").obj(), eng)
     assert first.decision.action == "profiling"
     for i in (1, 2):
-        follower = admit(make_job(f"sweep-{i}").label(v.WORKLOAD_LABEL, "sweep").build(), eng)
+        follower = admit(make_job(f"sweep-{i}").label(v.WORKLOAD_LABEL, "sweep").obj(), eng)
         mutated = follower.decision.mutated
         assert follower.decision.action == "hints" and mutated is not None
         assert mutated["spec"]["suspend"] is True
@@ -578,7 +578,7 @@ def test_a_dry_run_notes_no_run_and_the_note_expires():
     clock = [0.0]
     eng = engine(make_ctx())
     eng.runs.clock = lambda: clock[0]
-    job = make_job("sweep-0").label(v.WORKLOAD_LABEL, "sweep").build()
+    job = make_job("sweep-0").label(v.WORKLOAD_LABEL, "sweep").obj()
     dry = admit(job, eng, dry_run=True)
     assert dry.decision.action == "profiling"
     assert admit(job, eng).decision.action == "profiling", "the dry run left nothing behind"

@@ -13,7 +13,7 @@ from tests.harness import admit, assert_valid_kubernetes, engine, make_ctx
 
 
 def cronjob(*, on_template: bool, on_parent: bool) -> dict[str, Any]:
-    job = make_job("nightly").build()
+    job = make_job("nightly").obj()
     template_meta: dict[str, Any] = {"labels": dict(job["metadata"]["labels"])} if on_template else {}
     labels = {v.WORKLOAD_LABEL: "nightly"} if on_parent else {"app": "nightly"}
     return {

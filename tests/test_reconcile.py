@@ -135,7 +135,7 @@ def test_execution_job_is_the_original_job_owned_by_it_with_role_execution_and_s
 
 
 def test_the_execution_job_inherits_the_users_ttl_the_profiling_job_dropped():
-    user = make_job().job_spec(ttlSecondsAfterFinished=0).build()
+    user = make_job().job_spec(ttlSecondsAfterFinished=0).obj()
     rewritten = admit(user, engine(make_ctx())).decision.mutated
     assert rewritten is not None and "ttlSecondsAfterFinished" not in rewritten["spec"]
     rewritten["metadata"]["uid"] = "uid-1"
@@ -318,7 +318,7 @@ RUNNING = make_profile(phase="Profiling", sm=None, mem=None, bound="unknown", pr
 
 def held(builder) -> dict[str, Any]:
     """A Job or Pod of workload vector-add admitted while its profiling run is under way."""
-    result = admit(builder.label(v.WORKLOAD_LABEL, "vector-add").build(), engine(make_ctx(), [RUNNING]))
+    result = admit(builder.label(v.WORKLOAD_LABEL, "vector-add").obj(), engine(make_ctx(), [RUNNING]))
     assert result.decision.allowed and result.decision.mutated is not None
     return result.decision.mutated
 
@@ -452,7 +452,7 @@ def test_the_observations_change_the_ranking_through_the_profile():
     seen = WorkloadProfile.model_validate(
         {**profile.model_dump(by_alias=True), "status": recorded.status.as_status()}
     )
-    job = make_job().build()
+    job = make_job().obj()
     sign_block(
         job["metadata"], namespace="team-a", key=TEST_KEY
     )  # no KRATOS key yet: the signature alone is harmless

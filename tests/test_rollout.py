@@ -157,7 +157,7 @@ class Load:
     stop: asyncio.Event = field(default_factory=asyncio.Event)
 
     async def client(self, session: aiohttp.ClientSession) -> None:
-        body = review_of(make_job().build())
+        body = review_of(make_job().obj())
         while not self.stop.is_set():
             try:
                 async with session.post(
@@ -262,7 +262,7 @@ async def test_workers_answer_from_several_processes_sum_metrics_and_stop_cleanl
             for _ in range(60):
                 async with session.post(
                     f"https://127.0.0.1:{port}/mutate",
-                    json=review_of(make_job().build()),
+                    json=review_of(make_job().obj()),
                     ssl=tls(certs),
                     server_hostname=HOSTNAME,
                 ) as response:

@@ -104,7 +104,7 @@ async def serving(
 
 
 async def test_https_round_trip_hints_a_job(certs: Path):
-    job = make_job().build()
+    job = make_job().obj()
     async with serving(certs) as hook:
         status, body = await hook.post("/mutate", review_of(job))
         assert status == 200
@@ -122,7 +122,7 @@ async def test_https_round_trip_hints_a_job(certs: Path):
 
 
 async def test_https_validate_denies_with_every_reason(certs: Path):
-    pod = make_pod().limits({v.GPU_RESOURCE: "1.5"}).annotate(v.PRIORITY_ANNOTATION, "urgent").build()
+    pod = make_pod().limits({v.GPU_RESOURCE: "1.5"}).annotate(v.PRIORITY_ANNOTATION, "urgent").obj()
     async with serving(certs) as hook:
         status, body = await hook.post("/validate", review_of(pod))
     assert status == 200
@@ -138,7 +138,7 @@ async def test_https_validate_denies_with_every_reason(certs: Path):
 
 
 async def test_dry_run_is_answered_like_a_real_request(certs: Path):
-    job = make_job().build()
+    job = make_job().obj()
     async with serving(certs) as hook:
         _, real = await hook.post("/mutate", review_of(job))
         _, dry = await hook.post("/mutate", review_of(job, dry_run=True))
@@ -148,7 +148,7 @@ async def test_dry_run_is_answered_like_a_real_request(certs: Path):
 async def test_delete_and_connect_are_allowed_untouched(certs: Path):
     async with serving(certs) as hook:
         for operation in ("DELETE", "CONNECT"):
-            review = review_of(make_job().no_resources().build(), operation=operation)
+            review = review_of(make_job().no_resources().obj(), operation=operation)
             review["request"]["oldObject"] = review["request"].pop("object")
             for path in ("/mutate", "/validate"):
                 status, body = await hook.post(path, review)
@@ -207,7 +207,7 @@ async def test_body_over_the_limit_is_413_and_wrong_content_type_is_415(certs: P
     async with serving(certs, max_body_bytes=2048) as hook:
         status, body = await hook.post("/mutate", None, raw=b"{" + b" " * 4096 + b"}")
         assert status == 413 and "limit of 2048 bytes" in body["error"]
-        status, body = await hook.post("/mutate", review_of(make_job().build()), content_type="text/plain")
+        status, body = await hook.post("/mutate", review_of(make_job().obj()), content_type="text/plain")
         assert status == 415 and "application/json" in body["error"]
 
 
@@ -218,8 +218,8 @@ async def test_health_readiness_and_metrics(certs: Path):
         assert (await hook.get("/readyz"))[0] == 503
         ready["value"] = True
         assert (await hook.get("/readyz"))[0] == 200
-        await hook.post("/mutate", review_of(make_job().build()))
-        await hook.post("/validate", review_of(make_pod().limits({v.GPU_RESOURCE: 0}).build()))
+        await hook.post("/mutate", review_of(make_job().obj()))
+        await hook.post("/validate", review_of(make_pod().limits({v.GPU_RESOURCE: 0}).obj()))
         await hook.post("/validate", None, raw=b"nope")
         status, text = await hook.get("/metrics")
     assert status == 200
@@ -370,7 +370,7 @@ def test_sigterm_finishes_in_flight_requests_and_exits_0(certs: Path):
                         f"webhook did not start: {proc.stderr.read().decode() if proc.stderr else ''}"
                     )
                 time.sleep(0.1)
-        body = json.dumps(review_of(make_job().build())).encode()
+        body = json.dumps(review_of(make_job().obj())).encode()
         with context.wrap_socket(raw, server_hostname=HOSTNAME) as tls:
             tls.sendall(
                 b"POST /mutate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
@@ -420,7 +420,7 @@ def test_webhook_needs_tls_files(tmp_path: Path):
 async def test_concurrent_requests_all_succeed(certs: Path, count: int):
     async with serving(certs) as hook:
         results = await asyncio.gather(
-            *(hook.post("/mutate", review_of(make_job().build(), uid=f"u{i}")) for i in range(count))
+            *(hook.post("/mutate", review_of(make_job().obj(), uid=f"u{i}")) for i in range(count))
         )
     assert [r[1]["response"]["uid"] for r in results] == [f"u{i}" for i in range(count)]
 
@@ -447,7 +447,7 @@ async def test_requests_read_no_files_after_start_up(tmp_path: Path, certs: Path
         aiohttp.ClientSession() as session,
         session.post(
             f"https://127.0.0.1:{port}/mutate",
-            json=review_of(make_job().build()),
+            json=review_of(make_job().obj()),
             ssl=client_context(certs),
             server_hostname=HOSTNAME,
         ) as response,
@@ -478,7 +478,7 @@ async def test_an_internal_error_is_a_json_500_logged_with_the_uid(
         max_body_bytes=1 << 20,
     )
     async with TestClient(TestServer(app)) as http:
-        response = await http.post("/mutate", json=review_of(make_job().build(), uid="uid-boom"))
+        response = await http.post("/mutate", json=review_of(make_job().obj(), uid="uid-boom"))
         assert response.status == 500
         assert await response.json() == {"error": "internal error in the KRATOS webhook; see its log"}
         assert (await http.get("/healthz")).status == 200

@@ -260,7 +260,7 @@ DENIED = [
 
 @pytest.mark.parametrize(("builder", "rule", "field"), DENIED)
 def test_rule_denies(builder, rule, field):
-    found = violations(builder.build())
+    found = violations(builder.obj())
     assert (rule, field) in found, found
 
 
@@ -320,7 +320,7 @@ ALLOWED = [
 
 @pytest.mark.parametrize("builder", ALLOWED)
 def test_nearest_allowed_case_passes(builder):
-    assert violations(builder.build()) == []
+    assert violations(builder.obj()) == []
 
 
 def test_every_rule_has_a_denied_case():
@@ -341,9 +341,9 @@ def test_every_rule_has_a_denied_case():
     ],
 )
 def test_profiling_target_denies_only_profiling_asked_for_explicitly(builder, field):
-    asked = builder.annotate(v.PROFILING_ANNOTATION, "true").build()
+    asked = builder.annotate(v.PROFILING_ANNOTATION, "true").obj()
     assert ("profiling-target", field) in violations(asked, profile=None)
-    by_default = builder.build()
+    by_default = builder.obj()
     del by_default["metadata"]["annotations"][v.PROFILING_ANNOTATION]
     assert violations(by_default, profile=None) == [], "profiling by default never denies a Job"
 
@@ -367,11 +367,11 @@ def test_profiling_target_denies_only_profiling_asked_for_explicitly(builder, fi
     ],
 )
 def test_profiling_target_allows_nearest_cases(builder, profile):
-    assert violations(builder.build(), profile=profile) == []
+    assert violations(builder.obj(), profile=profile) == []
 
 
 def test_profiling_default_off_in_config_skips_profiling_target():
-    obj = make_job().add_container("second", {GPU: 1}).build()
+    obj = make_job().add_container("second", {GPU: 1}).obj()
     assert violations(obj, profile=None, profilingDefault=False) == []
 
 
@@ -383,7 +383,7 @@ def test_object_with_several_problems_lists_all_of_them():
         .annotate(v.HINTS_ANNOTATION, "{}")
         .limits({GPU: "1.5"})
         .add_container("second", {"nvidia.com/mig-9g.99gb": 1})
-        .build()
+        .obj()
     )
     rules = [rule for rule, _ in violations(obj)]
     assert set(rules) == {"workload-name", "hint-format", "reserved-key", "gpu-count", "mig-profile"}
@@ -391,28 +391,28 @@ def test_object_with_several_problems_lists_all_of_them():
 
 @pytest.mark.parametrize("webhook", ["validate", "mutate"])
 def test_unlabelled_objects_are_never_checked(webhook):
-    unlabelled = make_job().unlabelled().no_resources().build()
+    unlabelled = make_job().unlabelled().no_resources().obj()
     result = admit(unlabelled, engine(make_ctx(), [PROFILE]), webhook=webhook)
     assert result.decision.allowed and result.decision.violations == [] and result.patch == []
     assert result.request.opted_in is False
 
 
 def test_max_gpus_per_pod_comes_from_config():
-    obj = make_job().limits({GPU: 4}).build()
+    obj = make_job().limits({GPU: 4}).obj()
     assert violations(obj, maxGpusPerPod=2) == [("gpu-max", "spec.template.spec")]
 
 
 def test_update_denies_only_what_the_update_introduced():
-    old = make_job().limits({GPU: "1.5"}).build()  # stored before KRATOS was installed
-    new = make_job().limits({GPU: "1.5"}).annotate(v.PRIORITY_ANNOTATION, "urgent").build()
+    old = make_job().limits({GPU: "1.5"}).obj()  # stored before KRATOS was installed
+    new = make_job().limits({GPU: "1.5"}).annotate(v.PRIORITY_ANNOTATION, "urgent").obj()
     assert violations(new, old=old, operation="UPDATE") == [
         ("hint-format", f"metadata.annotations[{v.PRIORITY_ANNOTATION}]")
     ]
 
 
 def test_update_that_removes_the_label_still_checks_reserved_keys():
-    old = make_job().build()
-    new = make_job().unlabelled().annotate(v.HINTS_ANNOTATION, "{}").build()
+    old = make_job().obj()
+    new = make_job().unlabelled().annotate(v.HINTS_ANNOTATION, "{}").obj()
     assert ("reserved-key", f"metadata.annotations[{v.HINTS_ANNOTATION}]") in violations(
         new, old=old, operation="UPDATE"
     )

@@ -77,7 +77,7 @@ def test_cluster_mode_serves_hints_from_the_watched_profiles(tmp_path: Path):
         )  # fmt: skip
         try:
             wait_ready(port, context, process)
-            answer = post(port, context, review_of(make_job().build()))["response"]
+            answer = post(port, context, review_of(make_job().obj()))["response"]
             patch = json.loads(base64.b64decode(answer["patch"]))
             preferred = next(op for op in patch if op["path"] == "/spec/template/spec/affinity")["value"][
                 "nodeAffinity"
@@ -87,7 +87,7 @@ def test_cluster_mode_serves_hints_from_the_watched_profiles(tmp_path: Path):
             ][0]["values"] == ["NVIDIA-A100-SXM4-80GB"]
             # a profile the controller has just written is used by the very next admission
             kube.put(*PROFILES, profile("nbody", bound="compute"))
-            answer = post(port, context, review_of(make_job("nbody").build()))["response"]
+            answer = post(port, context, review_of(make_job("nbody").obj()))["response"]
             assert answer.get("patchType") == "JSONPatch"
             annotations = json.loads(base64.b64decode(answer["patch"]))[0]["value"]
             assert annotations[v.PROFILE_ANNOTATION].startswith("nbody-profile@")

@@ -98,21 +98,23 @@ class ProfilerController:
         self.processing: set[Key] = set()
         self.dirty: set[Key] = set()
         self.attempts: dict[Key, Backoff] = {}
-        selector = v.WORKLOAD_LABEL  # every opted-in Job and Pod: profiling runs, followers, hinted runs
-        self.informer = Informer(
-            client.BatchV1Api(api).list_job_for_all_namespaces,
-            name="kratos-jobs",
-            label_selector=selector,
-            on_replace=lambda items: self._replace(self.jobs, items, "Job"),
-            on_event=lambda kind, obj: self._event(self.jobs, kind, obj, "Job"),
-            watch_timeout=watch_timeout,
+        self.informer = self._informer(
+            client.BatchV1Api(api).list_job_for_all_namespaces, self.jobs, "Job", watch_timeout
         )
-        self.pod_informer = Informer(
-            client.CoreV1Api(api).list_pod_for_all_namespaces,
-            name="kratos-pods",
-            label_selector=selector,
-            on_replace=lambda items: self._replace(self.pods, items, "Pod"),
-            on_event=lambda kind, obj: self._event(self.pods, kind, obj, "Pod"),
+        self.pod_informer = self._informer(
+            client.CoreV1Api(api).list_pod_for_all_namespaces, self.pods, "Pod", watch_timeout
+        )
+
+    def _informer(
+        self, list_all: Any, cache: dict[tuple[str, str], dict[str, Any]], kind: Kind, watch_timeout: int
+    ) -> Informer:
+        """List+watch of every opted-in object of ``kind`` (profiling runs, followers, hinted runs)."""
+        return Informer(
+            list_all,
+            name=f"kratos-{kind.lower()}s",
+            label_selector=v.WORKLOAD_LABEL,
+            on_replace=lambda items: self._replace(cache, items, kind),
+            on_event=lambda event, obj: self._event(cache, event, obj, kind),
             watch_timeout=watch_timeout,
         )
 

@@ -13,39 +13,28 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from kratos_admit import vocabulary as v
 from kratos_admit.kube import is_status, list_raw
 from kratos_admit.raw import as_list, as_mapping
-from kratos_controller.reconcile import (
-    Action,
-    ContainerEnd,
-    CreateExecutionJob,
-    MarkExecutionJob,
-    Observed,
-    PublishConfigMap,
-    PublishProfile,
-    ReleaseFollower,
-    RemoveFinalizer,
-    execution_job_name,
-)
+from kratos_controller import reconcile as rc
 
 Obj = dict[str, Any]
 MERGE_PATCH = "application/merge-patch+json"
 
 
-def _end(status: Mapping[str, Any]) -> ContainerEnd | None:
+def _end(status: Mapping[str, Any]) -> rc.ContainerEnd | None:
     terminated = as_mapping(as_mapping(status.get("state")).get("terminated"))
     if not terminated:
         return None
-    return ContainerEnd(
+    return rc.ContainerEnd(
         exit_code=int(terminated.get("exitCode", 0) or 0),
         reason=str(terminated.get("reason") or ""),
         message=str(terminated.get("message") or ""),
     )
 
 
-def container_ends(pods: list[Obj]) -> tuple[ContainerEnd | None, ContainerEnd | None]:
+def container_ends(pods: list[Obj]) -> tuple[rc.ContainerEnd | None, rc.ContainerEnd | None]:
     """(profiling-runner's end, stage-workload's failure), newest pod first, a runner that left a
     message preferred: the facts ``reconcile.pod_failure`` words."""
-    runner: ContainerEnd | None = None
-    stage: ContainerEnd | None = None
+    runner: rc.ContainerEnd | None = None
+    stage: rc.ContainerEnd | None = None
     newest_first = sorted(
         pods, key=lambda p: str(as_mapping(p.get("metadata")).get("creationTimestamp", "")), reverse=True
     )
@@ -99,7 +88,7 @@ class KubeIO:
         body = await list_raw(self.core.list_namespaced_pod, namespace, label_selector=f"job-name={job_name}")
         return [p for p in as_list(body.get("items")) if isinstance(p, dict)]
 
-    async def observe(self, job: Obj) -> Observed:
+    async def observe(self, job: Obj) -> rc.Observed:
         meta = as_mapping(job.get("metadata"))
         namespace, name = str(meta.get("namespace")), str(meta.get("name"))
         workload = str(as_mapping(meta.get("labels")).get(v.WORKLOAD_LABEL, ""))
@@ -107,7 +96,7 @@ class KubeIO:
         runner, stage = container_ends(pods)
         profile = await self.get_profile(namespace, v.profile_name(workload)) if workload else None
         source = as_mapping(as_mapping(profile).get("status")).get("sourceJob")
-        return Observed(
+        return rc.Observed(
             job=job,
             runner=runner,
             stage=stage,
@@ -122,7 +111,7 @@ class KubeIO:
                 self.core.read_namespaced_config_map, v.summary_configmap_name(workload), namespace
             ),
             execution_job_exists=await self._exists(
-                self.batch.read_namespaced_job, execution_job_name(name), namespace
+                self.batch.read_namespaced_job, rc.execution_job_name(name), namespace
             ),
             source_job_exists=(
                 True
@@ -155,9 +144,9 @@ class KubeIO:
             self.node_products[node] = str(labels.get(v.GPU_PRODUCT_LABEL, ""))
         return self.node_products[node]
 
-    async def apply(self, action: Action) -> str:
+    async def apply(self, action: rc.Action) -> str:
         """Apply one action; returns what happened ("created", "updated", "exists", "gone")."""
-        if isinstance(action, PublishConfigMap):
+        if isinstance(action, rc.PublishConfigMap):
             # kubernetes_asyncio serialises plain dicts as they are; its model types would drop unknown fields
             body: Any = {
                 "apiVersion": "v1",
@@ -173,7 +162,7 @@ class KubeIO:
                     raise
             await self.core.replace_namespaced_config_map(action.name, action.namespace, body)
             return "updated"
-        if isinstance(action, PublishProfile):
+        if isinstance(action, rc.PublishProfile):
             profile: Any = {
                 "apiVersion": v.API_VERSION,
                 "kind": v.PROFILE_KIND,
@@ -202,7 +191,7 @@ class KubeIO:
                 _content_type="application/json-patch+json",
             )
             return outcome
-        if isinstance(action, CreateExecutionJob):
+        if isinstance(action, rc.CreateExecutionJob):
             try:
                 manifest: Any = action.manifest
                 await self.batch.create_namespaced_job(action.manifest["metadata"]["namespace"], manifest)
@@ -211,15 +200,15 @@ class KubeIO:
                     return "exists"  # created before a restart: AlreadyExists counts as done
                 raise
             return "created"
-        if isinstance(action, MarkExecutionJob):
+        if isinstance(action, rc.MarkExecutionJob):
             patch: Any = {"metadata": {"annotations": action.annotations}}
             await self.batch.patch_namespaced_job(
                 action.name, action.namespace, patch, _content_type=MERGE_PATCH
             )  # type: ignore[call-arg]
             return "updated"
-        if isinstance(action, RemoveFinalizer):
+        if isinstance(action, rc.RemoveFinalizer):
             return await self._remove_finalizer(action)
-        if isinstance(action, ReleaseFollower):
+        if isinstance(action, rc.ReleaseFollower):
             released: Any = action.released
             if action.kind == "Job":
                 await self.batch.replace_namespaced_job(action.name, action.namespace, released)
@@ -236,7 +225,7 @@ class KubeIO:
         )
         return "updated"
 
-    async def _remove_finalizer(self, action: RemoveFinalizer) -> str:
+    async def _remove_finalizer(self, action: rc.RemoveFinalizer) -> str:
         try:
             if action.kind == "Job":
                 found: Any = await self.batch.read_namespaced_job(action.name, action.namespace)

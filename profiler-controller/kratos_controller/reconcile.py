@@ -76,16 +76,20 @@ class Observed:
 
 
 @dataclass(frozen=True)
-class PublishConfigMap:
+class _Named:
+    """The object an action writes: its namespace and name."""
+
     namespace: str
     name: str
+
+
+@dataclass(frozen=True)
+class PublishConfigMap(_Named):
     data: dict[str, str]
 
 
 @dataclass(frozen=True)
-class PublishProfile:
-    namespace: str
-    name: str
+class PublishProfile(_Named):
     spec: dict[str, Any]
     status: ProfileStatus
     labels: dict[str, str] = field(default_factory=dict)
@@ -97,11 +101,9 @@ class CreateExecutionJob:
 
 
 @dataclass(frozen=True)
-class MarkExecutionJob:
+class MarkExecutionJob(_Named):
     """Write ``execution-job`` (and the block's new signature) onto the original Job."""
 
-    namespace: str
-    name: str
     annotations: dict[str, str]
 
 
