@@ -108,8 +108,11 @@ class KubeDouble:
     failures: list[tuple[str, str, int]] = field(
         default_factory=list
     )  # (method, path regex, status), used once each
-    changed: asyncio.Condition = field(default_factory=asyncio.Condition)
-    _wakers: set[asyncio.Task[None]] = field(default_factory=set)
+    # set once when anything changes, then replaced: a watch waits on the one it saw before reading
+    # the history, so no change is missed. Not an asyncio.Condition: on Python 3.11 wait_for()
+    # around Condition.wait() can leave the lock held when its timeout races a notify, and every
+    # later watch then hangs (seen here as a test that hung one run in ten at teardown).
+    changed: asyncio.Event = field(default_factory=asyncio.Event)
     # where a webhook's Service answers: (namespace, name) -> (host, port); TLS is checked against
     # <name>.<namespace>.svc, as the API server does
     services: dict[tuple[str, str], tuple[str, int]] = field(default_factory=dict)
@@ -169,14 +172,8 @@ class KubeDouble:
         self._notify()
 
     def _notify(self) -> None:
-        async def wake() -> None:
-            async with self.changed:
-                self.changed.notify_all()
-
-        with contextlib.suppress(RuntimeError):  # no loop yet: nobody can be watching
-            task = asyncio.get_running_loop().create_task(wake())
-            self._wakers.add(task)
-            task.add_done_callback(self._wakers.discard)
+        self.changed.set()
+        self.changed = asyncio.Event()
 
     # --- the HTTP side ----------------------------------------------------------------------------
 
@@ -662,6 +659,7 @@ class KubeDouble:
         sent = since
         epoch = self.epoch
         while not self.down and not self.stopping and epoch == self.epoch:
+            changed = self.changed  # taken before reading the history: a later change sets it
             for revision, event, obj in list(self.history[resource]):
                 if (
                     revision > sent
@@ -676,9 +674,8 @@ class KubeDouble:
             remaining = deadline - asyncio.get_running_loop().time()
             if remaining <= 0:
                 break
-            async with self.changed:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self.changed.wait(), timeout=min(remaining, 0.5))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(changed.wait(), timeout=min(remaining, 0.5))
         return response
 
 

@@ -143,6 +143,12 @@ async def three_jobs(kube: KubeDouble, api: client.ApiClient, *, third: dict[str
         await create_job(api, job)
 
 
+def phase(kube: KubeDouble, profile: str) -> str | None:
+    """The profile's phase; None while it does not exist or has no status yet (written separately)."""
+    found = kube.get(*PROFILES, "team-a", profile)
+    return ((found or {}).get("status") or {}).get("phase")
+
+
 def profiling_jobs(kube: KubeDouble) -> list[str]:
     return [
         j["metadata"]["name"]
@@ -175,19 +181,11 @@ async def test_three_jobs_created_back_to_back_are_profiled_once_and_all_run(tmp
             assert job["spec"]["suspend"] is True, (job["metadata"].get("annotations"), kube.webhook_calls)
             assert job["metadata"]["annotations"][v.AWAITING_PROFILE_ANNOTATION] == "sweep-profile"
             assert template(job)["runtimeClassName"] == "nvidia", "held with base hints"
-        await eventually(
-            lambda: (
-                (p := kube.get(*PROFILES, "team-a", "sweep-profile")) and p["status"]["phase"] == "Profiling"
-            )
-        )
+        await eventually(lambda: phase(kube, "sweep-profile") == "Profiling")
         await finish_profiling(kube, summary=runner_summary() if outcome == "Ready" else None)
-        profile = await eventually(
-            lambda: (
-                (p := kube.get(*PROFILES, "team-a", "sweep-profile"))
-                and p["status"]["phase"] == outcome
-                and p
-            )
-        )
+        await eventually(lambda: phase(kube, "sweep-profile") == outcome)
+        profile = kube.get(*PROFILES, "team-a", "sweep-profile")
+        assert profile
         execution = await eventually(lambda: kube.get(*JOBS, "team-a", "sweep-0-execution"))
         for follower in ("sweep-1", "sweep-2"):
             await eventually(functools.partial(resumed, kube, follower))
@@ -214,7 +212,7 @@ async def test_three_jobs_created_back_to_back_are_profiled_once_and_all_run(tmp
 async def test_a_follower_the_user_suspended_stays_suspended_but_gets_the_hints(tmp_path: Path):
     async with cluster(tmp_path) as (kube, _, api):
         await three_jobs(kube, api, third=plain_job("sweep-2", suspend=True))
-        await eventually(lambda: kube.get(*PROFILES, "team-a", "sweep-profile"))
+        await eventually(lambda: phase(kube, "sweep-profile") == "Profiling")
         await finish_profiling(kube, summary=runner_summary())
         await eventually(lambda: stored(kube, "sweep-1")["spec"]["suspend"] is False)
         user_held = await eventually(lambda: (j := stored(kube, "sweep-2")) and preferred(template(j)) and j)
