@@ -372,15 +372,20 @@ def apply_hints(
     signing_key: bytes,
     reason: str = "",
     hold: str = "",
+    owned: bool = False,
 ) -> HintResult:
-    """The object with its hints, recorded and signed; ``request_object`` is not changed.
+    """The object with its hints, recorded and signed; ``request_object`` is not changed, unless
+    the caller ``owned`` it (a copy of its own, such as the profiling rewrite): then it is hinted
+    in place, saving a second copy on the admission path.
 
     Base hints always; the ranked product preference only from a Ready ``profile``. ``reason``
     says, in the record, why a call without a Ready profile gave base hints only. ``hold`` names
     the profile whose run is under way: a Job is then suspended, a Pod gated, and both marked
     ``awaiting-profile`` for the controller to release.
     """
-    obj = _writable_copy(request_object, kind)
+    obj = (
+        request_object if owned and isinstance(request_object, dict) else _writable_copy(request_object, kind)
+    )
     metadata = child(obj, "metadata")
     annotations = {
         k: val for k, val in as_mapping(metadata.get("annotations")).items() if isinstance(val, str)

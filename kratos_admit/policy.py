@@ -56,23 +56,30 @@ def already_hinted(workload: Workload, namespace: str, key: bytes) -> bool:
 
 
 def _violations(
-    workload: Workload, *, operation: str, profile: WorkloadProfile | None, namespace: str, ctx: PolicyContext
+    workload: Workload,
+    *,
+    operation: str,
+    profile: WorkloadProfile | None,
+    namespace: str,
+    ctx: PolicyContext,
+    role: str | None,
 ) -> list[FieldError]:
+    """Every rule's violations; ``role`` is the object's signed role (None: not made by KRATOS)."""
+    demanded = profiling_demanded(
+        workload, operation=operation, profile=profile, config=ctx.config, role=role
+    )
     vctx = ValidationContext(
         namespace=namespace,
         signing_key=ctx.signing_key,
         max_gpus_per_pod=ctx.config.max_gpus_per_pod,
         mig_profiles=ctx.catalog.mig_profiles,
-        profiling_demanded=profiling_demanded(
-            workload,
-            operation=operation,
-            profile=profile,
-            namespace=namespace,
-            config=ctx.config,
-            signing_key=ctx.signing_key,
-        ),
+        profiling_demanded=demanded,
     )
     return validate_workload(workload, vctx)
+
+
+def _role(workload: Workload, namespace: str, ctx: PolicyContext) -> str | None:
+    return signed_role(workload.metadata.raw, namespace=namespace, key=ctx.signing_key)
 
 
 def validate(
@@ -87,10 +94,18 @@ def validate(
 ) -> Decision:
     workload = Workload(kind, obj)
     old_workload = Workload(kind, old) if old is not None else None
-    errors = _violations(workload, operation=operation, profile=profile, namespace=namespace, ctx=ctx)
+    errors = _violations(
+        workload,
+        operation=operation,
+        profile=profile,
+        namespace=namespace,
+        ctx=ctx,
+        role=_role(workload, namespace, ctx),
+    )
     if operation == "UPDATE" and old_workload is not None and old_workload.workload_label is not None:
+        old_role = _role(old_workload, namespace, ctx)
         old_errors = _violations(
-            old_workload, operation=operation, profile=profile, namespace=namespace, ctx=ctx
+            old_workload, operation=operation, profile=profile, namespace=namespace, ctx=ctx, role=old_role
         )
         errors = new_violations(errors, old_errors)
     return Decision(allowed=not errors, violations=errors)
@@ -113,15 +128,19 @@ def mutate(
         return Decision(allowed=True)
     workload = Workload(kind, obj)
     name = workload.workload_label or ""
-    errors = _violations(workload, operation=operation, profile=profile, namespace=namespace, ctx=ctx)
+    key = ctx.signing_key
+    role = _role(workload, namespace, ctx)
+    errors = _violations(
+        workload, operation=operation, profile=profile, namespace=namespace, ctx=ctx, role=role
+    )
     if errors:
         return Decision(allowed=False, violations=errors)
-    key = ctx.signing_key
-    role = signed_role(workload.metadata.raw, namespace=namespace, key=key)
     if already_hinted(workload, namespace, key) or role == "profiling":
         return Decision(allowed=True)
 
-    def hinted(source: Mapping[str, Any], *, reason: str = "", warning: str = "", hold: str = "") -> Decision:
+    def hinted(
+        source: Mapping[str, Any], *, reason: str = "", warning: str = "", hold: str = "", owned: bool = False
+    ) -> Decision:
         result = apply_hints(
             source,
             kind,
@@ -133,6 +152,7 @@ def mutate(
             signing_key=key,
             reason=reason,
             hold=hold,
+            owned=owned,
         )
         warnings = [warning] if warning else []
         return Decision(
@@ -199,7 +219,7 @@ def mutate(
         config=ctx.config,
         signing_key=key,
     )
-    decision = hinted(rewritten, reason="profiling run")
+    decision = hinted(rewritten, reason="profiling run", owned=True)  # rewritten is our own copy
     decision.action = "profiling"
     decision.warnings = [
         f"no WorkloadProfile for workload {name} yet: this Job runs once under Nsight Compute, which ends "

@@ -15,7 +15,7 @@ from kratos_admit.fields import METADATA, FieldError
 from kratos_admit.gpu_requests import ContainerGpus, PodGpus
 from kratos_admit.profile import WorkloadProfile
 from kratos_admit.raw import as_list, as_mapping, child, clone
-from kratos_admit.signing import sign_block, signature_valid, signed_role
+from kratos_admit.signing import sign_block, signature_valid
 from kratos_admit.workload import MetadataBlock, Workload
 
 # Job fields that name containers or indexes the profiling run no longer has.
@@ -86,24 +86,18 @@ def profiling_wanted(annotations: Mapping[str, str], config: Config) -> bool:
 
 
 def profiling_demanded(
-    workload: Workload,
-    *,
-    operation: str,
-    profile: WorkloadProfile | None,
-    namespace: str,
-    config: Config,
-    signing_key: bytes,
+    workload: Workload, *, operation: str, profile: WorkloadProfile | None, config: Config, role: str | None
 ) -> bool:
     """Profiling asked for explicitly (``profiling: "true"``) and needed (a Job created without a
-    profile, not made by KRATOS): only then is a Job that cannot be profiled denied (rule
-    profiling-target); profiling by default never denies a Job."""
+    profile, not made by KRATOS: no signed ``role``): only then is a Job that cannot be profiled
+    denied (rule profiling-target); profiling by default never denies a Job."""
     return (
         workload.metadata.annotations.get(v.PROFILING_ANNOTATION) == "true"
         and workload.kind == "Job"
         and operation == "CREATE"
         and profile is None
         and profiling_wanted(workload.metadata.annotations, config)
-        and signed_role(workload.metadata.raw, namespace=namespace, key=signing_key) is None
+        and role is None
     )
 
 
