@@ -53,20 +53,37 @@ def test_raw_page_csv_v100_gemm():
     }  # device__attribute_display_name, CC
 
 
-def test_details_csv_blackwell_cublaslt():
-    # one kernel, SpeedOfLight rows: Compute (SM) Throughput 23.59 %, Memory Throughput 21.68 %,
-    # L2 15.12 %, DRAM 0.74 %, Duration 406240 ns; Occupancy section: Achieved Occupancy 15.53 %.
-    # Program output and an 8-space indent precede the header.
-    s = summary_of("superbench-sm100-cublaslt-details.csv")
+ONE_KERNEL = [
+    pytest.param(
+        # SpeedOfLight rows: Compute (SM) Throughput 23.59 %, Memory Throughput 21.68 %, L2 15.12 %,
+        # DRAM 0.74 %, Duration 406240 ns; Occupancy section: Achieved Occupancy 15.53 %. Program
+        # output and an 8-space indent precede the header. 23.59 and 21.68 are both < 60: latency
+        # (ncu's own SOLBottleneck row says the same).
+        "superbench-sm100-cublaslt-details.csv",
+        {"achievedOccupancy": "15.53", "smThroughput": "23.59", "memoryThroughput": "21.68",
+         "l2Throughput": "15.12", "dramThroughput": "0.74", "kernelCount": "1", "gpuTimeNs": "406240"},
+        "10.0",
+        id="details-csv-blackwell-cublaslt",
+    ),
+    pytest.param(
+        # SOL table: Memory 1.35 %, DRAM 0.84 %, Duration 5.66 us, L2 1.35 %, Compute (SM) 0.35 %;
+        # Occupancy 20.37 %; the program's own output comes first
+        "mdinfo-t4-rmsnorm-basic-text.txt",
+        {"achievedOccupancy": "20.37", "smThroughput": "0.35", "memoryThroughput": "1.35",
+         "l2Throughput": "1.35", "dramThroughput": "0.84", "kernelCount": "1", "gpuTimeNs": "5660"},
+        "7.5",
+        id="text-report-basic-set-after-program-output",
+    ),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("fixture", "metrics", "compute_capability"), ONE_KERNEL)
+def test_one_kernel_reports(fixture: str, metrics: dict[str, str], compute_capability: str):
+    s = summary_of(fixture)
     assert s["kernels"] == 1
-    assert s["metrics"] == {
-        "achievedOccupancy": "15.53", "smThroughput": "23.59", "memoryThroughput": "21.68",
-        "l2Throughput": "15.12", "dramThroughput": "0.74", "kernelCount": "1", "gpuTimeNs": "406240",
-    }  # fmt: skip
-    assert (
-        s["boundType"] == "latency"
-    )  # 23.59 and 21.68 both < 60 (ncu's own SOLBottleneck row says the same)
-    assert s["gpu"] == {"computeCapability": "10.0"}
+    assert s["metrics"] == metrics
+    assert s["boundType"] == "latency"
+    assert s["gpu"] == {"computeCapability": compute_capability}
 
 
 def test_details_csv_older_schema_with_nvtx_and_thousands_separators():
@@ -93,18 +110,6 @@ def test_text_report_metrics_without_header_row():
     )
     assert s["metrics"]["smThroughput"] == "0.02"
     assert s["boundType"] == "latency"
-
-
-def test_text_report_basic_set_one_kernel_after_program_output():
-    # SOL table: Memory 1.35 %, DRAM 0.84 %, Duration 5.66 us, L2 1.35 %, Compute (SM) 0.35 %; Occupancy 20.37 %
-    s = summary_of("mdinfo-t4-rmsnorm-basic-text.txt")
-    assert s["kernels"] == 1
-    assert s["metrics"] == {
-        "achievedOccupancy": "20.37", "smThroughput": "0.35", "memoryThroughput": "1.35",
-        "l2Throughput": "1.35", "dramThroughput": "0.84", "kernelCount": "1", "gpuTimeNs": "5660",
-    }  # fmt: skip
-    assert s["boundType"] == "latency"
-    assert s["gpu"] == {"computeCapability": "7.5"}
 
 
 def test_text_report_two_kernels_memory_bound():
