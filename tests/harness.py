@@ -12,7 +12,9 @@ import contextlib
 import copy
 import json
 import re
+import shutil
 import socket
+import subprocess
 import threading
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from pathlib import Path
@@ -83,6 +85,22 @@ def readme_overlay(registry: str = "registry.example.com/gpu") -> str:
     found = re.search(r"cat > my-kratos/kustomization.yaml <<YAML\n(.*?)\nYAML\n", text, re.S)
     assert found, "the README's install section has the overlay"
     return found.group(1).replace("REGISTRY", registry)
+
+
+def kubectl() -> str:
+    found = shutil.which("kubectl")
+    if found is None:
+        pytest.fail("kubectl is needed to render webhook-config/ (kubectl kustomize)")
+    return found
+
+
+def render(directory: Path) -> list[dict[str, Any]]:
+    """``kubectl kustomize`` of a directory, as objects."""
+    result = subprocess.run(
+        [kubectl(), "kustomize", str(directory)], capture_output=True, text=True, check=False, timeout=120
+    )
+    assert result.returncode == 0, result.stderr
+    return [d for d in yaml.safe_load_all(result.stdout) if d]
 
 
 def require_fixtures() -> Path:

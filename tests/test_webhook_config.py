@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import re
 import shutil
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -24,27 +23,13 @@ from tests.harness import (
     finish,
     profiling_job,
     readme_overlay,
+    render,
     runner_summary,
 )
 
 COMPONENTS = ["cert-manager", "failure-policy-ignore", "scheduler-kai", "scheduler-volcano"]
 # kinds that are not part of Kubernetes itself (their CRDs come with cert-manager)
 FOREIGN = {("cert-manager.io/v1", "Issuer"), ("cert-manager.io/v1", "Certificate")}
-
-
-def kubectl() -> str:
-    found = shutil.which("kubectl")
-    if found is None:
-        pytest.fail("kubectl is needed to render webhook-config/ (kubectl kustomize)")
-    return found
-
-
-def render(directory: Path) -> list[dict[str, Any]]:
-    result = subprocess.run(
-        [kubectl(), "kustomize", str(directory)], capture_output=True, text=True, check=False, timeout=120
-    )
-    assert result.returncode == 0, result.stderr
-    return [d for d in yaml.safe_load_all(result.stdout) if d]
 
 
 @pytest.fixture(scope="module")
