@@ -92,16 +92,6 @@ def _shared_target(workload: Workload, sharing: KaiSharing) -> Container | None:
 
 
 def read_pod_gpus(workload: Workload) -> PodGpus:
-    """What the pod asks of GPUs, read once per Workload (validation and mutation both need it)."""
-    found = workload.derived.get("gpus")
-    if isinstance(found, PodGpus):
-        return found
-    gpus = _read_pod_gpus(workload)
-    workload.derived["gpus"] = gpus
-    return gpus
-
-
-def _read_pod_gpus(workload: Workload) -> PodGpus:
     sharing = _kai_sharing(workload)
     target = _shared_target(workload, sharing)
     containers: list[ContainerGpus] = []

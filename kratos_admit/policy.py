@@ -14,7 +14,7 @@ from kratos_admit import vocabulary as v
 from kratos_admit.catalog import Catalog
 from kratos_admit.config import Config
 from kratos_admit.fields import FieldError
-from kratos_admit.gpu_requests import read_pod_gpus
+from kratos_admit.gpu_requests import PodGpus, read_pod_gpus
 from kratos_admit.hints import apply_hints
 from kratos_admit.profile import WorkloadProfile
 from kratos_admit.profiling import (
@@ -63,8 +63,10 @@ def _violations(
     namespace: str,
     ctx: PolicyContext,
     role: str | None,
+    gpus: PodGpus | None = None,
 ) -> list[FieldError]:
-    """Every rule's violations; ``role`` is the object's signed role (None: not made by KRATOS)."""
+    """Every rule's violations; ``role`` is the object's signed role (None: not made by KRATOS),
+    ``gpus`` its GPU requests where the caller has read them."""
     demanded = profiling_demanded(
         workload, operation=operation, profile=profile, config=ctx.config, role=role
     )
@@ -75,7 +77,7 @@ def _violations(
         mig_profiles=ctx.catalog.mig_profiles,
         profiling_demanded=demanded,
     )
-    return validate_workload(workload, vctx)
+    return validate_workload(workload, vctx, gpus)
 
 
 def _role(workload: Workload, namespace: str, ctx: PolicyContext) -> str | None:
@@ -130,8 +132,9 @@ def mutate(
     name = workload.workload_label or ""
     key = ctx.signing_key
     role = _role(workload, namespace, ctx)
+    gpus = read_pod_gpus(workload)  # read once: validation and the profiling target both need it
     errors = _violations(
-        workload, operation=operation, profile=profile, namespace=namespace, ctx=ctx, role=role
+        workload, operation=operation, profile=profile, namespace=namespace, ctx=ctx, role=role, gpus=gpus
     )
     if errors:
         return Decision(allowed=False, violations=errors)
@@ -198,7 +201,6 @@ def mutate(
             reason="profiling is off",
             warning=f"no WorkloadProfile for workload {name} and profiling is off: admitted with base hints only",
         )
-    gpus = read_pod_gpus(workload)
     found = profiling_target(workload, gpus)
     if found is None:
         return hinted(

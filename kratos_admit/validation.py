@@ -27,9 +27,12 @@ class ValidationContext:
     profiling_demanded: bool  # profiling asked for explicitly and needed: profiling-target applies
 
 
-def validate_workload(workload: Workload, ctx: ValidationContext) -> list[FieldError]:
-    """All violations of an object labelled for KRATOS, in a stable order."""
-    gpus = read_pod_gpus(workload)
+def validate_workload(
+    workload: Workload, ctx: ValidationContext, gpus: PodGpus | None = None
+) -> list[FieldError]:
+    """All violations of an object labelled for KRATOS, in a stable order. ``gpus`` is the pod's
+    GPU requests where the caller has read them already (the mutating path needs them again)."""
+    gpus = read_pod_gpus(workload) if gpus is None else gpus
     errors: list[FieldError] = []
     errors += _workload_name(workload)
     errors += _reserved_keys(workload, ctx)

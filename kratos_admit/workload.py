@@ -56,14 +56,11 @@ class Container:
 class Workload:
     """A Job or a Pod, with the paths of the parts KRATOS reads (computed once per object)."""
 
-    __slots__ = ("blocks", "derived", "kind", "metadata", "pod_metadata", "pod_spec", "pod_spec_path", "raw")
+    __slots__ = ("blocks", "kind", "metadata", "pod_metadata", "pod_spec", "pod_spec_path", "raw")
 
     def __init__(self, kind: Kind, raw: Mapping[str, Any]) -> None:
         self.kind = kind
         self.raw = raw
-        # what other modules derive from this (read-only) object, kept so validation and mutation
-        # of one request derive it once (gpu_requests.read_pod_gpus)
-        self.derived: dict[str, object] = {}
         self.metadata = MetadataBlock(METADATA, as_mapping(raw.get("metadata")))
         spec = as_mapping(raw.get("spec"))
         if kind == "Pod":

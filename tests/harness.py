@@ -90,7 +90,9 @@ def readme_overlay(registry: str = "registry.example.com/gpu") -> str:
 def kubectl() -> str:
     found = shutil.which("kubectl")
     if found is None:
-        pytest.fail("kubectl is needed to render webhook-config/ (kubectl kustomize)")
+        pytest.fail(
+            "kubectl is needed: tests render webhook-config/ and run the README's kubectl commands client-side"
+        )
     return found
 
 

@@ -111,7 +111,7 @@ class KubeDouble:
     # set once when anything changes, then replaced: a watch waits on the one it saw before reading
     # the history, so no change is missed. Not an asyncio.Condition: on Python 3.11 wait_for()
     # around Condition.wait() can leave the lock held when its timeout races a notify, and every
-    # later watch then hangs (seen here as a test that hung one run in ten at teardown).
+    # later watch then hangs (seen here as a test that hung at teardown in about one run of seven).
     changed: asyncio.Event = field(default_factory=asyncio.Event)
     # where a webhook's Service answers: (namespace, name) -> (host, port); TLS is checked against
     # <name>.<namespace>.svc, as the API server does
