@@ -20,7 +20,7 @@ from kratos_admit.policy import Decision, PolicyContext, mutate, parent_warnings
 from kratos_admit.profile import ObjectMeta, ProfileSpec, ProfileStatus, WorkloadProfile
 from kratos_admit.raw import as_mapping
 from kratos_admit.request import AdmissionRequest, decode_review
-from kratos_admit.stores import NodeStore, ProfileStore
+from kratos_admit.stores import CalibrationStore, NodeStore, ProfileStore, StaticCalibrationStore
 
 Webhook = Literal["mutate", "validate"]
 Outcome = Literal["allowed", "patched", "denied", "error"]
@@ -79,6 +79,7 @@ class AdmissionEngine:
     profiles: ProfileStore
     nodes: NodeStore
     runs: RunsUnderWay = field(default_factory=RunsUnderWay)
+    calibration: CalibrationStore = field(default_factory=StaticCalibrationStore)
 
 
 def build_engine(
@@ -88,12 +89,15 @@ def build_engine(
     profiles: ProfileStore,
     nodes: NodeStore,
     catalog: Catalog | None = None,
+    calibration: CalibrationStore | None = None,
 ) -> AdmissionEngine:
     """The one engine factory: the config's catalog (or the one given) over the given stores."""
     ctx = PolicyContext(
         config=config, catalog=catalog or load_catalog(config.catalog_file), signing_key=signing_key
     )
-    return AdmissionEngine(ctx=ctx, profiles=profiles, nodes=nodes)
+    return AdmissionEngine(
+        ctx=ctx, profiles=profiles, nodes=nodes, calibration=calibration or StaticCalibrationStore()
+    )
 
 
 def review(body: bytes, *, webhook: Webhook, engine: AdmissionEngine) -> ReviewResult:
@@ -172,6 +176,7 @@ def decide(request: AdmissionRequest, *, webhook: Webhook, engine: AdmissionEngi
             profile=profile,
             node_products=engine.nodes.gpu_products(),
             ctx=engine.ctx,
+            calibration=engine.calibration.current(),
         )
         if decision.action == "profiling" and key is not None and not request.dry_run:
             engine.runs.note(*key, request.name)

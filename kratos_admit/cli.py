@@ -16,6 +16,7 @@ import yaml
 
 from kratos_admit import __version__
 from kratos_admit.admission import AdmissionEngine, build_engine
+from kratos_admit.calibration import NO_CALIBRATION
 from kratos_admit.catalog import CatalogError, load_catalog
 from kratos_admit.certs import CertsError, generate
 from kratos_admit.cluster import ClusterNodeStore, ClusterProfileStore
@@ -28,7 +29,16 @@ from kratos_admit.placement import format_table, placement_header, placement_row
 from kratos_admit.review import review_document
 from kratos_admit.server import serve, serve_processes
 from kratos_admit.signing import DEVELOPMENT_KEY, SigningKeyError, load_signing_key
-from kratos_admit.stores import FileNodeStore, FileProfileStore, StoreError, load_profiles
+from kratos_admit.simfiles import SimFileError, load_cluster, load_trace, load_truth
+from kratos_admit.simplot import PlotError, format_results, load_plotter
+from kratos_admit.simulation import SimulationError, simulate
+from kratos_admit.stores import (
+    FileNodeStore,
+    FileProfileStore,
+    StoreError,
+    load_calibration,
+    load_profiles,
+)
 from kratos_admit.tls import CertificateError
 
 log = logging.getLogger("kratos")
@@ -140,9 +150,33 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _path(placement, "--nodes", "FILE", "Node YAML of the cluster (default: all known GPUs)")
     _path(placement, "--config", "FILE", config_help)
+    _path(
+        placement,
+        "--calibration",
+        "FILE",
+        "the cluster's calibration: ConfigMap kratos-gpu-calibration as YAML, or its calibration.json",
+    )
     placement.add_argument(
         "-o", "--output", choices=("table", "json"), default="table", help="a table for people, or JSON rows"
     )
+
+    simulate = commands.add_parser(
+        "simulate", help="replay a trace of Jobs on a modelled cluster under each placement policy"
+    )
+    _path(simulate, "--cluster", "FILE", "Node YAML of the cluster (product labels, nvidia.com/gpu capacity)")
+    _path(simulate, "--trace", "FILE", "the trace: {jobs: [{name, workload, arrival, gpus, ...}]}")
+    _path(simulate, "--truth", "FILE", "each product's real sustained figures (default: the catalog's)")
+    _path(simulate, "--config", "FILE", config_help)
+    simulate.add_argument(
+        "--seed", type=int, default=1, metavar="N", help="seed of the runtime noise and ties"
+    )
+    simulate.add_argument(
+        "--noise", type=float, default=0.05, metavar="F", help="runs vary within 1 +- F of the model"
+    )
+    simulate.add_argument(
+        "-o", "--output", choices=("table", "json"), default="table", help="a table for people, or JSON"
+    )
+    _path(simulate, "--plot", "FILE", "also draw each policy's JCT distribution into FILE (needs [plot])")
 
     controller = commands.add_parser("controller", help="run the profiler controller (leader-elected)")
     _path(controller, "--config", "FILE", config_help)
@@ -275,12 +309,44 @@ def cmd_placement(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> E
         raise UsageError(f"{args.profile}: must hold exactly one WorkloadProfile, holds {len(profiles)}")
     [profile] = profiles
     nodes = FileNodeStore(args.nodes).gpu_products()
-    rows = placement_rows(profile, nodes, catalog=load_catalog(config.catalog_file), config=config)
+    calibration = load_calibration(args.calibration) if args.calibration else NO_CALIBRATION
+    rows = placement_rows(
+        profile, nodes, catalog=load_catalog(config.catalog_file), config=config, calibration=calibration
+    )
     if args.output == "json":
         stdout.write(json.dumps([dataclasses.asdict(r) for r in rows], indent=2) + "\n")
     else:
         stdout.write("\n".join(placement_header(profile, config)) + "\n\n")
         stdout.write(format_table(rows) if rows else "no product to rank: the profile has no figures\n")
+    return ExitStatus.OK
+
+
+def cmd_simulate(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> ExitStatus:
+    for flag, value in (("--cluster", args.cluster), ("--trace", args.trace)):
+        if value is None:
+            raise UsageError(f"simulate needs {flag} FILE")
+    if not 0 <= args.noise < 1:
+        raise UsageError(f"--noise: {args.noise} is not a fraction from 0 to below 1")
+    plot = None
+    if args.plot is not None:
+        plot = load_plotter()  # before the run: a missing extra is said at once
+    config = _config(args)
+    catalog = load_catalog(config.catalog_file)
+    nodes = load_cluster(args.cluster, catalog)
+    trace = load_trace(args.trace, catalog)
+    truth = load_truth(args.truth, catalog)
+    try:
+        result = simulate(
+            trace, nodes, truth=truth, config=config, catalog=catalog, seed=args.seed, noise=args.noise
+        )
+    except SimulationError as exc:
+        raise UsageError(str(exc)) from None
+    if args.output == "json":
+        stdout.write(json.dumps(result.as_dict(), indent=2) + "\n")
+    else:
+        stdout.write(format_results(result))
+    if plot is not None:
+        plot(result, args.plot)
     return ExitStatus.OK
 
 
@@ -326,6 +392,7 @@ COMMANDS = {
     "review": cmd_review,
     "webhook": cmd_webhook,
     "placement": cmd_placement,
+    "simulate": cmd_simulate,
     "controller": cmd_controller,
     "certs": cmd_certs,
 }
@@ -354,6 +421,8 @@ def main(
         KubeConfigError,
         InjectError,
         ManifestError,
+        SimFileError,
+        PlotError,
     ) as exc:
         print(f"kratos-admit: {exc}", file=stderr)
         return ExitStatus.UNUSABLE

@@ -78,6 +78,7 @@ class Config(BaseModel):
     hint_strategy: v.Strategy = "performance"
     reference_product: str = "NVIDIA-A100-SXM4-80GB"
     min_observed_runs: int = Field(default=3, ge=1)
+    min_calibration_runs: int = Field(default=5, ge=1)
     catalog_file: Path | None = None
     listen: str = "0.0.0.0:8443"
     metrics_listen: str | None = None

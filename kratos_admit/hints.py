@@ -15,6 +15,7 @@ from decimal import Decimal
 from typing import Any
 
 from kratos_admit import vocabulary as v
+from kratos_admit.calibration import NO_CALIBRATION, Calibration
 from kratos_admit.catalog import Catalog
 from kratos_admit.config import Config
 from kratos_admit.profile import WorkloadProfile
@@ -249,9 +250,17 @@ def _ranked_hint(
     annotations: Mapping[str, str],
     config: Config,
     catalog: Catalog,
+    calibration: Calibration,
 ) -> tuple[list[RankedProduct], bool]:
     """The ranking, and whether its preferred affinity was added (a user's own product preference wins)."""
-    ranked = ranking_of(profile, node_products, config=config, catalog=catalog, annotations=annotations)
+    ranked = ranking_of(
+        profile,
+        node_products,
+        config=config,
+        catalog=catalog,
+        annotations=annotations,
+        calibration=calibration,
+    )
     return ranked, _prefer_products(pod_spec, ranked)
 
 
@@ -262,9 +271,11 @@ def ranking_of(
     config: Config,
     catalog: Catalog,
     annotations: Mapping[str, str] | None = None,
+    calibration: Calibration = NO_CALIBRATION,
 ) -> list[RankedProduct]:
-    """The ranking the configuration asks for (strategy, reference, observed runs), within the
-    object's own GPU minimums when ``annotations`` has them: what hints and the placement report show."""
+    """The ranking the configuration asks for (strategy, reference, observed runs, calibration),
+    within the object's own GPU minimums when ``annotations`` has them: what hints and the placement
+    report show."""
     found = annotations or {}
     return rank_gpu_products(
         profile,
@@ -275,6 +286,8 @@ def ranking_of(
         min_compute_capability=min_compute_capability(found),
         min_memory_mib=min_memory_mib(found),
         min_observed_runs=config.min_observed_runs,
+        calibration=calibration,
+        min_calibration_runs=config.min_calibration_runs,
     )
 
 
@@ -288,6 +301,7 @@ def release_hold(
     config: Config,
     catalog: Catalog,
     signing_key: bytes,
+    calibration: Calibration = NO_CALIBRATION,
 ) -> dict[str, Any]:
     """A follower held while its workload was profiled, released by the controller: the ranked
     affinity from a Ready profile (a Failed one leaves the base hints), ``awaiting-profile`` gone,
@@ -320,7 +334,13 @@ def release_hold(
     ranked: list[RankedProduct] = []
     if profile.ready:
         ranked, added = _ranked_hint(
-            pod_spec, profile, node_products, annotations=user_annotations, config=config, catalog=catalog
+            pod_spec,
+            profile,
+            node_products,
+            annotations=user_annotations,
+            config=config,
+            catalog=catalog,
+            calibration=calibration,
         )
         if added:
             injected.append("affinity.nodeAffinity.preferred")
@@ -373,6 +393,7 @@ def apply_hints(
     reason: str = "",
     hold: str = "",
     owned: bool = False,
+    calibration: Calibration = NO_CALIBRATION,
 ) -> HintResult:
     """The object with its hints, recorded and signed; ``request_object`` is not changed, unless
     the caller ``owned`` it (a copy of its own, such as the profiling rewrite): then it is hinted
@@ -403,7 +424,13 @@ def apply_hints(
     ranked: list[RankedProduct] = []
     if ready and profile is not None:  # the ranked hint: the only one that needs a profile
         ranked, added = _ranked_hint(
-            pod_spec, profile, node_products, annotations=annotations, config=config, catalog=catalog
+            pod_spec,
+            profile,
+            node_products,
+            annotations=annotations,
+            config=config,
+            catalog=catalog,
+            calibration=calibration,
         )
         if added:
             injected.append("affinity.nodeAffinity.preferred")

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 
+from kratos_admit.calibration import NO_CALIBRATION, Calibration
 from kratos_admit.catalog import Catalog, mig_profile_of
 from kratos_admit.config import Config
 from kratos_admit.hints import ranking_of
@@ -26,7 +27,7 @@ class PlacementRow:
     bandwidth_gbs: float
     bandwidth_from: str
     relative_time: float
-    time_from: str  # "model" or "observed"
+    time_from: str  # "model", "calibrated" or "observed"
     weight: int
 
 
@@ -35,10 +36,15 @@ def _figure_source(measured: float | None) -> str:
 
 
 def placement_rows(
-    profile: WorkloadProfile, node_products: Iterable[str], *, catalog: Catalog, config: Config
+    profile: WorkloadProfile,
+    node_products: Iterable[str],
+    *,
+    catalog: Catalog,
+    config: Config,
+    calibration: Calibration = NO_CALIBRATION,
 ) -> list[PlacementRow]:
     """One row per ranked product, best first; empty when the profile gives nothing to rank by."""
-    ranked = ranking_of(profile, node_products, config=config, catalog=catalog)
+    ranked = ranking_of(profile, node_products, config=config, catalog=catalog, calibration=calibration)
     rows = []
     for r in ranked:
         entry = r.product
@@ -54,6 +60,10 @@ def placement_rows(
             share = "whole GPU"
             fp32_from = _figure_source(entry.measured_fp32_tflops)
             bandwidth_from = _figure_source(entry.measured_bandwidth_gbs)
+        own = calibration.get(entry.product)
+        if own is not None and own.qualifies(config.min_calibration_runs):
+            fp32_from = f"calibrated (/{own.compute.factor:g}, {own.compute.runs} runs)"
+            bandwidth_from = f"calibrated (/{own.memory.factor:g}, {own.memory.runs} runs)"
         rows.append(
             PlacementRow(
                 product=entry.product,
@@ -64,7 +74,7 @@ def placement_rows(
                 bandwidth_gbs=round(entry.sustained_bandwidth_gbs),
                 bandwidth_from=bandwidth_from,
                 relative_time=round(r.relative_time, 3),
-                time_from="observed" if r.observed else "model",
+                time_from=r.source,
                 weight=r.weight,
             )
         )

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from kratos_admit import vocabulary as v
+from kratos_admit.calibration import NO_CALIBRATION, Calibration
 from kratos_admit.catalog import Catalog
 from kratos_admit.config import Config
 from kratos_admit.fields import FieldError
@@ -122,6 +123,7 @@ def mutate(
     profile: WorkloadProfile | None,
     node_products: frozenset[str],
     ctx: PolicyContext,
+    calibration: Calibration = NO_CALIBRATION,
 ) -> Decision:
     """DESIGN "Hints" and "Profiling rewrite": deny what validation denies; leave KRATOS's own
     output alone (idempotent); else base hints always, ranked hints from a Ready profile, a hold
@@ -156,6 +158,7 @@ def mutate(
             reason=reason,
             hold=hold,
             owned=owned,
+            calibration=calibration,
         )
         warnings = [warning] if warning else []
         return Decision(

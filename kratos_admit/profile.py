@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -119,3 +120,31 @@ class WorkloadProfile(_Strict):
     def reference(self) -> str:
         """The value of the ``gpu.scheduler.io/profile`` annotation: ``<name>@<resourceVersion>``."""
         return f"{self.metadata.name}@{self.metadata.resource_version or '0'}"
+
+
+def with_runs(status: ProfileStatus, runs: Iterable[tuple[str, str, float]]) -> ProfileStatus | None:
+    """``status`` with the runs ``(uid, product, seconds)`` it has not counted yet: a running mean
+    and count per product, and each run's uid remembered (the last MAX_COUNTED_RUNS) so none is
+    counted twice; None when every run was counted already."""
+    counted = list(status.counted_runs)
+    by_product = {o.product: o for o in status.observations}
+    changed = False
+    for uid, product, seconds in runs:
+        if uid in counted:
+            continue
+        seen = by_product.get(product)
+        count = seen.runs if seen else 0
+        mean = float(seen.mean_seconds) if seen else 0.0
+        new_mean = (mean * count + seconds) / (count + 1)
+        by_product[product] = Observation(product=product, runs=count + 1, meanSeconds=f"{new_mean:.1f}")
+        counted.append(uid)
+        changed = True
+    if not changed:
+        return None
+    return status.model_copy(
+        update={
+            "observations": sorted(by_product.values(), key=lambda o: o.product),
+            "counted_runs": counted[-MAX_COUNTED_RUNS:],
+            "observed_runs": sum(o.runs for o in by_product.values()),
+        }
+    )

@@ -9,7 +9,8 @@ FP32 and BW are the *sustained* figures (published measurements, else datasheet 
 factor), and a MIG slice counts as its share of the GPU. The busy share scales with the product's
 figure in the resource that bounds it (roofline); the idle share (latency, launch gaps) does not.
 
-Measured runtimes beat the model: once at least two products have ``minObservedRuns`` successful
+Calibration (``calibration.py``) replaces a product's catalog figures with the cluster's own once it
+rests on ``minCalibrationRuns`` runs from at least two workloads. Measured runtimes beat the model: once at least two products have ``minObservedRuns`` successful
 runs each (the profile's ``status.observations``), those products are ranked by their observed
 mean times, and every other product by the model scaled to agree with them.
 """
@@ -21,6 +22,7 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from kratos_admit.calibration import NO_CALIBRATION, Calibration
 from kratos_admit.catalog import Catalog, GpuProduct
 from kratos_admit.profile import WorkloadProfile
 from kratos_admit.vocabulary import Strategy
@@ -41,6 +43,13 @@ class RankedProduct:
     relative_time: float
     weight: int
     observed: bool = False  # ranked from measured runtimes, not the model
+    calibrated: bool = (
+        False  # the model ran on the cluster's calibrated figures (this product's or the reference's)
+    )
+
+    @property
+    def source(self) -> str:
+        return "observed" if self.observed else "calibrated" if self.calibrated else "model"
 
     def as_dict(self) -> dict[str, object]:
         record: dict[str, object] = {
@@ -48,8 +57,8 @@ class RankedProduct:
             "weight": self.weight,
             "relativeTime": round(self.relative_time, 3),
         }
-        if self.observed:
-            record["source"] = "observed"
+        if self.source != "model":
+            record["source"] = self.source
         return record
 
 
@@ -103,6 +112,8 @@ def rank_gpu_products(
     min_compute_capability: tuple[int, int] | None = None,
     min_memory_mib: int | None = None,
     min_observed_runs: int = 3,
+    calibration: Calibration = NO_CALIBRATION,
+    min_calibration_runs: int = 5,
 ) -> list[RankedProduct]:
     """Products best first, weights 1..100 (the best gets 100). Unknown products get no entry.
 
@@ -124,6 +135,8 @@ def rank_gpu_products(
             min_compute_capability=min_compute_capability,
             min_memory_mib=min_memory_mib,
             observed=observed_times(profile, min_observed_runs),
+            calibration=calibration,
+            min_calibration_runs=min_calibration_runs,
         )
     )
 
@@ -140,16 +153,24 @@ def _rank(
     min_compute_capability: tuple[int, int] | None,
     min_memory_mib: int | None,
     observed: tuple[tuple[str, float], ...],
+    calibration: Calibration,
+    min_calibration_runs: int,
 ) -> tuple[RankedProduct, ...]:
     reference = (catalog.placement(profiled) if profiled else None) or catalog.lookup(reference_product)
     if reference is None:
         return ()
+    reference, reference_calibrated = calibration.calibrated(reference, min_calibration_runs)
     labels_by_product: dict[str, tuple[GpuProduct, list[str]]] = {}
+    calibrated: set[str] = set()
     candidates = sorted(node_products) or [p.product for p in catalog.products]
     for label in candidates:
         entry = catalog.placement(label)
         if entry is None or not _meets(entry, min_compute_capability, min_memory_mib):
             continue
+        if entry.product not in labels_by_product:
+            entry, changed = calibration.calibrated(entry, min_calibration_runs)
+            if changed or reference_calibrated:
+                calibrated.add(entry.product)
         labels_by_product.setdefault(entry.product, (entry, []))[1].append(label)
     if not labels_by_product:
         return ()
@@ -171,12 +192,14 @@ def _rank(
     for name, (entry, labels) in labels_by_product.items():
         rel = relative[name]
         scored.append(
-            (_score(rel, entry, strategy), entry, tuple(sorted(set(labels))), rel, name in measured)
+            (_score(rel, entry, strategy), entry, tuple(sorted(set(labels))), rel, name in measured, name)
         )
     best = max(s for s, *_ in scored)
     ranked = [
-        RankedProduct(entry, labels, rel, max(1, min(100, round(100 * score / best))), seen)
-        for score, entry, labels, rel, seen in scored
+        RankedProduct(
+            entry, labels, rel, max(1, min(100, round(100 * score / best))), seen, name in calibrated
+        )
+        for score, entry, labels, rel, seen, name in scored
     ]
     ranked.sort(key=lambda r: (-r.weight, r.relative_time, r.product.product))
     return tuple(ranked)

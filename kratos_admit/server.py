@@ -268,7 +268,11 @@ async def serve(engine: AdmissionEngine, *, config: Config, reuse_port: bool = F
                 )
             )
         watcher = asyncio.create_task(certificate.watch())
-        stores = [asyncio.create_task(engine.profiles.run()), asyncio.create_task(engine.nodes.run())]
+        stores = [
+            asyncio.create_task(engine.profiles.run()),
+            asyncio.create_task(engine.nodes.run()),
+            asyncio.create_task(engine.calibration.run()),
+        ]
         log.info(
             "serving",
             extra={"listen": config.listen, "metricsListen": config.metrics_listen},

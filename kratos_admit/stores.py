@@ -13,6 +13,13 @@ from typing import Any, Protocol
 from pydantic import ValidationError
 
 from kratos_admit import vocabulary as v
+from kratos_admit.calibration import (
+    CONFIGMAP_KEY,
+    NO_CALIBRATION,
+    Calibration,
+    CalibrationError,
+    parse_calibration,
+)
 from kratos_admit.manifests import ManifestError, split_documents
 from kratos_admit.profile import WorkloadProfile
 
@@ -37,6 +44,48 @@ class NodeStore(Protocol):
     def ready(self) -> bool: ...
     async def run(self) -> None:
         """Keep the store current until cancelled; a store read once at start returns at once."""
+
+
+class CalibrationStore(Protocol):
+    def current(self) -> Calibration:
+        """The calibration in force now, from memory (never fetched per request)."""
+
+    async def run(self) -> None:
+        """Keep the store current until cancelled; a store fixed at start returns at once."""
+
+
+def load_calibration(path: Path) -> Calibration:
+    """A calibration from a file: the ConfigMap as ``kubectl get -o yaml`` prints it, or its
+    ``calibration.json`` alone."""
+    try:
+        text = path.read_text("utf-8")
+    except OSError as exc:
+        raise StoreError(f"{path}: cannot read: {exc.strerror}") from None
+    try:
+        docs = list(split_documents(text, str(path)))
+    except ManifestError:
+        docs = []
+    for doc in docs:
+        if isinstance(doc, dict) and doc.get("kind") == "ConfigMap":
+            text = str((doc.get("data") or {}).get(CONFIGMAP_KEY, ""))
+            break
+    try:
+        return parse_calibration(text)
+    except CalibrationError as exc:
+        raise StoreError(f"{path}: {exc}") from None
+
+
+class StaticCalibrationStore:
+    """A calibration fixed at start (none, for file stores), or set by its owner (the simulator)."""
+
+    def __init__(self, calibration: Calibration = NO_CALIBRATION) -> None:
+        self.calibration = calibration
+
+    def current(self) -> Calibration:
+        return self.calibration
+
+    async def run(self) -> None:
+        """Fixed at start: nothing to keep current."""
 
 
 class ProfileIndex:
@@ -67,6 +116,9 @@ class ProfileIndex:
 
     def get(self, namespace: str, workload: str) -> WorkloadProfile | None:
         return self._by_key.get((namespace, workload))
+
+    def profiles(self) -> list[WorkloadProfile]:
+        return list(self._by_key.values())
 
     def __len__(self) -> int:
         return len(self._by_key)

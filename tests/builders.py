@@ -7,6 +7,8 @@ from typing import Any, Self
 
 from kratos_admit import vocabulary as v
 from kratos_admit.profile import WorkloadProfile
+from kratos_admit.scheduling import SimNode
+from kratos_admit.simulation import TraceJob
 
 NAMESPACE = "team-a"
 
@@ -211,4 +213,43 @@ def make_profile(
                 "message": message,
             },
         }
+    )
+
+
+# --- simulation ------------------------------------------------------------------------------------
+
+A100, L40S, L4, T4 = "NVIDIA-A100-SXM4-80GB", "NVIDIA-L40S", "NVIDIA-L4", "Tesla-T4"
+
+
+def trace_job(
+    name: str,
+    *,
+    workload: str | None = None,
+    arrival: float = 0.0,
+    gpus: int = 1,
+    sm: float = 10.0,
+    mem: float = 90.0,
+    seconds: float = 600.0,
+    reference: str = A100,
+) -> TraceJob:
+    """One trace entry: SM and memory throughput in percent of peak on ``reference``."""
+    return TraceJob(
+        name=name,
+        workload=workload or name,
+        arrival=arrival,
+        gpus=gpus,
+        reference_product=reference,
+        reference_seconds=seconds,
+        metrics={"smThroughput": f"{sm:.2f}", "memoryThroughput": f"{mem:.2f}"},
+    )
+
+
+def sim_node(name: str, product: str, *, gpus: int = 8, cpu: int = 96, memory_gib: int = 1024) -> SimNode:
+    """A GPU Node as the scheduler model sees it."""
+    return SimNode(
+        name=name,
+        labels={v.GPU_PRESENT_LABEL: "true", v.GPU_PRODUCT_LABEL: product, "kubernetes.io/hostname": name},
+        gpus=gpus,
+        milli_cpu=cpu * 1000,
+        memory_bytes=memory_gib * 2**30,
     )

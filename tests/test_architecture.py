@@ -26,6 +26,9 @@ PURE = [
     "kratos_admit.responses",
     "kratos_admit.admission",
     "kratos_admit.review",
+    "kratos_admit.calibration",
+    "kratos_admit.scheduling",
+    "kratos_admit.simulation",
     "kratos_controller.reconcile",
 ]
 PACKAGES = {

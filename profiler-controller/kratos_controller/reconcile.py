@@ -27,13 +27,13 @@ from kratos_admit.catalog import Catalog
 from kratos_admit.config import Config
 from kratos_admit.hints import release_hold
 from kratos_admit.profile import (
-    MAX_COUNTED_RUNS,
     Observation,
     ProfileGpu,
     ProfileMetrics,
     ProfileStatus,
     RunnerSummary,
     WorkloadProfile,
+    with_runs,
 )
 from kratos_admit.profiling import OriginalTemplateError, decode_original_template
 from kratos_admit.raw import as_list, as_mapping, clone, string_map
@@ -610,30 +610,9 @@ def record_runs(profile: Obj, runs: Iterable[Run]) -> RecordObservations | None:
         status = ProfileStatus.model_validate(profile.get("status") or {})
     except ValidationError:
         return None
-    counted = list(status.counted_runs)
-    by_product = {o.product: o for o in status.observations}
-    changed = False
-    for run in runs:
-        if run.uid in counted:
-            continue
-        seen = by_product.get(run.product)
-        count = seen.runs if seen else 0
-        mean = float(seen.mean_seconds) if seen else 0.0
-        new_mean = (mean * count + run.seconds) / (count + 1)
-        by_product[run.product] = Observation(
-            product=run.product, runs=count + 1, meanSeconds=f"{new_mean:.1f}"
-        )
-        counted.append(run.uid)
-        changed = True
-    if not changed:
+    updated = with_runs(status, ((run.uid, run.product, run.seconds) for run in runs))
+    if updated is None:
         return None
-    updated = status.model_copy(
-        update={
-            "observations": sorted(by_product.values(), key=lambda o: o.product),
-            "counted_runs": counted[-MAX_COUNTED_RUNS:],
-            "observed_runs": sum(o.runs for o in by_product.values()),
-        }
-    )
     return RecordObservations(
         str(meta.get("namespace", "")),
         str(meta.get("name", "")),

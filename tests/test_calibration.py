@@ -1,0 +1,304 @@
+"""Calibration (DESIGN "Learning the cluster's GPUs", docs/ranking.md "Calibration"): the fit, its
+robustness, its file, and what it buys the ranking on GPUs that differ from the catalog."""
+
+from __future__ import annotations
+
+import io
+import json
+import random
+from collections.abc import Mapping
+from pathlib import Path
+
+import pytest
+import yaml
+
+from kratos_admit.calibration import (
+    NO_CALIBRATION,
+    CalibrationError,
+    Sample,
+    fit_calibration,
+    huber_location,
+    parse_calibration,
+    samples_of,
+    weighted_median,
+)
+from kratos_admit.cli import main
+from kratos_admit.config import Config
+from kratos_admit.hints import ranking_of
+from kratos_admit.profile import Observation
+from kratos_admit.simfiles import load_cluster, load_trace
+from kratos_admit.simulation import Figures, Learned, Truth, prediction_errors, simulate
+from tests.builders import A100, L4, L40S, T4, make_profile, trace_job
+from tests.harness import CATALOG, EXAMPLES
+
+PRODUCTS = (A100, L40S, L4, T4)
+# (SM %, memory %) on the A100: memory-, compute-, latency-bound and in between
+SHAPES = {
+    "stream": (8, 92),
+    "spmv": (15, 84),
+    "decode": (20, 88),
+    "nbody": (90, 8),
+    "pricing": (88, 5),
+    "raytrace": (85, 25),
+    "bfs": (25, 35),
+    "infer": (30, 20),
+}
+
+
+def drawn_truth(seed: int, spread: float = 0.4) -> Truth:
+    """Every product's sustained FP32 and bandwidth off the catalog's by up to +-``spread``."""
+    rng = random.Random(seed)
+    figures = {}
+    for product in PRODUCTS:
+        entry = CATALOG.lookup(product)
+        assert entry is not None
+        figures[product] = Figures(
+            entry.sustained_fp32_tflops * rng.uniform(1 - spread, 1 + spread),
+            entry.sustained_bandwidth_gbs * rng.uniform(1 - spread, 1 + spread),
+        )
+    return Truth(CATALOG, figures)
+
+
+def exact_samples(truth: Truth, pairs: Mapping[str, tuple[str, ...]], *, runs: int = 5) -> list[Sample]:
+    """What the observations of each workload on each of its products would say, without noise."""
+    samples = []
+    for name, products in pairs.items():
+        sm, mem = SHAPES[name]
+        job = trace_job(name, sm=sm, mem=mem, seconds=1000.0)
+        for product in products:
+            seconds = 1000.0 * truth.relative_time(job.shares, reference=A100, product=product)
+            samples.append(Sample(name, product, runs, seconds, sm / 100, mem / 100, A100))
+    return samples
+
+
+def ratio_errors(fitted: dict[str, tuple[float, float]], truth: Truth) -> list[float]:
+    """|fitted/true - 1| of each product's factors relative to the A100's (observations fix ratios only)."""
+    errors = []
+    base = CATALOG.lookup(A100)
+    assert base is not None
+    true_base = truth.product(A100)
+    for product, (memory, compute) in fitted.items():
+        entry, real = CATALOG.lookup(product), truth.product(product)
+        assert entry is not None
+        true_memory = (entry.sustained_bandwidth_gbs / real.sustained_bandwidth_gbs) / (
+            base.sustained_bandwidth_gbs / true_base.sustained_bandwidth_gbs
+        )
+        true_compute = (entry.sustained_fp32_tflops / real.sustained_fp32_tflops) / (
+            base.sustained_fp32_tflops / true_base.sustained_fp32_tflops
+        )
+        errors += [
+            abs(memory / fitted[A100][0] / true_memory - 1),
+            abs(compute / fitted[A100][1] / true_compute - 1),
+        ]
+    return errors
+
+
+EVERYWHERE = dict.fromkeys(SHAPES, PRODUCTS)
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_the_fit_recovers_each_products_factors_from_exact_runs(seed):
+    """Exact runs of eight workloads on every product: each factor with enough votes is the truth's.
+    (A factor only memory-bound work reached, here or there, stays unqualified.)"""
+    truth = drawn_truth(seed)
+    calibration = fit_calibration(exact_samples(truth, EVERYWHERE), CATALOG)
+    assert set(calibration.products) == set(PRODUCTS)
+    fitted = {
+        p: (c.memory.factor, c.compute.factor) for p, c in calibration.products.items() if c.qualifies(5)
+    }
+    assert A100 in fitted and len(fitted) >= 2, {p: c.as_dict() for p, c in calibration.products.items()}
+    assert max(ratio_errors(fitted, truth)) < 0.01
+
+
+@pytest.mark.parametrize("inflated", [2.0, 3.0, 10.0], ids=["2x", "3x", "10x"])
+def test_one_outlier_run_barely_moves_a_factor(inflated):
+    """A run beside a noisy neighbour: one of five runs of one workload on the L4 took ``inflated``
+    times as long, so that sample's mean is (4 + inflated)/5 times the truth."""
+    truth = drawn_truth(7)
+    clean = exact_samples(truth, EVERYWHERE)
+    dirty = [
+        Sample(s.workload, s.product, s.runs, s.seconds * (4 + inflated) / 5, s.sm, s.mem, s.profiled)
+        if (s.workload, s.product) == ("stream", L4)
+        else s
+        for s in clean
+    ]
+    before, after = fit_calibration(clean, CATALOG), fit_calibration(dirty, CATALOG)
+    for product in PRODUCTS:
+        b, a = before.products[product], after.products[product]
+        assert a.memory.factor == pytest.approx(b.memory.factor, rel=0.03)
+        assert a.compute.factor == pytest.approx(b.compute.factor, rel=0.03)
+
+
+def test_workloads_seen_on_one_product_say_nothing_and_a_factor_needs_two_workloads():
+    truth = drawn_truth(4)
+    only_one = exact_samples(truth, {"stream": (L4,), "nbody": (L40S,)})
+    assert fit_calibration(only_one, CATALOG).products == {}
+    one_workload = fit_calibration(exact_samples(truth, {"stream": (A100, L4)}, runs=20), CATALOG)
+    assert not one_workload.products[L4].qualifies(5), "20 runs, but all of one workload"
+
+
+def test_the_same_runs_fit_the_same_factors_and_the_file_round_trips():
+    samples = exact_samples(drawn_truth(5), EVERYWHERE)
+    first, again = fit_calibration(samples, CATALOG), fit_calibration(list(reversed(samples)), CATALOG)
+    assert first.to_json() == again.to_json()
+    parsed = parse_calibration(first.to_json())
+    assert parsed.to_json() == first.to_json()
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        pytest.param("not json", id="not-json"),
+        pytest.param('{"products": {"Tesla-T4": {"runs": 1}}}', id="no-factors"),
+        pytest.param(
+            '{"products": {"Tesla-T4": {"memoryTimeFactor": 0, "computeTimeFactor": 1}}}', id="zero"
+        ),
+    ],
+)
+def test_an_unreadable_calibration_file_is_refused_with_a_reason(text):
+    with pytest.raises(CalibrationError, match=r"calibration\.json"):
+        parse_calibration(text)
+
+
+@pytest.mark.parametrize(
+    ("values", "weights", "expected"),
+    [
+        pytest.param([1.0, 2.0, 3.0], [1, 1, 1], 2.0, id="odd"),
+        pytest.param([1.0, 2.0], [1, 1], 1.5, id="even-tie"),
+        pytest.param([1.0, 2.0, 9.0], [1, 1, 5], 9.0, id="weighted"),
+    ],
+)
+def test_weighted_median(values, weights, expected):
+    assert weighted_median(values, weights) == expected
+
+
+def test_the_huber_location_is_a_mean_near_the_centre_and_ignores_far_outliers():
+    assert huber_location([0.0, 0.02, 0.04], [1, 1, 1]) == pytest.approx(0.02)
+    assert abs(huber_location([0.0, 0.01, 0.02, 0.01, 2.0], [1, 1, 1, 1, 1]) - 0.01) < 0.03
+
+
+def test_samples_come_from_ready_profiles_observations_pooling_shared_variants():
+    profile = make_profile("stream", bound="memory", product=A100)
+    assert profile.status is not None
+    observations = [
+        Observation(product=L4, runs=2, meanSeconds="100.0"),
+        Observation(product=f"{L4}-SHARED", runs=2, meanSeconds="200.0"),
+        Observation(product="NVIDIA-Q9000", runs=9, meanSeconds="1.0"),
+    ]
+    profile.status.observations = observations
+    [sample] = samples_of([profile], CATALOG, reference_product=A100)
+    assert (sample.product, sample.runs, sample.seconds, sample.profiled) == (L4, 4, 150.0, A100)
+
+
+def test_the_ranking_uses_calibrated_figures_once_both_factors_qualify_and_says_so():
+    truth = drawn_truth(2)
+    calibration = fit_calibration(exact_samples(truth, EVERYWHERE), CATALOG)
+    profile = make_profile("nbody", bound="compute", sm="88.70", mem="9.85", product=A100)
+    plain = ranking_of(profile, set(PRODUCTS), config=Config(), catalog=CATALOG)
+    calibrated = ranking_of(profile, set(PRODUCTS), config=Config(), catalog=CATALOG, calibration=calibration)
+    assert {r.source for r in plain} == {"model"}
+    assert {r.source for r in calibrated} == {"calibrated"}
+    assert all(r.as_dict()["source"] == "calibrated" for r in calibrated)
+    strict = Config.model_validate({"minCalibrationRuns": 50})
+    assert {
+        r.source
+        for r in ranking_of(profile, set(PRODUCTS), config=strict, catalog=CATALOG, calibration=calibration)
+    } == {"model"}
+
+
+@pytest.mark.parametrize("seed", [0, 2, 3, 4, 5])
+def test_after_the_example_trace_a_new_workload_is_predicted_within_ten_percent_on_calibrated_products(seed):
+    """Issue 19: GPUs whose sustained figures are off the catalog's by up to +-40 %. After the example
+    trace, a workload never seen (profiled on the A100) is predicted within 10 % on every product
+    whose calibration rests on minCalibrationRuns runs from 2 workloads; without calibration the
+    same predictions are off by far more. (Seed 1 is below: a truth under which too few runs spill
+    to other products for any but the A100 to qualify.)"""
+    cluster = load_cluster(EXAMPLES / "simulation" / "cluster.yaml", CATALOG)
+    trace = load_trace(EXAMPLES / "simulation" / "trace.yaml", CATALOG)
+    truth = drawn_truth(seed)
+    config = Config()
+    result = simulate(
+        trace, cluster, truth=truth, config=config, catalog=CATALOG, seed=seed, policies=("kratos",)
+    )
+    calibration = result.learned.current()
+    qualified = {p for p, c in calibration.products.items() if c.qualifies(config.min_calibration_runs)}
+    assert A100 in qualified and len(qualified) >= 3, {
+        p: c.as_dict() for p, c in calibration.products.items()
+    }
+    unseen = [
+        trace_job("new-memory", sm=10, mem=90),
+        trace_job("new-compute", sm=92, mem=6),
+        trace_job("new-latency", sm=30, mem=25),
+        trace_job("new-balanced", sm=75, mem=70),
+    ]
+    products = frozenset(n.product for n in cluster)
+    with_calibration = prediction_errors(
+        result.learned, unseen, truth=truth, node_products=products, config=config, catalog=CATALOG
+    )
+    without = prediction_errors(
+        Learned(result.learned.profiles),
+        unseen,
+        truth=truth,
+        node_products=products,
+        config=config,
+        catalog=CATALOG,
+    )
+    assert calibration is not NO_CALIBRATION
+    assert {p: round(e, 3) for p, e in with_calibration.items() if p in qualified and e > 0.10} == {}
+    worst_with = max(with_calibration[p] for p in qualified)
+    worst_without = max(without[p] for p in qualified)
+    assert worst_without > 2 * worst_with, (worst_without, worst_with)
+
+
+def test_where_the_trace_leaves_a_product_uncalibrated_the_ranking_keeps_the_catalogs_figures():
+    """Seed 1's truth: after the example trace only the A100's factors rest on enough runs; every
+    other product is ranked from the catalog, and says so."""
+    cluster = load_cluster(EXAMPLES / "simulation" / "cluster.yaml", CATALOG)
+    trace = load_trace(EXAMPLES / "simulation" / "trace.yaml", CATALOG)
+    config = Config()
+    result = simulate(
+        trace, cluster, truth=drawn_truth(1), config=config, catalog=CATALOG, seed=1, policies=("kratos",)
+    )
+    calibration = result.learned.current()
+    unqualified = {p for p, c in calibration.products.items() if not c.qualifies(config.min_calibration_runs)}
+    assert unqualified == {L40S, L4, T4}
+    profile = make_profile("new", bound="memory", sm="10", mem="90", product=T4)
+    ranked = ranking_of(profile, set(PRODUCTS), config=config, catalog=CATALOG, calibration=calibration)
+    assert {r.product.product: r.source for r in ranked if r.product.product in unqualified} == dict.fromkeys(
+        unqualified, "model"
+    )
+
+
+def test_placement_shows_calibrated_figures_read_from_the_configmap(tmp_path: Path):
+    calibration = fit_calibration(exact_samples(drawn_truth(3), EVERYWHERE), CATALOG)
+    configmap = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": "kratos-gpu-calibration", "namespace": "kratos-system"},
+        "data": {"calibration.json": calibration.to_json()},
+    }
+    (tmp_path / "calibration.yaml").write_text(yaml.safe_dump(configmap))
+    out, err = io.StringIO(), io.StringIO()
+    status = main(
+        [
+            "placement", "-p", str(EXAMPLES / "profiles" / "nbody-profile.yaml"),
+            "--calibration", str(tmp_path / "calibration.yaml"), "-o", "json",
+        ],
+        stdout=out, stderr=err,
+    )  # fmt: skip
+    assert status == 0, err.getvalue()
+    rows = {r["product"]: r for r in json.loads(out.getvalue())}
+    qualified = {p for p, c in calibration.products.items() if c.qualifies(5)}
+    assert qualified and all(rows[p]["time_from"] == "calibrated" for p in qualified)
+    assert all(rows[p]["fp32_from"].startswith("calibrated") for p in qualified)
+
+
+def test_placement_refuses_an_unreadable_calibration_file_with_one_line(tmp_path: Path):
+    (tmp_path / "calibration.json").write_text("{}")
+    err = io.StringIO()
+    status = main(
+        ["placement", "-p", str(EXAMPLES / "profiles" / "nbody-profile.yaml"), "--calibration", str(tmp_path / "calibration.json")],
+        stdout=io.StringIO(), stderr=err,
+    )  # fmt: skip
+    assert status == 2 and "calibration.json: not a KRATOS calibration" in err.getvalue()
+    assert len(err.getvalue().strip().splitlines()) == 1

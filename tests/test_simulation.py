@@ -1,0 +1,284 @@
+"""``kratos-admit simulate`` (DESIGN "Simulation", docs/placement.md): the policies, the true runtime
+model, learning as the trace runs, the files and the output."""
+
+from __future__ import annotations
+
+import builtins
+import contextlib
+import io
+import json
+import runpy
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from kratos_admit.cli import main
+from kratos_admit.config import Config
+from kratos_admit.simfiles import load_truth
+from kratos_admit.simulation import POLICIES, Figures, Trace, Truth, simulate
+from tests.builders import A100, L4, L40S, T4, sim_node, trace_job
+from tests.harness import CATALOG, EXAMPLES
+
+SIMULATION = EXAMPLES / "simulation"
+# name: (SM %, memory %, seconds on the A100)
+WORKLOADS = {
+    "stream": (8, 92, 900),
+    "spmv": (15, 84, 1500),
+    "decode": (20, 88, 2400),
+    "nbody": (90, 8, 1800),
+    "pricing": (88, 5, 900),
+    "raytrace": (85, 25, 1500),
+    "bfs": (25, 35, 1200),
+    "infer": (30, 20, 600),
+}
+
+
+def roomy_cluster() -> list[Any]:
+    """Two 8-GPU Nodes of each product: room for every Job of ``small_trace`` at once."""
+    return [sim_node(f"{p.lower()}-{i}", p) for p in (A100, L40S, L4, T4) for i in range(2)]
+
+
+def small_trace() -> Trace:
+    """32 one-GPU Jobs, four per workload, one every five minutes."""
+    names = sorted(WORKLOADS)
+    jobs = []
+    for i in range(32):
+        workload = names[i % len(names)]
+        sm, mem, seconds = WORKLOADS[workload]
+        jobs.append(
+            trace_job(
+                f"{workload}-{i}", workload=workload, arrival=300.0 * i, sm=sm, mem=mem, seconds=seconds
+            )
+        )
+    return Trace(tuple(jobs))
+
+
+def run_cli(*argv: str) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    status = main(list(argv), stdout=out, stderr=err)
+    return int(status), out.getvalue(), err.getvalue()
+
+
+@pytest.mark.parametrize(
+    "truth_file", [None, SIMULATION / "truth.yaml"], ids=["catalog-truth", "example-truth"]
+)
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_on_a_cluster_with_room_kratos_comes_close_to_the_oracle_and_beats_the_default(truth_file, seed):
+    """With room for every Job the greedy oracle is optimal; KRATOS pays only each workload's first
+    (profiling) run and the Jobs held meanwhile, the default pays the slow GPUs it lands on."""
+    result = simulate(
+        small_trace(),
+        roomy_cluster(),
+        truth=load_truth(truth_file, CATALOG),
+        config=Config(),
+        catalog=CATALOG,
+        seed=seed,
+    )
+    mean = {name: r.mean_jct for name, r in result.policies.items()}
+    assert mean["oracle"] <= mean["kratos"] < mean["default"], mean
+    assert mean["kratos"] <= 1.10 * mean["oracle"], mean
+
+
+def test_a_job_runs_for_its_reference_time_scaled_by_the_truth_and_the_noise():
+    """One memory-bound Job alone on a T4 whose bandwidth is half the A100 reference's: twice as long."""
+    truth = Truth(CATALOG, {A100: Figures(19.0, 1600.0), T4: Figures(8.0, 800.0)})
+    job = trace_job("stream", sm=0.0, mem=100.0, seconds=1000.0)
+    result = simulate(
+        Trace((job,)), [sim_node("t4", T4)], truth=truth, config=Config(), catalog=CATALOG, noise=0.0
+    )
+    assert result.policies["oracle"].jct == (2000.0,)
+    assert result.policies["default"].jct == (2000.0,)
+    # kratos profiles it first (60 s under ncu), then runs it
+    assert result.policies["kratos"].jct == (2060.0,)
+    noisy = simulate(
+        Trace((job,)), [sim_node("t4", T4)], truth=truth, config=Config(), catalog=CATALOG, noise=0.05
+    )
+    assert 1900.0 <= noisy.policies["oracle"].jct[0] <= 2100.0
+    assert noisy.policies["oracle"].jct[0] != 2000.0
+
+
+def test_jobs_that_do_not_fit_wait_for_a_node_and_the_seed_repeats_a_run():
+    jobs = tuple(trace_job(f"big-{i}", workload="big", gpus=8, seconds=100.0) for i in range(3))
+    nodes = [sim_node("a100", A100)]
+    first = simulate(
+        Trace(jobs), nodes, truth=Truth(CATALOG, {}), config=Config(), catalog=CATALOG, noise=0.0
+    )
+    assert first.policies["default"].jct == (100.0, 200.0, 300.0)
+    assert first.policies["default"].makespan == 300.0
+    assert first.policies["default"].gpu_seconds == 3 * 8 * 100.0
+    again = simulate(
+        Trace(jobs), nodes, truth=Truth(CATALOG, {}), config=Config(), catalog=CATALOG, noise=0.0
+    )
+    assert again.as_dict() == first.as_dict()
+
+
+def test_kratos_learns_observations_as_the_trace_runs_and_static_does_not():
+    result = simulate(
+        small_trace(), roomy_cluster(), truth=Truth(CATALOG, {}), config=Config(), catalog=CATALOG, seed=1
+    )
+    stream = result.learned.profiles.get("simulation", "stream")
+    assert stream is not None and stream.status is not None and stream.status.phase == "Ready"
+    assert sum(o.runs for o in stream.status.observations) == 4, "every finished run is counted once"
+    assert stream.status.gpu.product, "the profile names the GPU its profiling run measured on"
+
+
+def test_the_json_output_has_the_design_shape(tmp_path: Path):
+    status, out, err = run_cli(
+        "simulate",
+        "--cluster",
+        str(SIMULATION / "cluster.yaml"),
+        "--trace",
+        str(SIMULATION / "trace.yaml"),
+        "-o",
+        "json",
+    )
+    assert status == 0, err
+    report = json.loads(out)
+    assert list(report["policies"]) == list(POLICIES)
+    for figures in report["policies"].values():
+        assert set(figures) == {"meanJctSeconds", "p95JctSeconds", "makespanSeconds", "gpuHours"}
+    assert set(report["predictionError"]) == {A100, L40S, L4, T4}
+
+
+def test_on_the_example_kratos_is_within_ten_percent_of_the_oracle_and_beats_the_default():
+    status, out, err = run_cli(
+        "simulate",
+        "--cluster", str(SIMULATION / "cluster.yaml"),
+        "--trace", str(SIMULATION / "trace.yaml"),
+        "--truth", str(SIMULATION / "truth.yaml"),
+        "-o", "json",
+    )  # fmt: skip
+    assert status == 0, err
+    mean = {name: p["meanJctSeconds"] for name, p in json.loads(out)["policies"].items()}
+    assert mean["kratos"] < mean["default"]
+    assert abs(mean["kratos"] / mean["oracle"] - 1) <= 0.10, mean
+
+
+def test_the_example_trace_is_what_its_script_writes():
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), pytest.raises(SystemExit) as done:
+        runpy.run_path(str(SIMULATION / "make_trace.py"), run_name="__main__")
+    assert done.value.code == 0
+    assert out.getvalue() == (SIMULATION / "trace.yaml").read_text()
+    trace = yaml.safe_load(out.getvalue())
+    assert len(trace["jobs"]) >= 200 and len({j["workload"] for j in trace["jobs"]}) >= 10
+
+
+BAD_TRACES = [
+    pytest.param("jobs: []\n", "jobs: List should have at least 1 item", id="no-jobs"),
+    pytest.param("jobs: [{name: a, workload: a, arrival: 0, gpus: 0, referenceProduct: Tesla-T4, referenceSeconds: 1, metrics: {smThroughput: 1, memoryThroughput: 1}}]\n", "jobs[0].gpus:", id="zero-gpus"),
+    pytest.param("jobs: [{name: a, workload: a, arrival: 0, gpus: 1, referenceProduct: Tesla-T4, referenceSeconds: 1, metrics: {smThroughput: 1}}]\n", "jobs[0].metrics: memoryThroughput is missing", id="missing-metric"),
+    pytest.param("jobs: [{name: a, workload: a, arrival: 0, gpus: 1, referenceProduct: Tesla-T4, referenceSeconds: 1, metrics: {smThroughput: 170, memoryThroughput: 1}}]\n", "jobs[0].metrics: smThroughput is 170.0, expected a percentage", id="metric-over-100"),
+    pytest.param("jobs: [{name: a, workload: a, arrival: 0, gpus: 1, referenceProduct: NVIDIA-Q9000, referenceSeconds: 1, metrics: {smThroughput: 1, memoryThroughput: 1}}]\n", "jobs[0].referenceProduct: 'NVIDIA-Q9000' is not in the GPU catalog", id="unknown-reference"),
+    pytest.param("jobs: [{name: A_b, workload: a, arrival: 0, gpus: 1, referenceProduct: Tesla-T4, referenceSeconds: 1, metrics: {smThroughput: 1, memoryThroughput: 1}}]\n", "jobs[0].name: String should match pattern", id="bad-name"),
+    pytest.param("jobs: [{name: a, workload: a, arrival: 0, gpus: 1, referenceProduct: Tesla-T4, referenceSeconds: 1, metrics: {smThroughput: 1, memoryThroughput: 1}, extra: 1}]\n", "jobs[0].extra: Extra inputs are not permitted", id="unknown-key"),
+    pytest.param("- a\n", "expected a mapping at the top, found list", id="not-a-mapping"),
+    pytest.param("jobs: [\n", "trace.yaml", id="not-yaml"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("text", "message"), BAD_TRACES)
+def test_a_bad_trace_exits_2_with_one_line_naming_the_field(tmp_path: Path, text, message):
+    trace = tmp_path / "trace.yaml"
+    trace.write_text(text)
+    status, out, err = run_cli(
+        "simulate", "--cluster", str(SIMULATION / "cluster.yaml"), "--trace", str(trace)
+    )
+    assert status == 2 and out == ""
+    assert len(err.strip().splitlines()) == 1 and message in err and "Traceback" not in err, err
+
+
+BAD_CLUSTERS = [
+    pytest.param("apiVersion: v1\nkind: Node\nmetadata: {name: cpu-only}\n", "no Node with nvidia.com/gpu", id="no-gpu-node"),
+    pytest.param("apiVersion: v1\nkind: Node\nmetadata: {name: n, labels: {nvidia.com/gpu.product: NVIDIA-Q9000}}\nstatus: {capacity: {nvidia.com/gpu: '8'}}\n", "Node n: nvidia.com/gpu.product 'NVIDIA-Q9000' is not in the GPU catalog", id="unknown-product"),
+    pytest.param("apiVersion: v1\nkind: Node\nmetadata: {name: n}\nstatus: {capacity: {nvidia.com/gpu: '8'}}\n", "Node n: has 8 GPUs but no nvidia.com/gpu.product label", id="no-product-label"),
+    pytest.param("apiVersion: v1\nkind: Node\nmetadata: {name: n, labels: {nvidia.com/gpu.product: Tesla-T4}}\nstatus: {capacity: {nvidia.com/gpu: 'two'}}\n", "Node n: status.allocatable", id="gpus-not-a-number"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("text", "message"), BAD_CLUSTERS)
+def test_a_bad_cluster_file_exits_2_with_one_line(tmp_path: Path, text, message):
+    cluster = tmp_path / "cluster.yaml"
+    cluster.write_text(text)
+    status, _, err = run_cli("simulate", "--cluster", str(cluster), "--trace", str(SIMULATION / "trace.yaml"))
+    assert status == 2 and len(err.strip().splitlines()) == 1 and message in err, err
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        pytest.param("products: [{product: Tesla-T4, sustainedFp32Tflops: -1, sustainedBandwidthGBs: 300}]\n", "products[0].sustainedFp32Tflops: Input should be greater than 0", id="negative"),
+        pytest.param("products: [{product: NVIDIA-Q9000, sustainedFp32Tflops: 1, sustainedBandwidthGBs: 1}]\n", "products[0].product: 'NVIDIA-Q9000' is not in the GPU catalog", id="unknown-product"),
+    ],
+)  # fmt: skip
+def test_a_bad_truth_file_exits_2_with_one_line(tmp_path: Path, text, message):
+    truth = tmp_path / "truth.yaml"
+    truth.write_text(text)
+    status, _, err = run_cli(
+        "simulate",
+        "--cluster",
+        str(SIMULATION / "cluster.yaml"),
+        "--trace",
+        str(SIMULATION / "trace.yaml"),
+        "--truth",
+        str(truth),
+    )
+    assert status == 2 and len(err.strip().splitlines()) == 1 and message in err, err
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        pytest.param(["--trace", "x.yaml"], "simulate needs --cluster FILE", id="no-cluster"),
+        pytest.param(["--cluster", "x.yaml"], "simulate needs --trace FILE", id="no-trace"),
+        pytest.param(["--cluster", "x.yaml", "--trace", "y.yaml", "--noise", "1.5"], "--noise: 1.5 is not a fraction", id="noise"),
+        pytest.param(["--cluster", "/nonexistent.yaml", "--trace", "y.yaml"], "/nonexistent.yaml: no such file", id="missing-file"),
+    ],
+)  # fmt: skip
+def test_bad_flags_exit_2_with_one_line(argv, message):
+    status, _, err = run_cli("simulate", *argv)
+    assert status == 2 and message in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_plot_without_matplotlib_exits_2_saying_how_to_install_it(monkeypatch):
+    real_import = builtins.__import__
+
+    def no_matplotlib(name: str, *args: Any, **kwargs: Any) -> Any:
+        if name.startswith("matplotlib"):
+            raise ImportError(name)
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_matplotlib)
+    status, out, err = run_cli(
+        "simulate",
+        "--cluster",
+        str(SIMULATION / "cluster.yaml"),
+        "--trace",
+        str(SIMULATION / "trace.yaml"),
+        "--plot",
+        "x.png",
+    )
+    assert status == 2 and out == ""
+    assert (
+        err.strip()
+        == "kratos-admit: --plot needs matplotlib, which is not installed: pip install 'kratos-admit[plot]'"
+    )
+
+
+def test_plot_draws_each_policys_jct_distribution(tmp_path: Path):
+    pytest.importorskip("matplotlib", reason="the [plot] extra is not installed")
+    plot = tmp_path / "jct.png"
+    status, out, err = run_cli(
+        "simulate",
+        "--cluster",
+        str(SIMULATION / "cluster.yaml"),
+        "--trace",
+        str(SIMULATION / "trace.yaml"),
+        "--plot",
+        str(plot),
+    )
+    assert status == 0, err
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "kratos-static" in out and "MEAN JCT" in out
