@@ -19,7 +19,7 @@ from kratos_admit.admission import AdmissionEngine, build_engine
 from kratos_admit.calibration import NO_CALIBRATION
 from kratos_admit.catalog import CatalogError, load_catalog
 from kratos_admit.certs import CertsError, generate
-from kratos_admit.cluster import ClusterNodeStore, ClusterProfileStore
+from kratos_admit.cluster import ClusterCalibrationStore, ClusterNodeStore, ClusterProfileStore
 from kratos_admit.config import Config, ConfigError, load_config
 from kratos_admit.inject import WEBHOOK_CONFIGURATION, Injected, InjectError, inject_ca, read_ca
 from kratos_admit.kube import KubeConfigError, api_client
@@ -295,7 +295,11 @@ async def _serve_cluster(config: Config, key: bytes, kubeconfig: Path | None) ->
     api = await api_client(kubeconfig)
     try:
         engine = build_engine(
-            config, signing_key=key, profiles=ClusterProfileStore(api), nodes=ClusterNodeStore(api)
+            config,
+            signing_key=key,
+            profiles=ClusterProfileStore(api),
+            nodes=ClusterNodeStore(api),
+            calibration=ClusterCalibrationStore(api, config.lease_namespace),
         )
         await serve(engine, config=config)
     finally:

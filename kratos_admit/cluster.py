@@ -1,4 +1,4 @@
-"""Live stores: WorkloadProfiles (all namespaces) and GPU Nodes cached by list+watch.
+"""Live stores: WorkloadProfiles (all namespaces), GPU Nodes and the GPU calibration cached by list+watch.
 
 They implement the same ``ProfileStore``/``NodeStore`` interface as the file stores; the admission
 path reads only their memory. The one exception is a profile cache miss: one direct GET with a
@@ -18,6 +18,14 @@ from kubernetes_asyncio import client
 from pydantic import ValidationError
 
 from kratos_admit import vocabulary as v
+from kratos_admit.calibration import (
+    CONFIGMAP_KEY,
+    CONFIGMAP_NAME,
+    NO_CALIBRATION,
+    Calibration,
+    CalibrationError,
+    parse_calibration,
+)
 from kratos_admit.kube import Informer, is_status
 from kratos_admit.profile import WorkloadProfile
 from kratos_admit.stores import ProfileIndex
@@ -155,6 +163,58 @@ class ClusterNodeStore:
 
     def ready(self) -> bool:
         return self.informer.synced.is_set()
+
+    async def run(self) -> None:
+        await self.informer.run()
+
+
+class ClusterCalibrationStore:
+    """The ConfigMap ``kratos-gpu-calibration`` the controller writes, watched by name (a field
+    selector, which is also what lets RBAC's ``resourceNames`` authorise the list and the watch).
+    Admission reads ``current()`` from memory; an unreadable ConfigMap keeps the last good one."""
+
+    def __init__(self, api: client.ApiClient, namespace: str) -> None:
+        self.core = client.CoreV1Api(api)
+        self.namespace = namespace
+        self.calibration: Calibration = NO_CALIBRATION
+        self.informer = Informer(
+            functools.partial(self.core.list_namespaced_config_map, namespace),
+            name="gpu-calibration",
+            field_selector=f"metadata.name={CONFIGMAP_NAME}",
+            on_replace=self._replace,
+            on_event=self._event,
+        )
+
+    def _read(self, configmap: Obj) -> None:
+        text = (configmap.get("data") or {}).get(CONFIGMAP_KEY)
+        if not isinstance(text, str):
+            self.calibration = NO_CALIBRATION
+            return
+        try:
+            self.calibration = parse_calibration(text)
+        except CalibrationError as exc:
+            log.warning(
+                "ignoring an unreadable calibration; keeping the last one",
+                extra={"namespace": self.namespace, "configMap": CONFIGMAP_NAME, "reason": str(exc)},
+            )
+
+    def _replace(self, items: list[Obj]) -> None:
+        found = [c for c in items if c.get("metadata", {}).get("name") == CONFIGMAP_NAME]
+        if found:
+            self._read(found[0])
+        else:
+            self.calibration = NO_CALIBRATION
+
+    def _event(self, kind: str, configmap: Obj) -> None:
+        if configmap.get("metadata", {}).get("name") != CONFIGMAP_NAME:
+            return
+        if kind == "DELETED":
+            self.calibration = NO_CALIBRATION
+        else:
+            self._read(configmap)
+
+    def current(self) -> Calibration:
+        return self.calibration
 
     async def run(self) -> None:
         await self.informer.run()

@@ -96,12 +96,14 @@ class Informer:
         on_replace: Callable[[list[Obj]], None],
         on_event: Callable[[str, Obj], None],
         label_selector: str | None = None,
+        field_selector: str | None = None,
         watch_timeout: int = 300,
         backoff: Backoff | None = None,
     ) -> None:
         self.list_func, self.name = list_func, name
         self.on_replace, self.on_event = on_replace, on_event
         self.label_selector = label_selector
+        self.field_selector = field_selector
         self.watch_timeout = watch_timeout
         self.backoff = backoff or Backoff()
         self.synced = asyncio.Event()
@@ -109,7 +111,8 @@ class Informer:
         self.resource_version = ""
 
     def _selector(self) -> dict[str, Any]:
-        return {"label_selector": self.label_selector} if self.label_selector else {}
+        selectors = {"label_selector": self.label_selector, "field_selector": self.field_selector}
+        return {k: val for k, val in selectors.items() if val}
 
     async def run(self) -> None:
         while True:

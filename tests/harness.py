@@ -31,7 +31,7 @@ from kratos_admit import vocabulary as v
 from kratos_admit.admission import AdmissionEngine, ReviewResult, Webhook, answer, build_engine
 from kratos_admit.catalog import load_catalog
 from kratos_admit.certs import generate
-from kratos_admit.cluster import ClusterNodeStore, ClusterProfileStore
+from kratos_admit.cluster import ClusterCalibrationStore, ClusterNodeStore, ClusterProfileStore
 from kratos_admit.config import Config
 from kratos_admit.metrics import AdmissionMetrics
 from kratos_admit.policy import PolicyContext
@@ -319,11 +319,13 @@ async def webhook_serving(
     if not (certs / "ca.crt").exists():
         generate(service=SERVICE[1], namespace=SERVICE[0], out=certs)
     api = api_for(server, "kratos-webhook")
+    settings = Config.model_validate(config)
     engine = build_engine(
-        Config.model_validate(config), signing_key=TEST_KEY, profiles=ClusterProfileStore(api),
-        nodes=ClusterNodeStore(api), catalog=CATALOG,
+        settings, signing_key=TEST_KEY, profiles=ClusterProfileStore(api), nodes=ClusterNodeStore(api),
+        catalog=CATALOG, calibration=ClusterCalibrationStore(api, settings.lease_namespace),
     )  # fmt: skip
-    stores = [asyncio.create_task(engine.profiles.run()), asyncio.create_task(engine.nodes.run())]
+    stores = [asyncio.create_task(engine.profiles.run()), asyncio.create_task(engine.nodes.run()),
+              asyncio.create_task(engine.calibration.run())]  # fmt: skip
     port = free_port()
     app = create_app(engine, metrics=AdmissionMetrics(), max_body_bytes=1 << 22)
     certificate = ServingCertificate(certs / "tls.crt", certs / "tls.key")

@@ -21,6 +21,7 @@ named after what it imitates (Kubernetes 1.28):
 | garbage collection: a dependent whose owners are all gone is deleted (background) | ``pkg/controller/garbagecollector`` | |
 | ``expire_ttls(now)``: finished Jobs past ``ttlSecondsAfterFinished`` are deleted with Foreground propagation (their Pods first) | ``pkg/controller/ttlafterfinished`` | a clock of its own: tests step it |
 | ``namespace_lifecycle = True``: creating a namespaced object in a namespace that does not exist is refused with 404 ``namespaces "X" not found`` | the ``NamespaceLifecycle`` admission plugin | terminating namespaces; off by default, as most tests never create namespaces |
+| list and watch with ``fieldSelector`` on ``metadata.name`` / ``metadata.namespace`` (``=``, ``==``, ``!=``, comma-ANDed) | the generic registry's field selectors, which every resource supports for these two fields | other fields (``spec.nodeName``, ``status.phase``) |
 | ``run_jobs()`` / ``finish_pod()``: one Pod per unsuspended, unfinished Job, created through admission like the Job controller's, owned by the Job; a finished Pod completes or fails its Job | ``pkg/controller/job`` in miniature | parallelism, retries, indexes |
 """
 
@@ -626,10 +627,11 @@ class KubeDouble:
 
     def _list(self, request: web.Request, resource: tuple[str, str], ns: str, kind: str) -> web.Response:
         selector = request.query.get("labelSelector", "")
+        fields = request.query.get("fieldSelector", "")
         items = [
             o
             for (o_ns, _), o in sorted(self.objects[resource].items())
-            if (not ns or o_ns == ns) and _selects(selector, o)
+            if (not ns or o_ns == ns) and _selects(selector, o) and _field_selects(fields, o)
         ]
         return web.json_response(
             {
@@ -646,6 +648,7 @@ class KubeDouble:
         since = int(request.query.get("resourceVersion") or self.revision)
         timeout = float(request.query.get("timeoutSeconds", "30"))
         selector = request.query.get("labelSelector", "")
+        fields = request.query.get("fieldSelector", "")
         deadline = asyncio.get_running_loop().time() + timeout
         if since < self.compacted:
             gone = {
@@ -665,6 +668,7 @@ class KubeDouble:
                     revision > sent
                     and (not ns or obj["metadata"].get("namespace") == ns)
                     and _selects(selector, obj)
+                    and _field_selects(fields, obj)
                 ):
                     try:
                         await response.write(json.dumps({"type": event, "object": obj}).encode() + b"\n")
@@ -843,6 +847,19 @@ def _selects(selector: str, obj: Obj) -> bool:
             if labels.get(k.rstrip("=")) != val.lstrip("="):
                 return False
         elif term not in labels:
+            return False
+    return True
+
+
+def _field_selects(selector: str, obj: Obj) -> bool:
+    """A field selector on metadata.name / metadata.namespace; any other field matches nothing."""
+    meta = obj.get("metadata", {})
+    for term in filter(None, (t.strip() for t in selector.split(","))):
+        negate = "!=" in term
+        key, _, value = term.replace("!=", "=").replace("==", "=").partition("=")
+        if key not in ("metadata.name", "metadata.namespace"):
+            return False
+        if (str(meta.get(key.split(".")[1], "")) == value) == negate:
             return False
     return True
 

@@ -8,6 +8,7 @@ import json
 import random
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -28,6 +29,7 @@ from kratos_admit.hints import ranking_of
 from kratos_admit.profile import Observation
 from kratos_admit.simfiles import load_cluster, load_trace
 from kratos_admit.simulation import Figures, Learned, Truth, prediction_errors, simulate
+from kratos_controller.reconcile import calibrate
 from tests.builders import A100, L4, L40S, T4, make_profile, trace_job
 from tests.harness import CATALOG, EXAMPLES
 
@@ -302,3 +304,65 @@ def test_placement_refuses_an_unreadable_calibration_file_with_one_line(tmp_path
     )  # fmt: skip
     assert status == 2 and "calibration.json: not a KRATOS calibration" in err.getvalue()
     assert len(err.getvalue().strip().splitlines()) == 1
+
+
+def profile_dicts(truth: Truth, runs: int = 5) -> list[dict[str, object]]:
+    """Ready WorkloadProfiles (as the API returns them) whose observations are exact runs."""
+    found = []
+    for name, (sm, mem) in SHAPES.items():
+        job = trace_job(name, sm=sm, mem=mem)
+        observations = [
+            {
+                "product": p,
+                "runs": runs,
+                "meanSeconds": f"{1000.0 * truth.relative_time(job.shares, reference=A100, product=p):.1f}",
+            }
+            for p in PRODUCTS
+        ]
+        found.append(
+            {
+                "metadata": {"name": f"{name}-profile", "namespace": "team-a"},
+                "spec": {"workload": name},
+                "status": {
+                    "phase": "Ready",
+                    "metrics": {"smThroughput": str(sm), "memoryThroughput": str(mem)},
+                    "gpu": {"product": A100},
+                    "observations": observations,
+                },
+            }
+        )
+    return found
+
+
+def test_the_controller_writes_the_configmap_only_when_the_fit_changes_and_keeps_unchanged_dates():
+    truth = drawn_truth(3, spread=0.2)
+    profiles = profile_dicts(truth)
+    options: dict[str, Any] = {"namespace": "kratos-system", "catalog": CATALOG, "reference_product": A100}
+    fitted, write = calibrate(profiles, None, now="2026-11-23T10:00:00Z", **options)
+    assert write is not None and (write.namespace, write.name) == ("kratos-system", "kratos-gpu-calibration")
+    configmap = {"data": write.data}
+    again, rewrite = calibrate(profiles, configmap, now="2026-11-23T11:00:00Z", **options)
+    assert rewrite is None, "the same runs, fitted again later, write nothing"
+    assert again.to_json() == fitted.to_json()
+    more = profile_dicts(truth)
+    status = more[0]["status"]
+    assert isinstance(status, dict)
+    status["observations"][2]["runs"] = 9  # more runs of one workload on the L4, as long as before
+    changed, update = calibrate(more, configmap, now="2026-11-23T12:00:00Z", **options)
+    assert update is not None
+    dates = {p: c.updated_at for p, c in changed.products.items()}
+    assert dates[L4] == "2026-11-23T12:00:00Z"
+    assert dates[A100] == "2026-11-23T10:00:00Z", "a product whose fit did not change keeps its date"
+
+
+def test_an_unreadable_configmap_is_replaced_by_the_fit():
+    profiles = profile_dicts(drawn_truth(3, spread=0.2))
+    _, write = calibrate(
+        profiles,
+        {"data": {"calibration.json": "garbage"}},
+        namespace="kratos-system",
+        catalog=CATALOG,
+        reference_product=A100,
+        now="2026-11-23T10:00:00Z",
+    )
+    assert write is not None and parse_calibration(write.data["calibration.json"]).products

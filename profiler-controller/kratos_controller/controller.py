@@ -18,6 +18,7 @@ from kubernetes_asyncio import client
 from prometheus_client import CollectorRegistry, Counter
 
 from kratos_admit import vocabulary as v
+from kratos_admit.calibration import CONFIGMAP_NAME, NO_CALIBRATION, Calibration
 from kratos_admit.catalog import Catalog, load_catalog
 from kratos_admit.config import Config
 from kratos_admit.kube import Backoff, Informer
@@ -30,6 +31,7 @@ from kratos_controller.reconcile import (
     CreateExecutionJob,
     PublishProfile,
     ReleaseFollower,
+    calibrate,
     observed_job,
     orphan_profile,
     orphaned,
@@ -40,7 +42,7 @@ from kratos_controller.reconcile import (
 )
 
 log = logging.getLogger("kratos.controller")
-Work = Literal["run", "release", "observe"]
+Work = Literal["run", "release", "observe", "calibrate"]
 Key = tuple[Work, str, str]  # (work, namespace, Job name or workload)
 
 
@@ -98,6 +100,8 @@ class ProfilerController:
         self.processing: set[Key] = set()
         self.dirty: set[Key] = set()
         self.attempts: dict[Key, Backoff] = {}
+        self.calibration: Calibration = NO_CALIBRATION  # the last fit, for releasing followers
+        self.calibrate_key: Key = ("calibrate", self.config.lease_namespace, CONFIGMAP_NAME)
         self.informer = self._informer(
             client.BatchV1Api(api).list_job_for_all_namespaces, self.jobs, "Job", watch_timeout
         )
@@ -161,6 +165,8 @@ class ProfilerController:
             await self._run(namespace, name)
         elif work == "release":
             await self._release(namespace, name)
+        elif work == "calibrate":
+            await self._calibrate(namespace)
         else:
             await self._observe(namespace, name)
 
@@ -238,6 +244,7 @@ class ProfilerController:
             config=self.config,
             catalog=self.catalog,
             signing_key=self.signing_key,
+            calibration=self.calibration,
         )
         for action in actions:
             await self.io.apply(action)
@@ -268,6 +275,29 @@ class ProfilerController:
         if action is not None:
             await self.io.apply(action)
             log.info("runs observed", extra={"namespace": namespace, "job": name, "runs": len(runs)})
+            self.enqueue(self.calibrate_key)
+
+    async def _calibrate(self, namespace: str) -> None:
+        """Refit every product's calibration from all profiles; write the ConfigMap if it changed."""
+        calibration, action = calibrate(
+            await self.io.all_profiles(),
+            await self.io.get_configmap(namespace, CONFIGMAP_NAME),
+            namespace=namespace,
+            catalog=self.catalog,
+            reference_product=self.config.reference_product,
+            now=dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        )
+        self.calibration = calibration
+        if action is not None:
+            await self.io.apply(action)
+            log.info(
+                "calibration written",
+                extra={
+                    "namespace": namespace,
+                    "configMap": CONFIGMAP_NAME,
+                    "products": len(calibration.products),
+                },
+            )
 
     async def _worker(self) -> None:
         while True:
@@ -302,6 +332,7 @@ class ProfilerController:
     async def _resync(self) -> None:
         while True:
             await asyncio.sleep(self.resync_seconds)
+            self.enqueue(self.calibrate_key)
             for kind, cache in (("Job", self.jobs), ("Pod", self.pods)):
                 for obj in list(cache.values()):
                     self._work_for(obj, kind)  # type: ignore[arg-type]
@@ -313,6 +344,7 @@ class ProfilerController:
             asyncio.create_task(self._resync()),
         ]
         tasks += [asyncio.create_task(self._worker()) for _ in range(workers)]
+        self.enqueue(self.calibrate_key)  # what the runs counted so far say, after a restart too
         try:
             await asyncio.gather(*tasks)
         finally:

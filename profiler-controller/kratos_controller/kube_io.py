@@ -84,6 +84,20 @@ class KubeIO:
             raise
         return found
 
+    async def all_profiles(self) -> list[Obj]:
+        body = await list_raw(self.custom.list_cluster_custom_object, v.GROUP, v.VERSION, v.PROFILE_PLURAL)
+        return [p for p in as_list(body.get("items")) if isinstance(p, dict)]
+
+    async def get_configmap(self, namespace: str, name: str) -> Obj | None:
+        """The ConfigMap's name and data (what the calibration reads), or None when it is absent."""
+        try:
+            found = await self.core.read_namespaced_config_map(name, namespace)
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+        return {"metadata": {"name": name, "namespace": namespace}, "data": dict(found.data or {})}
+
     async def job_pods(self, namespace: str, job_name: str) -> list[Obj]:
         body = await list_raw(self.core.list_namespaced_pod, namespace, label_selector=f"job-name={job_name}")
         return [p for p in as_list(body.get("items")) if isinstance(p, dict)]

@@ -9,7 +9,8 @@ work is done it gives none, so a restart half-way simply finishes it. Three loop
 - the followers of a run (Jobs suspended, Pods gated, marked ``awaiting-profile``): released with
   hints once the profile is Ready or Failed;
 - finished hinted and execution Jobs: their runs' durations per GPU product, into the profile's
-  ``observations``, each run counted once.
+  ``observations``, each run counted once; then the calibration of each GPU product, refitted from
+  every profile's observations, into the ConfigMap ``kratos-gpu-calibration``.
 """
 
 from __future__ import annotations
@@ -23,6 +24,18 @@ from typing import Any, Literal
 from pydantic import ValidationError
 
 from kratos_admit import vocabulary as v
+from kratos_admit.calibration import (
+    CONFIGMAP_KEY,
+    CONFIGMAP_NAME,
+    NO_CALIBRATION,
+    Calibration,
+    CalibrationError,
+    fit_calibration,
+    keep_unchanged_dates,
+    parse_calibration,
+    same_calibration,
+    samples_of,
+)
 from kratos_admit.catalog import Catalog
 from kratos_admit.config import Config
 from kratos_admit.hints import release_hold
@@ -493,6 +506,7 @@ def release_followers(
     config: Config,
     catalog: Catalog,
     signing_key: bytes,
+    calibration: Calibration = NO_CALIBRATION,
 ) -> list[Action]:
     """Release every object held for ``profile`` once its run ended (Ready: ranked hints; Failed:
     base hints as they are)."""
@@ -512,6 +526,7 @@ def release_followers(
             config=config,
             catalog=catalog,
             signing_key=signing_key,
+            calibration=calibration,
         )
         actions.append(
             ReleaseFollower(kind, str(meta.get("namespace", "")), str(meta.get("name", "")), released)
@@ -619,3 +634,45 @@ def record_runs(profile: Obj, runs: Iterable[Run]) -> RecordObservations | None:
         str(meta.get("resourceVersion", "")),
         updated,
     )
+
+
+# --- calibration: what every counted run says about each GPU product ----------------------------------
+
+
+def current_calibration(configmap: Mapping[str, Any] | None) -> Calibration:
+    """What the ConfigMap holds now (nothing, when it is absent or unreadable: the next fit replaces it)."""
+    text = string_map(as_mapping(as_mapping(configmap).get("data"))).get(CONFIGMAP_KEY)
+    if not text:
+        return NO_CALIBRATION
+    try:
+        return parse_calibration(text)
+    except CalibrationError:
+        return NO_CALIBRATION
+
+
+def calibrate(
+    profiles: Iterable[Mapping[str, Any]],
+    configmap: Mapping[str, Any] | None,
+    *,
+    namespace: str,
+    catalog: Catalog,
+    reference_product: str,
+    now: str,
+) -> tuple[Calibration, PublishConfigMap | None]:
+    """The calibration fitted from every profile's observations, and the write of the ConfigMap when
+    it differs from what the ConfigMap holds. A product whose fit did not change keeps its
+    ``updatedAt``, so the same runs (counted twice, replayed, after a restart) write nothing."""
+    parsed = []
+    for raw in profiles:
+        try:
+            parsed.append(WorkloadProfile.model_validate(raw))
+        except ValidationError:
+            continue
+    before = current_calibration(configmap)
+    fitted = fit_calibration(
+        samples_of(parsed, catalog, reference_product=reference_product), catalog, updated_at=now
+    )
+    fitted = keep_unchanged_dates(fitted, before)
+    if configmap is not None and same_calibration(fitted, before):
+        return before, None
+    return fitted, PublishConfigMap(namespace, CONFIGMAP_NAME, {CONFIGMAP_KEY: fitted.to_json()})

@@ -1,0 +1,156 @@
+"""Calibration through the API double (issue 19): the controller writes ConfigMap
+kratos-gpu-calibration from every profile's observations, a run counted twice (a replayed event,
+a controller restart) changes nothing in it, and the webhook ranks a never-seen workload with it."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+from kubernetes_asyncio import client
+
+from kratos_admit import vocabulary as v
+from kratos_admit.calibration import CONFIGMAP_KEY, CONFIGMAP_NAME, NO_CALIBRATION
+from kratos_admit.simulation import Figures, Truth
+from tests.builders import A100, L4, L40S, T4, make_job, trace_job
+from tests.harness import (
+    CATALOG,
+    CONFIGMAPS,
+    JOBS,
+    PODS,
+    PROFILES,
+    api_for,
+    api_server,
+    controller_running,
+    eventually,
+    opted_in_cluster,
+    webhook_serving,
+)
+from tests.kube_double import KubeDouble
+
+PRODUCTS = (A100, L40S, L4, T4)  # opted_in_cluster names their Nodes gpu-0 .. gpu-3
+NODE_OF = {product: f"gpu-{i}" for i, product in enumerate(PRODUCTS)}
+# this cluster's GPUs: every figure 10-30 % off the catalog's, not all the same way
+TRUTH = Truth(
+    CATALOG,
+    {
+        A100: Figures(16.5, 1620.0),
+        L40S: Figures(33.0, 700.0),
+        L4: Figures(17.0, 240.0),
+        T4: Figures(5.6, 250.0),
+    },
+)
+SHAPES = {
+    "stream": (8, 92),
+    "spmv": (15, 84),
+    "decode": (20, 88),
+    "nbody": (90, 8),
+    "pricing": (88, 5),
+    "mc": (92, 4),
+}
+
+
+def seconds_on(workload: str, product: str) -> float:
+    sm, mem = SHAPES[workload]
+    job = trace_job(workload, sm=sm, mem=mem)
+    return round(1000.0 * TRUTH.relative_time(job.shares, reference=A100, product=product), 1)
+
+
+def observed_profile(workload: str, runs: int = 3) -> dict[str, Any]:
+    sm, mem = SHAPES[workload]
+    return {
+        "apiVersion": v.API_VERSION,
+        "kind": v.PROFILE_KIND,
+        "metadata": {"name": f"{workload}-profile", "namespace": "team-a"},
+        "spec": {"workload": workload},
+        "status": {
+            "phase": "Ready",
+            "boundType": "memory" if mem > sm else "compute",
+            "metrics": {"smThroughput": f"{sm}.0", "memoryThroughput": f"{mem}.0"},
+            "gpu": {"product": A100},
+            "observations": [
+                {"product": p, "runs": runs, "meanSeconds": f"{seconds_on(workload, p):.1f}"}
+                for p in PRODUCTS
+            ],
+            "observedRuns": runs * len(PRODUCTS),
+        },
+    }
+
+
+def calibration_configmap(kube: KubeDouble) -> dict[str, Any] | None:
+    return kube.get(*CONFIGMAPS, "kratos-system", CONFIGMAP_NAME)
+
+
+def factors(kube: KubeDouble) -> dict[str, Any]:
+    found = calibration_configmap(kube)
+    assert found is not None
+    products: dict[str, Any] = json.loads(found["data"][CONFIGMAP_KEY])["products"]
+    return products
+
+
+def job_of(name: str, workload: str) -> dict[str, Any]:
+    job = make_job(name).label(v.WORKLOAD_LABEL, workload).obj()
+    job["spec"]["template"]["spec"]["restartPolicy"] = "Never"
+    return job
+
+
+async def test_calibration_is_written_from_observations_counted_once_and_used_for_a_new_workload(
+    tmp_path: Path,
+):
+    kube = KubeDouble()
+    async with api_server(kube) as server, webhook_serving(kube, server, tmp_path) as engine:
+        opted_in_cluster(kube, (tmp_path / "certs" / "ca.crt").read_bytes(), *PRODUCTS)
+        for workload in SHAPES:
+            kube.put(*PROFILES, observed_profile(workload))
+        api = api_for(server, "kubectl")
+        try:
+            async with controller_running(server) as running:
+                await eventually(running.informer.synced.is_set)
+                await eventually(lambda: calibration_configmap(kube))
+                first = factors(kube)
+                assert set(first) == set(PRODUCTS)
+                # three more runs of stream on the L4, as long as the earlier ones
+                for i in range(3):
+                    body: Any = job_of(f"stream-{i}", "stream")
+                    await client.BatchV1Api(api).create_namespaced_job("team-a", body)
+                for pod in await kube.run_jobs():
+                    kube.finish_pod("team-a", pod, node=NODE_OF[L4], seconds=seconds_on("stream", L4))
+                await eventually(lambda: factors(kube)[L4]["memoryRuns"] == first[L4]["memoryRuns"] + 3)
+            written = copy.deepcopy(calibration_configmap(kube))
+            assert written is not None
+            assert factors(kube)[L4]["memoryTimeFactor"] == first[L4]["memoryTimeFactor"], (
+                "runs as long as before change the counts, not the factor"
+            )
+
+            # the same events again (a relist, a resync) and a restarted controller: nothing changes
+            for kind in (PODS, JOBS):
+                for obj in [o for o in kube.items(*kind) if o["metadata"]["name"].startswith("stream-")]:
+                    obj["metadata"].setdefault("labels", {})["replayed"] = "yes"
+                    kube.put(*kind, obj)
+            async with controller_running(server, agent="controller-restarted") as restarted:
+                await eventually(restarted.informer.synced.is_set)
+                await asyncio.sleep(0.5)  # time to (wrongly) count again and rewrite
+            assert calibration_configmap(kube) == written, "not rewritten: same data, same resourceVersion"
+            stream = kube.get(*PROFILES, "team-a", "stream-profile")
+            assert stream is not None
+            assert {o["product"]: o["runs"] for o in stream["status"]["observations"]}[L4] == 6
+
+            # the webhook answers from its watch of the ConfigMap: a never-seen workload is ranked
+            # with the calibrated figures
+            await eventually(lambda: engine.calibration.current() is not NO_CALIBRATION)
+            fresh = observed_profile("nbody")
+            fresh["metadata"]["name"], fresh["spec"]["workload"] = "fresh-profile", "fresh"
+            del fresh["status"]["observations"]
+            kube.put(*PROFILES, fresh)
+            await eventually(lambda: engine.profiles.get("team-a", "fresh"))
+            body = job_of("fresh-0", "fresh")
+            await client.BatchV1Api(api).create_namespaced_job("team-a", body)
+            stored = kube.get(*JOBS, "team-a", "fresh-0")
+            assert stored is not None
+            ranked = json.loads(stored["metadata"]["annotations"][v.HINTS_ANNOTATION])["ranked"]
+            assert {r["product"]: r.get("source") for r in ranked} == dict.fromkeys(PRODUCTS, "calibrated")
+        finally:
+            await api.close()
