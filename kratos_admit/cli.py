@@ -12,12 +12,14 @@ import sys
 from pathlib import Path
 from typing import Any, TextIO
 
+import aiohttp
 import yaml
+from kubernetes_asyncio.client.exceptions import ApiException
 
 from kratos_admit import __version__
 from kratos_admit.admission import AdmissionEngine, build_engine
 from kratos_admit.calibration import NO_CALIBRATION
-from kratos_admit.catalog import CatalogError, load_catalog
+from kratos_admit.catalog import Catalog, CatalogError, load_catalog
 from kratos_admit.certs import CertsError, generate
 from kratos_admit.cluster import ClusterCalibrationStore, ClusterNodeStore, ClusterProfileStore
 from kratos_admit.config import Config, ConfigError, load_config
@@ -27,11 +29,13 @@ from kratos_admit.logs import configure_logging
 from kratos_admit.manifests import ManifestError, load_objects
 from kratos_admit.placement import format_table, placement_header, placement_rows
 from kratos_admit.review import review_document
+from kratos_admit.scheduling import SimNode
 from kratos_admit.server import serve, serve_processes
 from kratos_admit.signing import DEVELOPMENT_KEY, SigningKeyError, load_signing_key
+from kratos_admit.simcluster import simulate_on_cluster
 from kratos_admit.simfiles import SimFileError, load_cluster, load_trace, load_truth
 from kratos_admit.simplot import PlotError, format_results, load_plotter
-from kratos_admit.simulation import SimulationError, simulate
+from kratos_admit.simulation import SimulationError, SimulationResult, Trace, Truth, simulate
 from kratos_admit.stores import (
     FileNodeStore,
     FileProfileStore,
@@ -177,6 +181,19 @@ def build_parser() -> argparse.ArgumentParser:
         "-o", "--output", choices=("table", "json"), default="table", help="a table for people, or JSON"
     )
     _path(simulate, "--plot", "FILE", "also draw each policy's JCT distribution into FILE (needs [plot])")
+    _path(
+        simulate,
+        "--kubeconfig",
+        "FILE",
+        "run on this cluster instead of the model: fake Nodes, its API server and kube-scheduler",
+    )
+    simulate.add_argument(
+        "--time-scale",
+        type=float,
+        default=0.01,
+        metavar="F",
+        help="with --kubeconfig: real seconds per simulated second",
+    )
 
     controller = commands.add_parser("controller", help="run the profiler controller (leader-elected)")
     _path(controller, "--config", "FILE", config_help)
@@ -339,10 +356,27 @@ def cmd_simulate(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> Ex
     nodes = load_cluster(args.cluster, catalog)
     trace = load_trace(args.trace, catalog)
     truth = load_truth(args.truth, catalog)
+    if not 0 < args.time_scale <= 1:
+        raise UsageError(f"--time-scale: {args.time_scale} is not a fraction above 0 and at most 1")
     try:
-        result = simulate(
-            trace, nodes, truth=truth, config=config, catalog=catalog, seed=args.seed, noise=args.noise
-        )
+        if args.kubeconfig is not None:
+            result = asyncio.run(
+                _simulate_on_cluster(
+                    args.kubeconfig,
+                    trace=trace,
+                    nodes=nodes,
+                    truth=truth,
+                    config=config,
+                    catalog=catalog,
+                    seed=args.seed,
+                    noise=args.noise,
+                    time_scale=args.time_scale,
+                )
+            )
+        else:
+            result = simulate(
+                trace, nodes, truth=truth, config=config, catalog=catalog, seed=args.seed, noise=args.noise
+            )
     except SimulationError as exc:
         raise UsageError(str(exc)) from None
     if args.output == "json":
@@ -352,6 +386,41 @@ def cmd_simulate(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> Ex
     if plot is not None:
         plot(result, args.plot)
     return ExitStatus.OK
+
+
+async def _simulate_on_cluster(
+    kubeconfig: Path,
+    *,
+    trace: Trace,
+    nodes: list[SimNode],
+    truth: Truth,
+    config: Config,
+    catalog: Catalog,
+    seed: int,
+    noise: float,
+    time_scale: float,
+) -> SimulationResult:
+    api = await api_client(kubeconfig)
+    try:
+        return await simulate_on_cluster(
+            api,
+            trace,
+            nodes,
+            truth=truth,
+            config=config,
+            catalog=catalog,
+            seed=seed,
+            noise=noise,
+            time_scale=time_scale,
+        )
+    except ApiException as exc:
+        raise UsageError(
+            f"--kubeconfig {kubeconfig}: the API server refused: {exc.status} {exc.reason}"
+        ) from None
+    except aiohttp.ClientError as exc:
+        raise UsageError(f"--kubeconfig {kubeconfig}: cannot reach the API server: {exc}") from None
+    finally:
+        await api.close()
 
 
 def cmd_controller(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> ExitStatus:

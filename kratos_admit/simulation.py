@@ -214,12 +214,13 @@ class Learned:
 
 
 @dataclass(order=True)
-class _Pending:
+class Pending:
     created: float
     seq: int
     job: TraceJob = field(compare=False)
     pod: PodRequest = field(compare=False)
     profiling: bool = field(compare=False, default=False)
+    spec: Mapping[str, Any] | None = field(compare=False, default=None)  # the admitted pod spec, if any
 
 
 def job_manifest(job: TraceJob, name: str | None = None) -> dict[str, Any]:
@@ -253,7 +254,7 @@ def _pod_spec(job_object: Mapping[str, Any]) -> Mapping[str, Any]:
     return as_mapping(as_mapping(as_mapping(job_object.get("spec")).get("template")).get("spec"))
 
 
-class _PolicyRun:
+class PolicyRun:
     """One policy over the whole trace: events, the pending queue, the cluster's use."""
 
     def __init__(
@@ -288,7 +289,7 @@ class _PolicyRun:
         )
         self.events: list[tuple[float, int, str, Any]] = []
         self.seq = itertools.count()
-        self.pending: list[_Pending] = []
+        self.pending: list[Pending] = []
         self.held: dict[str, list[tuple[TraceJob, dict[str, Any]]]] = {}
         self.finished: dict[str, float] = {}
         self.gpu_seconds = 0.0
@@ -296,9 +297,9 @@ class _PolicyRun:
 
     # --- admission -------------------------------------------------------------------------------
 
-    def _admit(self, job: TraceJob, now: float, name: str | None = None) -> None:
+    def admit(self, job: TraceJob, now: float, name: str | None = None) -> None:
         if self.policy in ("default", "oracle"):
-            self._enqueue(job, now, PodRequest(gpus=job.gpus))
+            self._enqueue(job, now, None)
             return
         reviewed = review_document(
             job_manifest(job, name),
@@ -313,18 +314,21 @@ class _PolicyRun:
                 job.workload,
                 ProfileStatus(phase="Profiling", sourceJob=job.name, message=f"profiling Job {job.name}"),
             )
-            self._enqueue(job, now, PodRequest.from_pod_spec(_pod_spec(obj)), profiling=True)
+            self._enqueue(job, now, _pod_spec(obj), profiling=True)
         elif as_mapping(obj.get("spec")).get("suspend") is True:
             self.held.setdefault(job.workload, []).append((job, obj))
         else:
-            self._enqueue(job, now, PodRequest.from_pod_spec(_pod_spec(obj)))
+            self._enqueue(job, now, _pod_spec(obj))
 
-    def _enqueue(self, job: TraceJob, now: float, pod: PodRequest, *, profiling: bool = False) -> None:
-        heapq.heappush(self.pending, _Pending(now, next(self.seq), job, pod, profiling))
+    def _enqueue(
+        self, job: TraceJob, now: float, spec: Mapping[str, Any] | None, *, profiling: bool = False
+    ) -> None:
+        pod = PodRequest.from_pod_spec(spec) if spec is not None else PodRequest(gpus=job.gpus)
+        heapq.heappush(self.pending, Pending(now, next(self.seq), job, pod, profiling, spec))
 
     # --- placement -------------------------------------------------------------------------------
 
-    def _place(self, entry: _Pending) -> SimNode | None:
+    def _place(self, entry: Pending) -> SimNode | None:
         if self.policy != "oracle":
             return schedule(entry.pod, self.state, self.rng)
         free = [n for n in self.state.nodes if self.state.free_gpus(n) >= entry.pod.gpus]
@@ -340,7 +344,7 @@ class _PolicyRun:
         return schedule(entry.pod, self.state, self.rng, among=[n for n in free if times[n.product] == best])
 
     def _schedule_pending(self, now: float) -> None:
-        waiting: list[_Pending] = []
+        waiting: list[Pending] = []
         while self.pending:
             entry = heapq.heappop(self.pending)
             node = self._place(entry)
@@ -348,27 +352,43 @@ class _PolicyRun:
                 waiting.append(entry)
                 continue
             self.state.bind(node, entry.pod)
-            if entry.profiling:
-                seconds = self.trace.profiling_seconds
-            else:
-                seconds = (
-                    entry.job.reference_seconds
-                    * self.truth.relative_time(
-                        entry.job.shares, reference=entry.job.reference_product, product=node.product
-                    )
-                    * self.noise[entry.job.name]
-                )
-            self.gpu_seconds += seconds * entry.pod.gpus
+            seconds = self.started(entry, node.product)
             self._event(now + seconds, "done", (entry, node, seconds))
         for entry in waiting:
             heapq.heappush(self.pending, entry)
+
+    def started(self, entry: Pending, product: str) -> float:
+        """How long ``entry`` runs on ``product`` (a profiling run: the trace's profiling time); its
+        GPU time is counted."""
+        if entry.profiling:
+            seconds = self.trace.profiling_seconds
+        else:
+            seconds = (
+                entry.job.reference_seconds
+                * self.truth.relative_time(
+                    entry.job.shares, reference=entry.job.reference_product, product=product
+                )
+                * self.noise[entry.job.name]
+            )
+        self.gpu_seconds += seconds * entry.pod.gpus
+        return seconds
+
+    def true_weights(self, job: TraceJob) -> dict[str, int]:
+        """The oracle's preference as node-affinity weights: 100 for the truly fastest product,
+        the others in proportion to their speed."""
+        times = {
+            p: self.truth.relative_time(job.shares, reference=job.reference_product, product=p)
+            for p in self.products
+        }
+        best = min(times.values())
+        return {p: max(1, round(100 * best / t)) for p, t in times.items()}
 
     def _event(self, when: float, kind: str, payload: Any) -> None:
         heapq.heappush(self.events, (when, next(self.seq), kind, payload))
 
     # --- completions -----------------------------------------------------------------------------
 
-    def _done(self, entry: _Pending, node: SimNode, seconds: float, now: float) -> None:
+    def done(self, entry: Pending, node: SimNode, seconds: float, now: float) -> None:
         self.state.release(node, entry.pod)
         job = entry.job
         if entry.profiling:
@@ -392,7 +412,7 @@ class _PolicyRun:
             }
         )
         profile = self.profiles.put(job.workload, status)
-        self._admit(job, now, name=f"{job.name}-execution"[: v.DNS1123_LABEL_MAX])
+        self.admit(job, now, name=f"{job.name}-execution"[: v.DNS1123_LABEL_MAX])
         for follower, held in self.held.pop(job.workload, []):
             released = release_hold(
                 held,
@@ -405,7 +425,7 @@ class _PolicyRun:
                 signing_key=DEVELOPMENT_KEY,
                 calibration=self.calibration.current(),
             )
-            self._enqueue(follower, now, PodRequest.from_pod_spec(_pod_spec(released)))
+            self._enqueue(follower, now, _pod_spec(released))
 
     def _observe(self, job: TraceJob, node: SimNode, seconds: float) -> None:
         profile = self.profiles.get(NAMESPACE, job.workload)
@@ -430,11 +450,14 @@ class _PolicyRun:
             while self.events and self.events[0][0] == now:
                 _, _, kind, payload = heapq.heappop(self.events)
                 if kind == "arrive":
-                    self._admit(payload, now)
+                    self.admit(payload, now)
                 else:
                     entry, node, seconds = payload
-                    self._done(entry, node, seconds, now)
+                    self.done(entry, node, seconds, now)
             self._schedule_pending(now)
+        return self.result()
+
+    def result(self) -> PolicyResult:
         unfinished = [j.name for j in self.trace.jobs if j.name not in self.finished]
         if unfinished:
             raise SimulationError(
@@ -528,7 +551,7 @@ def simulate(
     results: dict[Policy, PolicyResult] = {}
     learned = Learned(SimulatedProfiles())
     for policy in policies:
-        run = _PolicyRun(
+        run = PolicyRun(
             policy, trace, nodes, truth=truth, config=config, catalog=catalog, seed=seed, noise=noise
         )
         results[policy] = run.run()
