@@ -10,6 +10,7 @@ import asyncio
 import base64
 import contextlib
 import copy
+import functools
 import json
 import re
 import shutil
@@ -45,7 +46,20 @@ from kratos_controller.controller import ControllerMetrics, ProfilerController
 from kratos_runner.parse import parse_report
 from kratos_runner.summary import encode_summary, summarise
 from tests.builders import JobBuilder, make_job
-from tests.kube_double import MUTATING, VALIDATING, KubeDouble
+from tests.kube_double import (
+    ADMIN,
+    CLUSTERROLEBINDINGS,
+    CLUSTERROLES,
+    CONTROLLER,
+    MUTATING,
+    ROLEBINDINGS,
+    ROLES,
+    TOKENS,
+    VALIDATING,
+    WEBHOOK,
+    Identity,
+    KubeDouble,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -227,8 +241,39 @@ RUNTIMECLASSES = ("apis/node.k8s.io/v1", "runtimeclasses")
 SERVICE = ("kratos-system", "kratos-webhook")
 
 
+RBAC_KINDS = {
+    "Role": ROLES,
+    "RoleBinding": ROLEBINDINGS,
+    "ClusterRole": CLUSTERROLES,
+    "ClusterRoleBinding": CLUSTERROLEBINDINGS,
+}
+
+
+@functools.cache
+def _rendered_install() -> tuple[dict[str, Any], ...]:
+    return tuple(render(REPO / "webhook-config"))
+
+
+def rendered_rbac() -> list[dict[str, Any]]:
+    """The Roles, ClusterRoles and bindings that ``kubectl kustomize webhook-config/`` renders."""
+    return [copy.deepcopy(o) for o in _rendered_install() if o.get("kind") in RBAC_KINDS]
+
+
+def install_rbac(kube: KubeDouble, objects: Iterable[dict[str, Any]] | None = None) -> None:
+    """Store the install's RBAC in the double, which then authorises every request against it."""
+    for obj in rendered_rbac() if objects is None else objects:
+        kube.put(*RBAC_KINDS[obj["kind"]], obj)
+
+
+def token_of(identity: Identity) -> str:
+    return next(token for token, known in TOKENS.items() if known == identity)
+
+
 @contextlib.asynccontextmanager
 async def api_server(kube: KubeDouble) -> AsyncIterator[TestServer]:
+    """The double served in-process, with the install's RBAC unless the test stored its own."""
+    if not kube.objects[CLUSTERROLES]:
+        install_rbac(kube)
     server = TestServer(kube.app())
     await server.start_server()
     try:
@@ -238,8 +283,14 @@ async def api_server(kube: KubeDouble) -> AsyncIterator[TestServer]:
         await server.close()
 
 
-def api_for(server: TestServer, agent: str = "kratos-test") -> client.ApiClient:
+def api_for(
+    server: TestServer, agent: str = "kratos-test", *, identity: Identity = ADMIN
+) -> client.ApiClient:
+    """A client of the double presenting ``identity``'s bearer token (the cluster admin by default,
+    as a user's kubectl; the webhook and controller run as their ServiceAccounts)."""
     configuration = client.Configuration(host=str(server.make_url("")).rstrip("/"))
+    configuration.api_key = {"BearerToken": token_of(identity)}
+    configuration.api_key_prefix = {"BearerToken": "Bearer"}
     api = client.ApiClient(configuration)
     api.user_agent = agent
     return api
@@ -265,7 +316,7 @@ async def controller_running(
     signing_key: bytes = TEST_KEY,
     config: Config | None = None,
 ) -> AsyncIterator[ProfilerController]:
-    api = api_for(server, agent)
+    api = api_for(server, agent, identity=CONTROLLER)
     controller = ProfilerController(
         api, signing_key=signing_key, metrics=ControllerMetrics(), resync_seconds=resync, watch_timeout=5,
         config=config, catalog=CATALOG,
@@ -318,7 +369,7 @@ async def webhook_serving(
     certs = tmp_path / "certs"
     if not (certs / "ca.crt").exists():
         generate(service=SERVICE[1], namespace=SERVICE[0], out=certs)
-    api = api_for(server, "kratos-webhook")
+    api = api_for(server, "kratos-webhook", identity=WEBHOOK)
     engine = build_engine(
         Config.model_validate(config), signing_key=TEST_KEY, profiles=ClusterProfileStore(api),
         nodes=ClusterNodeStore(api), catalog=CATALOG,
@@ -342,6 +393,8 @@ async def webhook_serving(
 @contextlib.contextmanager
 def double_in_thread(kube: KubeDouble) -> Iterator[str]:
     """Serve the double from its own event loop, so a CLI that runs asyncio.run() can call it."""
+    if not kube.objects[CLUSTERROLES]:
+        install_rbac(kube)
     loop = asyncio.new_event_loop()
     started = threading.Event()
     holder: dict[str, TestServer] = {}
@@ -364,11 +417,11 @@ def double_in_thread(kube: KubeDouble) -> Iterator[str]:
         thread.join(10)
 
 
-def kubeconfig_for(url: str, path: Path) -> Path:
+def kubeconfig_for(url: str, path: Path, identity: Identity = ADMIN) -> Path:
     path.write_text(yaml.safe_dump({
         "apiVersion": "v1", "kind": "Config", "current-context": "double",
         "clusters": [{"name": "double", "cluster": {"server": url}}],
-        "users": [{"name": "u", "user": {"token": "test-token"}}],
+        "users": [{"name": "u", "user": {"token": token_of(identity)}}],
         "contexts": [{"name": "double", "context": {"cluster": "double", "user": "u"}}],
     }))  # fmt: skip
     return path

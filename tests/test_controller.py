@@ -28,7 +28,7 @@ from tests.harness import (
     runner_summary,
     seed_finished,
 )
-from tests.kube_double import KubeDouble
+from tests.kube_double import CONTROLLER, KubeDouble
 
 
 async def test_finished_profiling_job_becomes_profile_configmap_and_one_execution_job():
@@ -110,7 +110,7 @@ async def test_two_controllers_sharing_a_lease_never_both_act():
     async with api_server(kube) as server:
         for i in range(3):
             seed_finished(kube, f"job-{i}", runner_summary())
-        apis = [api_for(server, "controller-a"), api_for(server, "controller-b")]
+        apis = [api_for(server, f"controller-{n}", identity=CONTROLLER) for n in "ab"]
         controllers = [
             ProfilerController(api, signing_key=TEST_KEY, metrics=ControllerMetrics(), watch_timeout=5)
             for api in apis
@@ -171,7 +171,7 @@ async def test_a_missing_lease_namespace_is_one_clear_error_and_leading_starts_o
     kube = KubeDouble()
     kube.namespace_lifecycle = True  # the real server refuses creates in a missing namespace
     async with api_server(kube) as server:
-        api = api_for(server, "controller-a")
+        api = api_for(server, "controller-a", identity=CONTROLLER)
         elector = LeaderElector(
             api,
             namespace="kratos-system",
