@@ -10,6 +10,7 @@ import json
 import logging
 import os
 import random
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -80,12 +81,32 @@ class Backoff:
         self.attempt = 0
 
 
+class FailureStreak:
+    """How long a call has been failing: from the first failure of a streak until a success ends it."""
+
+    def __init__(self) -> None:
+        self.since: float | None = None
+        self.reason = ""
+
+    def failed(self, reason: str) -> None:
+        if self.since is None:
+            self.since = time.monotonic()
+        self.reason = reason
+
+    def succeeded(self) -> None:
+        self.since, self.reason = None, ""
+
+    def longer_than(self, seconds: float) -> bool:
+        return self.since is not None and time.monotonic() - self.since > seconds
+
+
 class Informer:
     """List, then watch from the list's resourceVersion; relist on 410 Gone; back off on errors.
 
     ``on_replace`` gets every object after each (re)list, ``on_event`` each watch event after that.
     ``synced`` is set after the first successful list and stays set: the cache keeps answering
-    from memory while the API is away.
+    from memory while the API is away. ``failing`` says since when the list or watch has failed
+    (a refused watch after a good list included); a watch the server opens ends the streak.
     """
 
     def __init__(
@@ -105,6 +126,7 @@ class Informer:
         self.watch_timeout = watch_timeout
         self.backoff = backoff or Backoff()
         self.synced = asyncio.Event()
+        self.failing = FailureStreak()
         self.relists = 0
         self.resource_version = ""
 
@@ -128,6 +150,7 @@ class Informer:
                 await self._pause(f"{type(exc).__name__}: {exc}")
 
     async def _pause(self, reason: str) -> None:
+        self.failing.failed(reason)
         delay = self.backoff.next_delay()
         log.warning(
             "list/watch failed, retrying",
@@ -147,7 +170,7 @@ class Informer:
         stream = watch.Watch()
         async with stream:
             async for event in stream.stream(
-                self.list_func,
+                self._open_watch,
                 resource_version=self.resource_version,
                 timeout_seconds=self.watch_timeout,
                 allow_watch_bookmarks=True,
@@ -160,3 +183,10 @@ class Informer:
                 if event["type"] in ("ADDED", "MODIFIED", "DELETED"):
                     self.on_event(event["type"], raw)
                 self.backoff.reset()
+
+    async def _open_watch(self, *args: Any, **kwargs: Any) -> Any:
+        """The watch request; an answer of 200 means the server serves this watch to us."""
+        response = await self.list_func(*args, **kwargs)
+        if 200 <= int(getattr(response, "status", 0)) < 300:
+            self.failing.succeeded()
+        return response

@@ -16,6 +16,8 @@ from collections.abc import Callable
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
+from kratos_admit.kube import FailureStreak
+
 log = logging.getLogger("kratos.leader")
 
 
@@ -56,6 +58,7 @@ class LeaderElector:
         self.clock = clock
         self.leading = asyncio.Event()
         self.lost = asyncio.Event()
+        self.failing = FailureStreak()  # Lease calls that fail (a lost race for the Lease is no failure)
 
     def _spec(self, transitions: int, acquired: dt.datetime | None = None) -> client.V1LeaseSpec:
         now = self.clock()
@@ -120,12 +123,15 @@ class LeaderElector:
                 if said != str(exc):
                     log.error(str(exc), extra={"lease": self.name})
                 said, ok = str(exc), False
+                self.failing.failed(said)
             except Exception as exc:  # the API away: keep trying until the renew deadline
                 if said != one_line(exc):
                     log.warning("lease call failed", extra={"lease": self.name, "reason": one_line(exc)})
                 said, ok = one_line(exc), False
+                self.failing.failed(said)
             else:
                 said = "" if ok else said
+                self.failing.succeeded()
             if ok:
                 last_renewed = loop.time()
                 if not self.leading.is_set():
