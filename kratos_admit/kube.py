@@ -6,6 +6,7 @@ Only this module and the I/O shells that use it touch the network; the policy mo
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -47,12 +48,24 @@ async def api_client(kubeconfig: Path | None = None) -> client.ApiClient:
     return client.ApiClient(configuration)
 
 
+def one_line(exc: BaseException) -> str:
+    """An API error as one line (status, reason and the server's message), not the client's
+    multi-line dump of headers and body."""
+    if isinstance(exc, ApiException):
+        message = ""
+        with contextlib.suppress(ValueError, TypeError, AttributeError):
+            message = str(json.loads(exc.body or "{}").get("message", ""))
+        return f"{exc.status} {exc.reason}" + (f": {message}" if message else "")
+    return " ".join(f"{type(exc).__name__}: {exc}".split())
+
+
 def is_status(exc: BaseException, *codes: int) -> bool:
     return isinstance(exc, ApiException) and exc.status in codes
 
 
 async def list_raw(list_func: ListFunc, *args: Any, **kwargs: Any) -> Obj:
-    """Call a generated list function and return the raw JSON (no model round trip loses fields)."""
+    """Call a generated list (or read) function and return the raw JSON (no model round trip loses
+    fields); an error status raises ApiException, as the preloading path does."""
     response = await list_func(*args, _preload_content=False, **kwargs)
     try:
         raw = await response.read()
@@ -61,7 +74,9 @@ async def list_raw(list_func: ListFunc, *args: Any, **kwargs: Any) -> Obj:
     # with _preload_content=False kubernetes_asyncio hands back error responses instead of raising;
     # an error read as an empty list would wipe the cache, so raise as the preloading path does
     if not 200 <= response.status < 300:
-        raise ApiException(status=response.status, reason=response.reason)
+        error = ApiException(status=response.status, reason=response.reason)
+        error.body = raw  # the server's Status, whose message says why
+        raise error
     body: Obj = json.loads(raw)
     return body
 

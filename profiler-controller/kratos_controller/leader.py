@@ -7,33 +7,20 @@ its duration, and stop leading the moment a renewal fails or someone else holds 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import datetime as dt
-import json
 import logging
 from collections.abc import Callable
 
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from kratos_admit.kube import FailureStreak
+from kratos_admit.kube import FailureStreak, one_line
 
 log = logging.getLogger("kratos.leader")
 
 
 def _now() -> dt.datetime:
     return dt.datetime.now(dt.UTC)
-
-
-def one_line(exc: BaseException) -> str:
-    """An API error as one line (status, reason and the server's message), not the client's
-    multi-line dump of headers and body."""
-    if isinstance(exc, ApiException):
-        message = ""
-        with contextlib.suppress(ValueError, TypeError, AttributeError):
-            message = str(json.loads(exc.body or "{}").get("message", ""))
-        return f"{exc.status} {exc.reason}" + (f": {message}" if message else "")
-    return " ".join(f"{type(exc).__name__}: {exc}".split())
 
 
 class LeaseNamespaceMissing(Exception):
