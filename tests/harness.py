@@ -15,12 +15,15 @@ import json
 import re
 import shutil
 import socket
+import ssl
 import subprocess
 import threading
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import jsonpatch
 import kubernetes_validate
 import pytest
@@ -460,6 +463,89 @@ def seed_finished(
 
 def execution_jobs(kube: KubeDouble) -> list[dict[str, Any]]:
     return [j for j in kube.items(*JOBS) if j["metadata"].get("labels", {}).get(v.ROLE_LABEL) == "execution"]
+
+
+ENDPOINT_PERIOD = 0.2  # how fast endpoints follow a pod's readiness
+
+
+async def probe(session: aiohttp.ClientSession, port: int, path: str, context: ssl.SSLContext) -> bool:
+    with contextlib.suppress(aiohttp.ClientError, OSError, TimeoutError):
+        async with session.get(
+            f"https://127.0.0.1:{port}{path}",
+            ssl=context,
+            server_hostname=HOSTNAME,
+            timeout=aiohttp.ClientTimeout(total=0.5),
+        ) as response:
+            return response.status == 200
+    return False
+
+
+@dataclass
+class Service:
+    """A ClusterIP Service over the webhook pods' ports, as kube-proxy and the endpoints controller
+    make one: each new connection goes to a ready endpoint; when none is ready, to one that is
+    terminating but still serving (kube-proxy's fallback to terminating endpoints, GA in 1.28); an
+    open connection stays where it is (conntrack). Endpoints follow each pod's ``/readyz`` and
+    ``/healthz`` every ``ENDPOINT_PERIOD`` seconds. ``port`` may be fixed (a webhook configuration
+    names it); 0 takes a free one."""
+
+    context: ssl.SSLContext
+    pods: list[int] = field(default_factory=list)
+    ready: list[int] = field(default_factory=list)
+    serving: list[int] = field(default_factory=list)
+    port: int = 0
+    picks: int = 0
+
+    def backend(self) -> int | None:
+        chosen = self.ready or self.serving
+        if not chosen:
+            return None
+        self.picks += 1
+        return chosen[self.picks % len(chosen)]
+
+    async def follow_endpoints(self) -> None:
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as session:
+            while True:
+                ready, serving = [], []
+                for port in list(self.pods):
+                    if await probe(session, port, "/readyz", self.context):
+                        ready.append(port)
+                    elif await probe(session, port, "/healthz", self.context):
+                        serving.append(port)
+                self.ready, self.serving = ready, serving
+                await asyncio.sleep(ENDPOINT_PERIOD)
+
+    async def _forward(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        port = self.backend()
+        if port is None:  # no endpoint at all: the client's connection is refused
+            writer.close()
+            return
+        try:
+            up_reader, up_writer = await asyncio.open_connection("127.0.0.1", port)
+        except OSError:
+            writer.close()
+            return
+
+        async def pipe(source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
+            with contextlib.suppress(OSError):
+                while chunk := await source.read(65536):
+                    sink.write(chunk)
+                    await sink.drain()
+            with contextlib.suppress(OSError):
+                sink.close()
+
+        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
+
+    @contextlib.asynccontextmanager
+    async def running(self) -> AsyncIterator[Service]:
+        server = await asyncio.start_server(self._forward, "127.0.0.1", self.port)
+        self.port = server.sockets[0].getsockname()[1]
+        follower = asyncio.create_task(self.follow_endpoints())
+        try:
+            yield self
+        finally:
+            follower.cancel()
+            server.close()
 
 
 STAND_IN_NCU = r'''#!{python}
