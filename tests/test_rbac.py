@@ -203,6 +203,37 @@ async def test_without_any_one_rule_kratos_meets_a_403_that_rule_would_have_allo
     assert refused, f"nothing KRATOS does needed {removed}"
 
 
+async def test_a_controller_denied_events_still_completes_the_loop(tmp_path: Path):
+    """Issue 18: Events are best effort; a refused write never fails a reconcile."""
+    install = rendered_rbac()
+    for obj in install:
+        if obj["kind"] == "ClusterRole" and obj["metadata"]["name"] == "kratos-controller":
+            obj["rules"] = [r for r in obj["rules"] if r["apiGroups"] != ["events.k8s.io"]]
+    kube = KubeDouble()
+    install_rbac(kube, install)
+    await everything_kratos_does(kube, tmp_path)  # to the observed runs, as with the full RBAC
+    refused = {(a.verb, a.group, a.resource) for a in refusals(kube)}
+    assert refused == {("create", "events.k8s.io", "events")}
+    assert kube.items("apis/events.k8s.io/v1", "events") == []
+
+
+async def test_the_loop_tells_its_story_in_events(tmp_path: Path):
+    kube = KubeDouble()
+    await everything_kratos_does(kube, tmp_path)
+    events = sorted(kube.items("apis/events.k8s.io/v1", "events"), key=lambda e: e["eventTime"])
+    story = [(e["regarding"]["kind"], e["regarding"]["name"], e["reason"]) for e in events]
+    on = lambda name: [reason for kind, n, reason in story if n == name]  # noqa: E731
+    assert on("sweep-0") == ["ProfilingStarted", "ProfileReady", "ExecutionJobCreated"]
+    assert on("sweep-1")[:2] == ["AwaitingProfile", "Released"] and on("solo") == [
+        "AwaitingProfile",
+        "Released",
+    ]
+    assert on("sweep-profile") == ["ProfileReady"]
+    assert on("sweep-0-execution") == ["Observed"] and on("sweep-1")[2:] == ["Observed"]
+    assert all(e["reportingController"] == "gpu.scheduler.io/kratos-controller" for e in events)
+    assert len({e["metadata"]["name"] for e in events}) == len(events)
+
+
 LEASE = ("coordination.k8s.io", "leases")
 
 

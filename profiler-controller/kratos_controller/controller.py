@@ -24,6 +24,7 @@ from kratos_admit.kube import Backoff, Informer
 from kratos_admit.profile import WorkloadProfile
 from kratos_admit.raw import as_mapping, string_map
 from kratos_admit.workload import Kind
+from kratos_controller.events import Reason, Regarding, event_body
 from kratos_controller.kube_io import KubeIO
 from kratos_controller.leader import LeaderElector
 from kratos_controller.reconcile import (
@@ -84,8 +85,10 @@ class ProfilerController:
         watch_timeout: int = 300,
         config: Config | None = None,
         catalog: Catalog | None = None,
+        identity: str = "kratos-controller",
     ) -> None:
         self.io = KubeIO(api)
+        self.identity = identity  # reportingInstance of its Events
         self.signing_key = signing_key
         self.metrics = metrics
         self.resync_seconds = resync_seconds
@@ -155,6 +158,22 @@ class ProfilerController:
         cache[(namespace, name)] = obj
         self._work_for(obj, kind)
 
+    async def report(
+        self,
+        obj: dict[str, Any],
+        kind: Kind | Literal["WorkloadProfile"],
+        reason: Reason,
+        note: str,
+        detail: str = "",
+    ) -> None:
+        """An Event about ``obj`` (best effort: see ``KubeIO.record``)."""
+        api_version = {"Job": "batch/v1", "Pod": "v1"}.get(kind, v.API_VERSION)
+        regarding = Regarding.of(obj, api_version=api_version, kind=kind)
+        now = dt.datetime.now(dt.UTC)
+        await self.io.record(
+            event_body(regarding, reason, note, instance=self.identity, now=now, detail=detail)
+        )
+
     async def reconcile_key(self, key: Key) -> None:
         work, namespace, name = key
         if work == "run":
@@ -175,6 +194,7 @@ class ProfilerController:
         for action in actions:
             outcome = await self.io.apply(action)
             if isinstance(action, PublishProfile):
+                await self._report_published(job, action)
                 self.metrics.profiles_published.labels(action.status.phase.lower()).inc()
                 log.info(
                     "profile published",
@@ -189,6 +209,8 @@ class ProfilerController:
                     workload = str(action.spec.get("workload", ""))
                     self.enqueue(("release", namespace, workload))
             elif isinstance(action, CreateExecutionJob) and outcome == "created":
+                execution = action.manifest["metadata"]["name"]
+                await self.report(job, "Job", "ExecutionJobCreated", f"created execution Job {execution}")
                 self.metrics.execution_jobs_created.inc()
                 log.info(
                     "execution Job created",
@@ -198,6 +220,25 @@ class ProfilerController:
                         "executionJob": action.manifest["metadata"]["name"],
                     },
                 )
+
+    async def _report_published(self, job: dict[str, Any], action: PublishProfile) -> None:
+        status = action.status
+        workload = str(action.spec.get("workload", ""))
+        if status.phase == "Profiling":
+            await self.report(
+                job, "Job", "ProfilingStarted",
+                f"profiling workload {workload} under Nsight Compute; Jobs of {workload} created meanwhile wait for WorkloadProfile {action.name}",
+            )  # fmt: skip
+            return
+        profile = {"metadata": {"namespace": action.namespace, "name": action.name}}
+        if status.phase == "Ready":
+            note = f"WorkloadProfile {action.name} is Ready: {status.bound_type}-bound"
+            for obj, kind in ((job, "Job"), (profile, "WorkloadProfile")):
+                await self.report(obj, kind, "ProfileReady", note)  # type: ignore[arg-type]
+        elif status.phase == "Failed":
+            note = f"WorkloadProfile {action.name} is Failed: {status.message}"
+            for obj, kind in ((job, "Job"), (profile, "WorkloadProfile")):
+                await self.report(obj, kind, "ProfileFailed", note)  # type: ignore[arg-type]
 
     def _followers(self, namespace: str, workload: str) -> list[tuple[Kind, dict[str, Any]]]:
         found: list[tuple[Kind, dict[str, Any]]] = []
@@ -216,6 +257,12 @@ class ProfilerController:
         followers = self._followers(namespace, workload)
         if not followers:
             return
+        for kind, obj in followers:
+            await self.report(
+                obj, kind, "AwaitingProfile",
+                f"held ({'suspended' if kind == 'Job' else 'scheduling gate ' + v.PROFILE_SCHEDULING_GATE}) "
+                f"until the profiling run of workload {workload} ends",
+            )  # fmt: skip
         raw = await self.io.get_profile(namespace, v.profile_name(workload))
         if raw is None:
             running = any(
@@ -239,9 +286,18 @@ class ProfilerController:
             catalog=self.catalog,
             signing_key=self.signing_key,
         )
+        held = {(kind, _meta(obj)[1]): obj for kind, obj in followers}
         for action in actions:
             await self.io.apply(action)
             if isinstance(action, ReleaseFollower):
+                how = (
+                    f"ranked hints from WorkloadProfile {profile.metadata.name}"
+                    if profile.ready
+                    else f"base hints: WorkloadProfile {profile.metadata.name} is not Ready"
+                )
+                await self.report(
+                    held[(action.kind, action.name)], action.kind, "Released", f"released with {how}"
+                )
                 log.info(
                     "follower released",
                     extra={
@@ -267,6 +323,9 @@ class ProfilerController:
         action = record_runs(profile, runs) if profile is not None else None
         if action is not None:
             await self.io.apply(action)
+            for run in runs:
+                note = f"run {run.uid} on {run.product} took {run.seconds:.1f} s"
+                await self.report(job, "Job", "Observed", note, detail=run.uid)
             log.info("runs observed", extra={"namespace": namespace, "job": name, "runs": len(runs)})
 
     async def _worker(self) -> None:

@@ -75,6 +75,7 @@ async def run_controller(config: Config, signing_key: bytes, kubeconfig: Path | 
         resync_seconds=config.resync_seconds,
         config=config,
         catalog=load_catalog(config.catalog_file),
+        identity=identity,
     )
     runner = web.AppRunner(metrics_app(metrics, readiness(controller, elector)), access_log=None)
     await runner.setup()
