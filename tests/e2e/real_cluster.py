@@ -321,6 +321,7 @@ async def until(check: Callable[[], Any], *, timeout: float = 60.0, what: str = 
 
 def install(directory: Path) -> Generator[Installed, None, None]:
     """Install KRATOS (the session fixture's body): applied objects, the two processes, the Nodes."""
+    kubectl("delete", "namespaces", "-l", "kratos-e2e=true", "--wait=false")  # an earlier run's, if any
     certs = directory / "certs"
     generate(service="kratos-webhook", namespace=NAMESPACE, out=certs, extra_names=("127.0.0.1",))
     front = free_port()

@@ -11,8 +11,10 @@ machines, and ``kubelet()`` for their kubelets. The last test uninstalls, in the
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import json
+import secrets
 import ssl
 import subprocess
 import sys
@@ -71,14 +73,15 @@ def kratos(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Installed
 
 
 _namespaces: list[str] = []
+RUN = secrets.token_hex(2)  # namespaces of this run are new even where an earlier run left its own
 
 
 @pytest.fixture
 def namespace(request: pytest.FixtureRequest) -> Iterator[str]:
     """A namespace of its own per test, opted in to KRATOS."""
-    name = "e2e-" + request.node.name.removeprefix("test_").replace("_", "-")[:40].rstrip("-")
-    apply([{"apiVersion": "v1", "kind": "Namespace",
-            "metadata": {"name": name, "labels": {"gpu.scheduler.io/kratos": "enabled"}}}])  # fmt: skip
+    name = f"e2e-{RUN}-" + request.node.name.removeprefix("test_").replace("_", "-")[:36].rstrip("-")
+    labels = {"gpu.scheduler.io/kratos": "enabled", "kratos-e2e": "true"}
+    apply([{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": labels}}])
     _namespaces.append(name)
     yield name
 
@@ -134,9 +137,15 @@ def kratos_finalizers(namespace: str) -> list[str]:
 
 
 def events_for(namespace: str, name: str) -> list[str]:
-    """The reasons of the Events about object ``name``, oldest first (what ``kubectl events`` shows)."""
+    """The reasons of KRATOS's Events about object ``name``, oldest first (``kubectl events`` shows
+    them among the Job controller's own)."""
     found = json.loads(kubectl("get", "events.events.k8s.io", "-n", namespace, "-o", "json"))["items"]
-    mine = [e for e in found if (e.get("regarding") or {}).get("name") == name]
+    mine = [
+        e
+        for e in found
+        if (e.get("regarding") or {}).get("name") == name
+        and e.get("reportingController") == "gpu.scheduler.io/kratos-controller"
+    ]
     mine.sort(key=lambda e: e.get("eventTime") or e["metadata"]["creationTimestamp"])
     return [e["reason"] for e in mine]
 
@@ -347,7 +356,9 @@ async def test_zz_uninstall_in_order_leaves_nothing_stuck(kratos, namespace):
     pod = make_pod("gated", "x").label(v.WORKLOAD_LABEL, "held").obj()
     del pod["metadata"]["namespace"]
     create(namespace, pod)
-    async with admin_api() as api, kubelet(api, namespace):
+    async with admin_api() as api, contextlib.AsyncExitStack() as kubelets:
+        for name in _namespaces:  # the fake Nodes' kubelets serve every namespace of the suite
+            await kubelets.enter_async_context(kubelet(api, name))
         await until(lambda: kratos_finalizers(namespace), what="the profiling run's finalizers")
         stuck = get(namespace, "job", "held-1")
         assert stuck and stuck["spec"]["suspend"] is True
