@@ -33,6 +33,7 @@ from kratos_admit.kube import KubeConfigError, api_client
 from kratos_admit.logs import configure_logging
 from kratos_admit.manifests import ManifestError, load_objects
 from kratos_admit.placement import format_table, placement_header, placement_rows
+from kratos_admit.release import Release, ReleaseError, Releaser
 from kratos_admit.review import review_document
 from kratos_admit.server import serve, serve_processes
 from kratos_admit.signing import DEVELOPMENT_KEY, SigningKeyError, load_signing_key
@@ -211,6 +212,16 @@ def build_parser() -> argparse.ArgumentParser:
     _path(inject, "--kubeconfig", "FILE", kubeconfig_help)
     inject.add_argument(
         "--name", default=WEBHOOK_CONFIGURATION, metavar="NAME", help="the webhook configurations' name"
+    )
+    release = commands.add_parser(
+        "release", help="let go of everything KRATOS holds (finalizers, suspended Jobs, gated Pods)"
+    )
+    scope = release.add_mutually_exclusive_group(required=True)
+    scope.add_argument("-n", "--namespace", metavar="NS", help="only this namespace")
+    scope.add_argument("-A", "--all-namespaces", action="store_true", help="every namespace")
+    _path(release, "--kubeconfig", "FILE", kubeconfig_help)
+    release.add_argument(
+        "--dry-run", action="store_true", help="print what would be let go of, change nothing"
     )
     return parser
 
@@ -395,12 +406,31 @@ async def _inject(ca: bytes, kubeconfig: Path | None, name: str, *, append: bool
         await api.close()
 
 
+def cmd_release(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> ExitStatus:
+    released = asyncio.run(_release(args.kubeconfig, args.namespace, dry_run=args.dry_run))
+    for release in released:
+        print(release.line(dry_run=args.dry_run), file=stdout)
+    where = f"namespace {args.namespace}" if args.namespace else "any namespace"
+    if not released:
+        print(f"nothing held by KRATOS in {where}", file=stdout)
+    return ExitStatus.OK
+
+
+async def _release(kubeconfig: Path | None, namespace: str | None, *, dry_run: bool) -> list[Release]:
+    api = await api_client(kubeconfig)
+    try:
+        return await Releaser(api, namespace=namespace, dry_run=dry_run).run()
+    finally:
+        await api.close()
+
+
 COMMANDS = {
     "review": cmd_review,
     "webhook": cmd_webhook,
     "placement": cmd_placement,
     "controller": cmd_controller,
     "certs": cmd_certs,
+    "release": cmd_release,
 }
 
 
@@ -427,6 +457,7 @@ def main(
         KubeConfigError,
         InjectError,
         ManifestError,
+        ReleaseError,
     ) as exc:
         print(f"kratos-admit: {exc}", file=stderr)
         return ExitStatus.UNUSABLE

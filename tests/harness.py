@@ -10,16 +10,20 @@ import asyncio
 import base64
 import contextlib
 import copy
+import functools
 import json
 import re
 import shutil
 import socket
+import ssl
 import subprocess
 import threading
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import jsonpatch
 import kubernetes_validate
 import pytest
@@ -45,7 +49,20 @@ from kratos_controller.controller import ControllerMetrics, ProfilerController
 from kratos_runner.parse import parse_report
 from kratos_runner.summary import encode_summary, summarise
 from tests.builders import JobBuilder, make_job
-from tests.kube_double import MUTATING, VALIDATING, KubeDouble
+from tests.kube_double import (
+    ADMIN,
+    CLUSTERROLEBINDINGS,
+    CLUSTERROLES,
+    CONTROLLER,
+    MUTATING,
+    ROLEBINDINGS,
+    ROLES,
+    TOKENS,
+    VALIDATING,
+    WEBHOOK,
+    Identity,
+    KubeDouble,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -227,8 +244,39 @@ RUNTIMECLASSES = ("apis/node.k8s.io/v1", "runtimeclasses")
 SERVICE = ("kratos-system", "kratos-webhook")
 
 
+RBAC_KINDS = {
+    "Role": ROLES,
+    "RoleBinding": ROLEBINDINGS,
+    "ClusterRole": CLUSTERROLES,
+    "ClusterRoleBinding": CLUSTERROLEBINDINGS,
+}
+
+
+@functools.cache
+def _rendered_install() -> tuple[dict[str, Any], ...]:
+    return tuple(render(REPO / "webhook-config"))
+
+
+def rendered_rbac() -> list[dict[str, Any]]:
+    """The Roles, ClusterRoles and bindings that ``kubectl kustomize webhook-config/`` renders."""
+    return [copy.deepcopy(o) for o in _rendered_install() if o.get("kind") in RBAC_KINDS]
+
+
+def install_rbac(kube: KubeDouble, objects: Iterable[dict[str, Any]] | None = None) -> None:
+    """Store the install's RBAC in the double, which then authorises every request against it."""
+    for obj in rendered_rbac() if objects is None else objects:
+        kube.put(*RBAC_KINDS[obj["kind"]], obj)
+
+
+def token_of(identity: Identity) -> str:
+    return next(token for token, known in TOKENS.items() if known == identity)
+
+
 @contextlib.asynccontextmanager
 async def api_server(kube: KubeDouble) -> AsyncIterator[TestServer]:
+    """The double served in-process, with the install's RBAC unless the test stored its own."""
+    if not kube.objects[CLUSTERROLES]:
+        install_rbac(kube)
     server = TestServer(kube.app())
     await server.start_server()
     try:
@@ -238,8 +286,14 @@ async def api_server(kube: KubeDouble) -> AsyncIterator[TestServer]:
         await server.close()
 
 
-def api_for(server: TestServer, agent: str = "kratos-test") -> client.ApiClient:
+def api_for(
+    server: TestServer, agent: str = "kratos-test", *, identity: Identity = ADMIN
+) -> client.ApiClient:
+    """A client of the double presenting ``identity``'s bearer token (the cluster admin by default,
+    as a user's kubectl; the webhook and controller run as their ServiceAccounts)."""
     configuration = client.Configuration(host=str(server.make_url("")).rstrip("/"))
+    configuration.api_key = {"BearerToken": token_of(identity)}
+    configuration.api_key_prefix = {"BearerToken": "Bearer"}
     api = client.ApiClient(configuration)
     api.user_agent = agent
     return api
@@ -265,7 +319,7 @@ async def controller_running(
     signing_key: bytes = TEST_KEY,
     config: Config | None = None,
 ) -> AsyncIterator[ProfilerController]:
-    api = api_for(server, agent)
+    api = api_for(server, agent, identity=CONTROLLER)
     controller = ProfilerController(
         api, signing_key=signing_key, metrics=ControllerMetrics(), resync_seconds=resync, watch_timeout=5,
         config=config, catalog=CATALOG,
@@ -318,7 +372,7 @@ async def webhook_serving(
     certs = tmp_path / "certs"
     if not (certs / "ca.crt").exists():
         generate(service=SERVICE[1], namespace=SERVICE[0], out=certs)
-    api = api_for(server, "kratos-webhook")
+    api = api_for(server, "kratos-webhook", identity=WEBHOOK)
     engine = build_engine(
         Config.model_validate(config), signing_key=TEST_KEY, profiles=ClusterProfileStore(api),
         nodes=ClusterNodeStore(api), catalog=CATALOG,
@@ -342,6 +396,8 @@ async def webhook_serving(
 @contextlib.contextmanager
 def double_in_thread(kube: KubeDouble) -> Iterator[str]:
     """Serve the double from its own event loop, so a CLI that runs asyncio.run() can call it."""
+    if not kube.objects[CLUSTERROLES]:
+        install_rbac(kube)
     loop = asyncio.new_event_loop()
     started = threading.Event()
     holder: dict[str, TestServer] = {}
@@ -386,11 +442,11 @@ def update_secret_volume(volume: Path, files: dict[str, bytes]) -> None:
         shutil.rmtree(volume / old)
 
 
-def kubeconfig_for(url: str, path: Path) -> Path:
+def kubeconfig_for(url: str, path: Path, identity: Identity = ADMIN) -> Path:
     path.write_text(yaml.safe_dump({
         "apiVersion": "v1", "kind": "Config", "current-context": "double",
         "clusters": [{"name": "double", "cluster": {"server": url}}],
-        "users": [{"name": "u", "user": {"token": "test-token"}}],
+        "users": [{"name": "u", "user": {"token": token_of(identity)}}],
         "contexts": [{"name": "double", "context": {"cluster": "double", "user": "u"}}],
     }))  # fmt: skip
     return path
@@ -429,6 +485,89 @@ def seed_finished(
 
 def execution_jobs(kube: KubeDouble) -> list[dict[str, Any]]:
     return [j for j in kube.items(*JOBS) if j["metadata"].get("labels", {}).get(v.ROLE_LABEL) == "execution"]
+
+
+ENDPOINT_PERIOD = 0.2  # how fast endpoints follow a pod's readiness
+
+
+async def probe(session: aiohttp.ClientSession, port: int, path: str, context: ssl.SSLContext) -> bool:
+    with contextlib.suppress(aiohttp.ClientError, OSError, TimeoutError):
+        async with session.get(
+            f"https://127.0.0.1:{port}{path}",
+            ssl=context,
+            server_hostname=HOSTNAME,
+            timeout=aiohttp.ClientTimeout(total=0.5),
+        ) as response:
+            return response.status == 200
+    return False
+
+
+@dataclass
+class Service:
+    """A ClusterIP Service over the webhook pods' ports, as kube-proxy and the endpoints controller
+    make one: each new connection goes to a ready endpoint; when none is ready, to one that is
+    terminating but still serving (kube-proxy's fallback to terminating endpoints, GA in 1.28); an
+    open connection stays where it is (conntrack). Endpoints follow each pod's ``/readyz`` and
+    ``/healthz`` every ``ENDPOINT_PERIOD`` seconds. ``port`` may be fixed (a webhook configuration
+    names it); 0 takes a free one."""
+
+    context: ssl.SSLContext
+    pods: list[int] = field(default_factory=list)
+    ready: list[int] = field(default_factory=list)
+    serving: list[int] = field(default_factory=list)
+    port: int = 0
+    picks: int = 0
+
+    def backend(self) -> int | None:
+        chosen = self.ready or self.serving
+        if not chosen:
+            return None
+        self.picks += 1
+        return chosen[self.picks % len(chosen)]
+
+    async def follow_endpoints(self) -> None:
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as session:
+            while True:
+                ready, serving = [], []
+                for port in list(self.pods):
+                    if await probe(session, port, "/readyz", self.context):
+                        ready.append(port)
+                    elif await probe(session, port, "/healthz", self.context):
+                        serving.append(port)
+                self.ready, self.serving = ready, serving
+                await asyncio.sleep(ENDPOINT_PERIOD)
+
+    async def _forward(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        port = self.backend()
+        if port is None:  # no endpoint at all: the client's connection is refused
+            writer.close()
+            return
+        try:
+            up_reader, up_writer = await asyncio.open_connection("127.0.0.1", port)
+        except OSError:
+            writer.close()
+            return
+
+        async def pipe(source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
+            with contextlib.suppress(OSError):
+                while chunk := await source.read(65536):
+                    sink.write(chunk)
+                    await sink.drain()
+            with contextlib.suppress(OSError):
+                sink.close()
+
+        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
+
+    @contextlib.asynccontextmanager
+    async def running(self) -> AsyncIterator[Service]:
+        server = await asyncio.start_server(self._forward, "127.0.0.1", self.port)
+        self.port = server.sockets[0].getsockname()[1]
+        follower = asyncio.create_task(self.follow_endpoints())
+        try:
+            yield self
+        finally:
+            follower.cancel()
+            server.close()
 
 
 STAND_IN_NCU = r'''#!{python}

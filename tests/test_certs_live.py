@@ -38,9 +38,10 @@ from tests.harness import (
     make_ctx,
     opted_in_cluster,
     review_of,
+    token_of,
     update_secret_volume,
 )
-from tests.kube_double import MUTATING, VALIDATING, KubeDouble
+from tests.kube_double import ADMIN, MUTATING, VALIDATING, KubeDouble
 
 
 def test_inject_writes_the_ca_into_both_configurations(tmp_path: Path):
@@ -126,7 +127,8 @@ class Admissions:
 
 
 async def _create_jobs(url: str, admissions: Admissions) -> None:
-    async with aiohttp.ClientSession() as session:
+    headers = {"Authorization": f"Bearer {token_of(ADMIN)}"}
+    async with aiohttp.ClientSession(headers=headers) as session:
         while not admissions.stop.is_set():
             name = f"vector-add-{admissions.created + len(admissions.failed)}"
             job = make_job(name, "team-a").label(v.WORKLOAD_LABEL, "vector-add").obj()

@@ -30,10 +30,7 @@ import pytest
 from kratos_admit.certs import generate
 from kratos_admit.cli import ExitStatus
 from tests.builders import make_job
-from tests.harness import EXAMPLES, REPO, free_port, review_of
-
-HOSTNAME = "kratos-webhook.kratos-system.svc"
-ENDPOINT_PERIOD = 0.2
+from tests.harness import EXAMPLES, HOSTNAME, REPO, Service, free_port, probe, review_of
 
 
 @pytest.fixture(scope="module")
@@ -68,82 +65,6 @@ def logs(certs: Path, port: int) -> list[dict[str, object]]:
 
 def tls(certs: Path) -> ssl.SSLContext:
     return ssl.create_default_context(cafile=str(certs / "ca.crt"))
-
-
-async def probe(session: aiohttp.ClientSession, port: int, path: str, context: ssl.SSLContext) -> bool:
-    with contextlib.suppress(aiohttp.ClientError, OSError, TimeoutError):
-        async with session.get(
-            f"https://127.0.0.1:{port}{path}",
-            ssl=context,
-            server_hostname=HOSTNAME,
-            timeout=aiohttp.ClientTimeout(total=0.5),
-        ) as response:
-            return response.status == 200
-    return False
-
-
-@dataclass
-class Service:
-    """A ClusterIP Service over the webhook pods' ports, as kube-proxy and the endpoints controller
-    make one (see the module docstring)."""
-
-    context: ssl.SSLContext
-    pods: list[int] = field(default_factory=list)
-    ready: list[int] = field(default_factory=list)
-    serving: list[int] = field(default_factory=list)
-    port: int = 0
-    picks: int = 0
-
-    def backend(self) -> int | None:
-        chosen = self.ready or self.serving
-        if not chosen:
-            return None
-        self.picks += 1
-        return chosen[self.picks % len(chosen)]
-
-    async def follow_endpoints(self) -> None:
-        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as session:
-            while True:
-                ready, serving = [], []
-                for port in list(self.pods):
-                    if await probe(session, port, "/readyz", self.context):
-                        ready.append(port)
-                    elif await probe(session, port, "/healthz", self.context):
-                        serving.append(port)
-                self.ready, self.serving = ready, serving
-                await asyncio.sleep(ENDPOINT_PERIOD)
-
-    async def _forward(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        port = self.backend()
-        if port is None:  # no endpoint at all: the client's connection is refused
-            writer.close()
-            return
-        try:
-            up_reader, up_writer = await asyncio.open_connection("127.0.0.1", port)
-        except OSError:
-            writer.close()
-            return
-
-        async def pipe(source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
-            with contextlib.suppress(OSError):
-                while chunk := await source.read(65536):
-                    sink.write(chunk)
-                    await sink.drain()
-            with contextlib.suppress(OSError):
-                sink.close()
-
-        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
-
-    @contextlib.asynccontextmanager
-    async def running(self) -> AsyncIterator[Service]:
-        server = await asyncio.start_server(self._forward, "127.0.0.1", 0)
-        self.port = server.sockets[0].getsockname()[1]
-        follower = asyncio.create_task(self.follow_endpoints())
-        try:
-            yield self
-        finally:
-            follower.cancel()
-            server.close()
 
 
 @dataclass

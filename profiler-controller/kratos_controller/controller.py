@@ -371,6 +371,14 @@ class ProfilerController:
                 for obj in list(cache.values()):
                     self._work_for(obj, kind)  # type: ignore[arg-type]
 
+    def unready_reason(self, tolerance: float) -> str:
+        """Why this controller cannot do its work ("" when it can): a list or watch of its Jobs or
+        Pods failing for longer than ``tolerance`` seconds (refused, or the API away)."""
+        for informer in (self.informer, self.pod_informer):
+            if informer.failing.longer_than(tolerance):
+                return f"{informer.name} list/watch failing: {informer.failing.reason}"
+        return ""
+
     async def run(self, workers: int = 2) -> None:
         tasks = [
             asyncio.create_task(self.informer.run()),
