@@ -420,6 +420,28 @@ def double_in_thread(kube: KubeDouble) -> Iterator[str]:
         thread.join(10)
 
 
+_VOLUME_GENERATION = iter(range(1 << 30))
+
+
+def update_secret_volume(volume: Path, files: dict[str, bytes]) -> None:
+    """Write a Secret volume as kubelet's AtomicWriter does: the files in a new timestamped
+    directory, ``..data`` re-pointed at it by one rename, each file a link through ``..data``;
+    a reader sees the old set of files or the new one, never a mix."""
+    volume.mkdir(parents=True, exist_ok=True)
+    generation = f"..{next(_VOLUME_GENERATION):06d}"
+    (volume / generation).mkdir()
+    for name, data in files.items():
+        (volume / generation / name).write_bytes(data)
+    old = (volume / "..data").readlink() if (volume / "..data").is_symlink() else None
+    (volume / "..data_tmp").symlink_to(generation)
+    (volume / "..data_tmp").replace(volume / "..data")
+    for name in files:
+        if not (volume / name).is_symlink():
+            (volume / name).symlink_to(Path("..data") / name)
+    if old is not None:
+        shutil.rmtree(volume / old)
+
+
 def kubeconfig_for(url: str, path: Path, identity: Identity = ADMIN) -> Path:
     path.write_text(yaml.safe_dump({
         "apiVersion": "v1", "kind": "Config", "current-context": "double",

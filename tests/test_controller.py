@@ -137,6 +137,9 @@ async def test_two_controllers_sharing_a_lease_never_both_act():
             await asyncio.sleep(0.5)
             leaders = [e.identity for e in electors if e.leading.is_set()]
             assert len(leaders) == 1
+            assert [c.metrics.registry.get_sample_value("kratos_controller_leader") for c in controllers] == [
+                1.0 if e.leading.is_set() else 0.0 for e in electors
+            ], "the leader gauge says who acts"
             actors = {
                 r.user_agent
                 for r in kube.requests
@@ -159,6 +162,9 @@ async def test_two_controllers_sharing_a_lease_never_both_act():
             seed_finished(kube, "job-after-failover", runner_summary())
             await eventually(lambda: len(execution_jobs(kube)) == 4, timeout=15)
             assert len(execution_jobs(kube)) == 4
+            leading = {e.identity: c.metrics.registry.get_sample_value("kratos_controller_leader")
+                       for c, e in zip(controllers, electors, strict=True)}  # fmt: skip
+            assert leading == {leader.identity: 0.0, follower.identity: 1.0}
         finally:
             for task in tasks:
                 task.cancel()

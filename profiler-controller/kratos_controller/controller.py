@@ -12,17 +12,19 @@ import asyncio
 import contextlib
 import datetime as dt
 import logging
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Literal
 
 from kubernetes_asyncio import client
-from prometheus_client import CollectorRegistry, Counter
+from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from kratos_admit import vocabulary as v
 from kratos_admit.catalog import Catalog, load_catalog
 from kratos_admit.config import Config
+from kratos_admit.hints import recorded_ranking_source
 from kratos_admit.kube import Backoff, Informer
 from kratos_admit.profile import WorkloadProfile
-from kratos_admit.raw import as_mapping, string_map
+from kratos_admit.raw import as_list, as_mapping, string_map
 from kratos_admit.workload import Kind
 from kratos_controller.events import Reason, Regarding, event_body
 from kratos_controller.kube_io import KubeIO
@@ -62,6 +64,66 @@ class ControllerMetrics:
         self.reconcile_errors = Counter(
             "kratos_reconcile_errors", "Reconciles that failed and were retried.", registry=self.registry
         )
+        self.hints = Counter(
+            "kratos_hints",
+            "Held followers released with hints, by what their preferred GPU products rest on "
+            "(model, observed; none: base hints only).",
+            ["source"],
+            registry=self.registry,
+        )
+        self.leader = Gauge(
+            "kratos_controller_leader",
+            "1 while this replica holds the Lease and acts, else 0.",
+            registry=self.registry,
+        )
+        self.held_objects = Gauge(
+            "kratos_held_objects",
+            "Opted-in Jobs and Pods KRATOS holds: followers awaiting a profile (suspended or gated) "
+            "and profiling Jobs and Pods under the release finalizer.",
+            registry=self.registry,
+        )
+        self.held_oldest_age = Gauge(
+            "kratos_held_oldest_age_seconds",
+            "Age since creation of the oldest object KRATOS holds; 0 when it holds none.",
+            registry=self.registry,
+        )
+        self.profiling_deadline = Gauge(
+            "kratos_profiling_deadline_seconds",
+            "The configured profilingDeadlineSeconds, for alerts on objects held longer.",
+            registry=self.registry,
+        )
+
+    def watch_held(
+        self,
+        objects: Callable[[], Iterable[Mapping[str, Any]]],
+        *,
+        clock: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC),
+    ) -> None:
+        """Count what ``objects`` holds at each scrape (the controller's caches: a leader's view)."""
+
+        def held() -> list[dt.datetime]:
+            return [since for obj in objects() if (since := held_since(obj)) is not None]
+
+        self.held_objects.set_function(lambda: float(len(held())))
+        self.held_oldest_age.set_function(
+            lambda: max(((clock() - since).total_seconds() for since in held()), default=0.0)
+        )
+
+
+def held_since(obj: Mapping[str, Any]) -> dt.datetime | None:
+    """When a held object was created: a follower awaiting a profile, or a profiling Job or Pod
+    under the release finalizer; None when KRATOS does not hold it."""
+    meta = as_mapping(obj.get("metadata"))
+    held = v.AWAITING_PROFILE_ANNOTATION in as_mapping(
+        meta.get("annotations")
+    ) or v.RELEASE_FINALIZER in as_list(meta.get("finalizers"))
+    created = meta.get("creationTimestamp")
+    if not held or not isinstance(created, str):
+        return None
+    try:
+        return dt.datetime.fromisoformat(created)
+    except ValueError:
+        return None
 
 
 def _meta(obj: dict[str, Any]) -> tuple[str, str, dict[str, str], dict[str, str]]:
@@ -107,6 +169,8 @@ class ProfilerController:
         self.pod_informer = self._informer(
             client.CoreV1Api(api).list_pod_for_all_namespaces, self.pods, "Pod", watch_timeout
         )
+        metrics.profiling_deadline.set(self.config.profiling_deadline_seconds)
+        metrics.watch_held(lambda: [*self.jobs.values(), *self.pods.values()])
 
     def _informer(
         self, list_all: Any, cache: dict[tuple[str, str], dict[str, Any]], kind: Kind, watch_timeout: int
@@ -298,6 +362,7 @@ class ProfilerController:
                 await self.report(
                     held[(action.kind, action.name)], action.kind, "Released", f"released with {how}"
                 )
+                self.metrics.hints.labels(recorded_ranking_source(action.released)).inc()
                 log.info(
                     "follower released",
                     extra={
@@ -395,6 +460,7 @@ async def run_when_leading(controller: ProfilerController, elector: LeaderElecto
     election = asyncio.create_task(elector.run())
     try:
         await elector.leading.wait()
+        controller.metrics.leader.set(1)
         work = asyncio.create_task(controller.run())
         lost = asyncio.create_task(elector.lost.wait())
         await asyncio.wait({work, lost}, return_when=asyncio.FIRST_COMPLETED)
@@ -403,6 +469,7 @@ async def run_when_leading(controller: ProfilerController, elector: LeaderElecto
             await work
         lost.cancel()
     finally:
+        controller.metrics.leader.set(0)
         election.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await election
