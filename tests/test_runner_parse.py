@@ -51,11 +51,9 @@ def test_raw_page_csv_two_processes_compute_bound():
     report = parse_report((PROJECT_NCU / "a100-two-rank-gemm-raw-page.csv").read_text())
     assert report.layout == "csv-raw"
     assert [k.key[0] for k in report.kernels] == ["3101"] * 4 + ["3102"] * 4, "both ranks, in order"
-    s = summarise(report)
+    s: dict[str, Any] = summarise(report)
     assert s["kernels"] == 8
-    sm = weighted(
-        [(k[0], k[3]) for k in A100_RAW]
-    )  # = 87.54: the four gemm_tile kernels are 95 % of the time
+    sm = weighted([(k[0], k[3]) for k in A100_RAW])  # = 87.54: gemm_tile is 95 % of the time
     mem = weighted([(k[1], k[3]) for k in A100_RAW])  # = 43.27
     l2 = weighted([(k[2], k[3]) for k in A100_RAW if k[2] is not None])  # = 54.42, n/a rows left out
     assert (s["metrics"]["smThroughput"], s["metrics"]["memoryThroughput"]) == (f"{sm:.2f}", f"{mem:.2f}")
@@ -73,7 +71,7 @@ def test_details_csv_newer_columns_balanced_ignores_other_sections():
     # an indented ==PROF== line precede the header.
     report = parse_report((PROJECT_NCU / "h100-attention-details.csv").read_text())
     assert report.layout == "csv-details"
-    s = summarise(report)
+    s: dict[str, Any] = summarise(report)
     sm = weighted([(74.20, 512384), (61.30, 127616)])  # 71.63
     mem = weighted([(68.90, 512384), (66.70, 127616)])  # 68.46
     assert s["kernels"] == 2
@@ -97,7 +95,7 @@ def test_details_csv_older_columns_with_nvtx_and_thousands_separators():
     rows = [(3.12, 5.40, 12.48, 12288), (0.85, 9.75, 6.20, 4096), (7.60, 2.10, 24.96, 8192)]
     report = parse_report((PROJECT_NCU / "a100-nvtx-metrics-details.csv").read_text())
     assert report.layout == "csv-details"
-    s = summarise(report)
+    s: dict[str, Any] = summarise(report)
     assert s["kernels"] == 3
     assert s["metrics"]["gpuTimeNs"] == "24576"  # 12288 + 4096 + 8192
     assert s["metrics"]["smThroughput"] == f"{weighted([(r[0], r[3]) for r in rows]):.2f}" == "4.23"
@@ -112,7 +110,7 @@ def test_text_report_two_kernels_memory_bound():
     # program output before the report; Launch Statistics rows are not figures
     report = parse_report((PROJECT_NCU / "t4-two-kernel-memory-bound-text.txt").read_text())
     assert report.layout == "text"
-    s = summarise(report)
+    s: dict[str, Any] = summarise(report)
     sm = weighted([(22.40, 210.24), (45.80, 89.76)])  # 29.40
     mem = weighted([(84.20, 210.24), (66.50, 89.76)])  # 78.90
     assert s["kernels"] == 2
@@ -135,7 +133,7 @@ def test_text_report_metrics_without_header_row_two_processes():
     # process 4410 ran two kernels, 4411 one: (sm, mem, time us) = (0.40, 1.20, 3.20), (0.90, 2.60, 4.80), (0.10, 0.70, 2.00)
     report = parse_report((PROJECT_NCU / "torch-two-process-metrics-text.txt").read_text())
     assert [k.key[0] for k in report.kernels] == ["4410", "4410", "4411"]
-    s = summarise(report)
+    s: dict[str, Any] = summarise(report)
     assert s["kernels"] == 3
     assert s["metrics"]["gpuTimeNs"] == "10000"  # (3.20 + 4.80 + 2.00) us
     assert (
