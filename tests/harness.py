@@ -11,6 +11,7 @@ import base64
 import contextlib
 import copy
 import json
+import os
 import re
 import shutil
 import socket
@@ -53,7 +54,8 @@ REPO = Path(__file__).resolve().parents[1]
 DATA = REPO / "tests" / "data"  # test data written for this project (tests/data/README.md)
 
 
-FIXTURES = REPO.parent / "shared" / "fixtures"  # real outside data, only when it sits beside the clone
+# real outside data, only when it sits beside the clone (KRATOS_TEST_OUTSIDE_DATA moves it, for the test of a lone clone)
+FIXTURES = Path(os.environ.get("KRATOS_TEST_OUTSIDE_DATA") or REPO.parent / "shared" / "fixtures")
 
 
 EXAMPLES = REPO / "examples"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import posixpath
 import re
 import shlex
@@ -111,6 +112,37 @@ def test_the_certificate_step_makes_the_secrets_the_deployments_read(tmp_path: P
                     assert key in data, f"{volume['secretName']} has no {key} for {path}"
                     written = (tmp_path / "certs" / key).read_bytes()
                     assert base64.b64decode(data[key]) == written, key
+
+
+def test_a_lone_clone_collects_everything_and_skips_only_the_outside_data_tests(tmp_path: Path):
+    """What `git clone` alone gives, with no ../shared/fixtures beside it: collection never errors and
+    the tests of outside data skip with their one-line reason while the project's own data runs."""
+    env = {**os.environ, "KRATOS_TEST_OUTSIDE_DATA": str(tmp_path / "absent")}
+    pytest_cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q"]
+    collected = subprocess.run(
+        [*pytest_cmd, "--collect-only"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert collected.returncode == 0, collected.stdout[-2000:] + collected.stderr
+    assert re.search(r"^\d+ tests collected in ", collected.stdout, re.M), collected.stdout[-2000:]
+    ran = subprocess.run(
+        [*pytest_cmd, "-rs", "tests/test_runner_parse.py"],
+        cwd=REPO,
+        check=False,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert ran.returncode == 0, ran.stdout[-2000:]
+    summary = ran.stdout.strip().splitlines()[-1]
+    assert re.fullmatch(r"\d+ passed, \d+ skipped in .*", summary), summary
+    assert f"outside data not found at {tmp_path / 'absent'}: " in ran.stdout
 
 
 def docs() -> dict[str, str]:
