@@ -218,3 +218,12 @@ def test_every_workloadprofile_field_is_in_the_reference():
     # a top-level field is named in full, a nested one by its own name in its parent's row
     missing = [f for f in fields if f"`{f}`" not in section and f"`{f.rsplit('.', 1)[1]}`" not in section]
     assert missing == []
+
+
+def test_every_event_reason_is_in_the_reference():
+    from typing import get_args
+
+    from kratos_controller.events import Reason
+
+    table = (REPO / "docs" / "reference.md").read_text("utf-8").split("## Events", 1)[1].split("\n## ", 1)[0]
+    assert [reason for reason in get_args(Reason) if f"| `{reason}` |" not in table] == []
