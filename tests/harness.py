@@ -500,6 +500,10 @@ def execution_jobs(kube: KubeDouble) -> list[dict[str, Any]]:
 
 
 ENDPOINT_PERIOD = 0.2  # how fast endpoints follow a pod's readiness
+PROBE_TIMEOUT = 1.0  # the kubelet's default timeoutSeconds
+FAILURE_THRESHOLD = (
+    2  # failed probes in a row before an endpoint is dropped (the Deployment's readinessProbe)
+)
 
 
 async def probe(session: aiohttp.ClientSession, port: int, path: str, context: ssl.SSLContext) -> bool:
@@ -508,7 +512,7 @@ async def probe(session: aiohttp.ClientSession, port: int, path: str, context: s
             f"https://127.0.0.1:{port}{path}",
             ssl=context,
             server_hostname=HOSTNAME,
-            timeout=aiohttp.ClientTimeout(total=0.5),
+            timeout=aiohttp.ClientTimeout(total=PROBE_TIMEOUT),
         ) as response:
             return response.status == 200
     return False
@@ -539,12 +543,23 @@ class Service:
 
     async def follow_endpoints(self) -> None:
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as session:
+            failed: dict[tuple[int, str], int] = {}  # (port, path) -> probes failed in a row
+
+            async def passes(port: int, path: str, listed: list[int]) -> bool:
+                """A probe that fails once is not yet a verdict: an endpoint leaves after
+                FAILURE_THRESHOLD failures in a row, as the kubelet's readiness probe decides."""
+                if await probe(session, port, path, self.context):
+                    failed[(port, path)] = 0
+                    return True
+                failed[(port, path)] = failed.get((port, path), 0) + 1
+                return port in listed and failed[(port, path)] < FAILURE_THRESHOLD
+
             while True:
                 ready, serving = [], []
                 for port in list(self.pods):
-                    if await probe(session, port, "/readyz", self.context):
+                    if await passes(port, "/readyz", self.ready):
                         ready.append(port)
-                    elif await probe(session, port, "/healthz", self.context):
+                    elif await passes(port, "/healthz", self.serving + self.ready):
                         serving.append(port)
                 self.ready, self.serving = ready, serving
                 await asyncio.sleep(ENDPOINT_PERIOD)

@@ -30,7 +30,17 @@ import pytest
 from kratos_admit.certs import generate
 from kratos_admit.cli import ExitStatus
 from tests.builders import make_job
-from tests.harness import EXAMPLES, HOSTNAME, REPO, Service, free_port, probe, review_of
+from tests.harness import (
+    EXAMPLES,
+    FAILURE_THRESHOLD,
+    HOSTNAME,
+    REPO,
+    Service,
+    free_port,
+    probe,
+    render,
+    review_of,
+)
 
 
 @pytest.fixture(scope="module")
@@ -117,8 +127,9 @@ async def wait_for(check: object, timeout: float = 20.0) -> None:
 
 
 async def test_a_rollout_fails_no_admission(certs: Path):
-    """Pod A gets SIGTERM under load; pod B starts after A turned unready and takes the traffic.
-    A's grace (3 s) covers B's start-up; endpoints update every 0.2 s."""
+    """A rollout as the Deployment makes it (maxSurge 1, maxUnavailable 0): pod B starts and turns
+    ready, then pod A gets SIGTERM under load, turns unready but keeps serving (3 s) while endpoints
+    catch up, and drains. Endpoints update every 0.2 s."""
     old_port, new_port = free_port(), free_port()
     service = Service(tls(certs), pods=[old_port, new_port])
     old = start_webhook(certs, old_port, grace=3)
@@ -128,11 +139,11 @@ async def test_a_rollout_fails_no_admission(certs: Path):
             await wait_for(lambda: service.ready == [old_port])
             async with Load(service.port, tls(certs)).running() as load:
                 await wait_for(lambda: load.answered > 50)
-                old.send_signal(signal.SIGTERM)
-                await wait_for(lambda: old_port in service.serving)  # unready, still serving
                 before_new = load.answered
                 new = start_webhook(certs, new_port, grace=0.5)
-                await wait_for(lambda: service.ready == [new_port])
+                await wait_for(lambda: sorted(service.ready) == sorted([old_port, new_port]))
+                old.send_signal(signal.SIGTERM)
+                await wait_for(lambda: service.ready == [new_port])  # A left the endpoints
                 await wait_for(lambda: old.poll() is not None)
                 after_old = load.answered
                 await wait_for(lambda: load.answered > after_old + 50)
@@ -250,3 +261,20 @@ def alive(pid: int) -> bool:
     with contextlib.suppress(ChildProcessError):  # reap it if it became ours
         os.waitpid(pid, os.WNOHANG)
     return Path(f"/proc/{pid}").exists() and "zombie" not in Path(f"/proc/{pid}/status").read_text().lower()
+
+
+def test_the_webhook_deployment_rolls_as_the_rollout_test_plays_it():
+    """The order above (new Pod ready first, then the old one stopped) is the Deployment's own."""
+    [deployment] = [
+        o
+        for o in render(REPO / "webhook-config")
+        if o["kind"] == "Deployment" and o["metadata"]["name"] == "kratos-webhook"
+    ]
+    assert deployment["spec"]["strategy"] == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
+    }
+    probe_spec = deployment["spec"]["template"]["spec"]["containers"][0]["readinessProbe"]
+    assert probe_spec["failureThreshold"] == FAILURE_THRESHOLD, (
+        "the Service model drops endpoints as the kubelet does"
+    )
