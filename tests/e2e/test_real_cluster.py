@@ -203,6 +203,7 @@ async def test_the_profiling_loop_ends_in_a_hinted_execution_job_and_leaves_no_f
     await until(lambda: kratos_finalizers(namespace) == [], what="no KRATOS finalizer left")
     original = get(namespace, "job", "loop")
     assert original and original["metadata"]["annotations"][v.EXECUTION_JOB_ANNOTATION] == "loop-execution"
+    print(kubectl("events", "-n", namespace, "--for", "job/loop"))  # what a user sees
     await until(lambda: events_for(namespace, "loop")[:3] == ["ProfilingStarted", "ProfileReady", "ExecutionJobCreated"],
                 what=f"Events ProfilingStarted, ProfileReady, ExecutionJobCreated on the Job (have {events_for(namespace, 'loop')})")  # fmt: skip
 
