@@ -21,6 +21,7 @@ named after what it imitates (Kubernetes 1.28):
 | garbage collection: a dependent whose owners are all gone is deleted (background) | ``pkg/controller/garbagecollector`` | |
 | ``expire_ttls(now)``: finished Jobs past ``ttlSecondsAfterFinished`` are deleted with Foreground propagation (their Pods first) | ``pkg/controller/ttlafterfinished`` | a clock of its own: tests step it |
 | ``namespace_lifecycle = True``: creating a namespaced object in a namespace that does not exist is refused with 404 ``namespaces "X" not found`` | the ``NamespaceLifecycle`` admission plugin | terminating namespaces; off by default, as most tests never create namespaces |
+| an events.k8s.io/v1 Event is created only with ``eventTime``, ``reportingController``, ``reportingInstance``, ``action``, ``reason`` (at most 128 characters), a ``note`` of at most 1 KiB and ``type`` Normal or Warning (422 otherwise) | ``pkg/apis/events/validation.ValidateEventCreate`` | series, related |
 | authentication by bearer token (``tokens``: token -> ``Identity``; none is ``system:anonymous``, an unknown one 401) and RBAC authorisation of every request against the Roles, ClusterRoles, RoleBindings and ClusterRoleBindings stored in the double: verb (``get``/``list``/``watch``, a ``fieldSelector=metadata.name=X`` list or watch naming X, ``create``, ``update``, ``patch``, ``delete``, ``deletecollection``), API group, resource and subresource, namespace, ``resourceNames``; ``system:masters`` may do anything; a refusal is 403 with the real Status body and message | ``staging/src/k8s.io/apiserver/pkg/endpoints/request/requestinfo.go``, ``plugin/pkg/auth/authorizer/rbac``, ``endpoints/handlers/responsewriters.forbiddenMessage`` | aggregation of ClusterRoles, non-resource URLs, impersonation, the default system roles |
 | ``run_jobs()`` / ``finish_pod()``: one Pod per unsuspended, unfinished Job, created through admission like the Job controller's, owned by the Job; a finished Pod completes or fails its Job | ``pkg/controller/job`` in miniature | parallelism, retries, indexes |
 """
@@ -75,6 +76,7 @@ RESOURCES: dict[tuple[str, str], tuple[str, bool, bool]] = {
     ("apis/rbac.authorization.k8s.io/v1", "clusterroles"): ("ClusterRole", False, False),
     ("apis/rbac.authorization.k8s.io/v1", "clusterrolebindings"): ("ClusterRoleBinding", False, False),
 }
+EVENTS = ("apis/events.k8s.io/v1", "events")
 RBAC = "apis/rbac.authorization.k8s.io/v1"
 ROLES, ROLEBINDINGS = (RBAC, "roles"), (RBAC, "rolebindings")
 CLUSTERROLES, CLUSTERROLEBINDINGS = (RBAC, "clusterroles"), (RBAC, "clusterrolebindings")
@@ -294,6 +296,10 @@ class KubeDouble:
                 meta["namespace"] = ns
                 if self.namespace_lifecycle and ("", ns) not in self.objects[("api/v1", "namespaces")]:
                     return _status(404, "NotFound", f'namespaces "{ns}" not found')
+            if resource == EVENTS and (invalid := invalid_event(obj)):
+                return _status(
+                    422, "Invalid", f'Event.events.k8s.io "{meta.get("name", "")}" is invalid: {invalid}'
+                )
             warnings: list[str] = []
             if resource in ADMITTED:
                 _default(resource, obj)
@@ -1019,6 +1025,26 @@ def request_attributes(
         namespace=match["ns"] or "",
         name=name,
     )
+
+
+def invalid_event(event: Obj) -> str:
+    """What ``ValidateEventCreate`` refuses in an events.k8s.io/v1 Event ("" when nothing): the
+    fields it requires, their lengths, and the type."""
+    problems = [
+        f"{key}: Required value"
+        for key in ("eventTime", "reportingController", "reportingInstance", "action", "reason")
+        if not event.get(key)
+    ]
+    problems += [
+        f"{key}: Too long"
+        for key in ("action", "reason", "reportingInstance")
+        if len(str(event.get(key, ""))) > 128
+    ]
+    if len(str(event.get("note", "")).encode()) > 1024:
+        problems.append("note: Too long: must have at most 1024 bytes")
+    if event.get("type") not in ("Normal", "Warning"):
+        problems.append(f'type: Unsupported value: "{event.get("type", "")}"')
+    return ", ".join(problems)
 
 
 def _subject_is(subject: Obj, identity: Identity) -> bool:

@@ -89,6 +89,6 @@ def event_body(
         "action": ACTIONS[reason],
         "reason": reason,
         "regarding": reference,
-        "note": note[:NOTE_LIMIT],
+        "note": note.encode()[:NOTE_LIMIT].decode(errors="ignore"),  # the limit is in bytes
         "type": "Warning" if reason in WARNINGS else "Normal",
     }
