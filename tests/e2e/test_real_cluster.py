@@ -378,6 +378,10 @@ async def test_zz_uninstall_in_order_leaves_nothing_stuck(kratos, namespace):
         assert held and held["spec"]["suspend"] is False
         gated = get(namespace, "pod", "gated")
         assert gated and not gated["spec"].get("schedulingGates")
+        for name in _namespaces:  # nothing KRATOS set is left anywhere the suite ran
+            assert kratos_finalizers(name) == [], name
+            assert not [j for j in items(name, "jobs") if j["spec"].get("suspend")], name
+            assert not [p for p in items(name, "pods") if p["spec"].get("schedulingGates")], name
         # 3. the install goes, and every namespace that held KRATOS objects deletes without help
         started = time.monotonic()
         for name in _namespaces:
