@@ -20,7 +20,15 @@ from kratos_admit import __version__
 from kratos_admit.admission import AdmissionEngine, build_engine
 from kratos_admit.calibration import NO_CALIBRATION
 from kratos_admit.catalog import Catalog, CatalogError, load_catalog
-from kratos_admit.certs import CertsError, generate
+from kratos_admit.certs import (
+    CA_CERT,
+    SERVING_DAYS,
+    SIGNING_KEY,
+    CertsError,
+    GeneratedCerts,
+    generate,
+    rotate,
+)
 from kratos_admit.cluster import ClusterCalibrationStore, ClusterNodeStore, ClusterProfileStore
 from kratos_admit.config import Config, ConfigError, load_config
 from kratos_admit.inject import WEBHOOK_CONFIGURATION, Injected, InjectError, inject_ca, read_ca
@@ -28,6 +36,7 @@ from kratos_admit.kube import KubeConfigError, api_client
 from kratos_admit.logs import configure_logging
 from kratos_admit.manifests import ManifestError, load_objects
 from kratos_admit.placement import format_table, placement_header, placement_rows
+from kratos_admit.release import Release, ReleaseError, Releaser
 from kratos_admit.review import review_document
 from kratos_admit.scheduling import SimNode
 from kratos_admit.server import serve, serve_processes
@@ -204,19 +213,66 @@ def build_parser() -> argparse.ArgumentParser:
     certs_commands = certs.add_subparsers(
         dest="certs_command", required=True, metavar="COMMAND", parser_class=_Parser
     )
-    gen = certs_commands.add_parser("generate", help="CA, serving certificate and signing key")
+    gen = certs_commands.add_parser(
+        "generate",
+        help="serving certificate, plus the CA and signing key where DIR has none (never replaced unless asked)",
+    )
     gen.add_argument("--service", required=True, metavar="NAME", help="the webhook's Service name")
     gen.add_argument("--namespace", required=True, metavar="NS", help="the Service's namespace")
     gen.add_argument("--out", type=Path, required=True, metavar="DIR", help="directory to write into")
-    gen.add_argument("--days", type=int, default=365, metavar="N", help="validity of the serving certificate")
-    gen.add_argument("--force", action="store_true", help="overwrite existing files")
+    gen.add_argument(
+        "--days",
+        type=int,
+        default=SERVING_DAYS,
+        metavar="N",
+        help="validity of the serving certificate (365)",
+    )
+    gen.add_argument(
+        "--new-ca",
+        action="store_true",
+        help="replace the CA in DIR (the caBundle must then be rolled: certs inject --append)",
+    )
+    gen.add_argument(
+        "--new-signing-key",
+        action="store_true",
+        help="replace signing.key in DIR (invalidates every object KRATOS signed)",
+    )
+    gen.add_argument(
+        "--force",
+        action="store_true",
+        help="accepted where DIR holds no CA or signing key; it no longer replaces them (use --new-ca, --new-signing-key)",
+    )
+    rot = certs_commands.add_parser(
+        "rotate", help="a new serving certificate from the CA in DIR; the CA and signing key stay"
+    )
+    rot.add_argument("--dir", type=Path, required=True, metavar="DIR", help="what certs generate wrote")
+    rot.add_argument(
+        "--days",
+        type=int,
+        default=SERVING_DAYS,
+        metavar="N",
+        help="validity of the serving certificate (365)",
+    )
     inject = certs_commands.add_parser(
         "inject", help="write the CA into the webhook configurations' caBundle"
     )
     inject.add_argument("--ca", type=Path, required=True, metavar="FILE", help="the CA certificate (PEM)")
+    inject.add_argument(
+        "--append", action="store_true", help="keep the CAs already in each caBundle (a CA roll)"
+    )
     _path(inject, "--kubeconfig", "FILE", kubeconfig_help)
     inject.add_argument(
         "--name", default=WEBHOOK_CONFIGURATION, metavar="NAME", help="the webhook configurations' name"
+    )
+    release = commands.add_parser(
+        "release", help="let go of everything KRATOS holds (finalizers, suspended Jobs, gated Pods)"
+    )
+    scope = release.add_mutually_exclusive_group(required=True)
+    scope.add_argument("-n", "--namespace", metavar="NS", help="only this namespace")
+    scope.add_argument("-A", "--all-namespaces", action="store_true", help="every namespace")
+    _path(release, "--kubeconfig", "FILE", kubeconfig_help)
+    release.add_argument(
+        "--dry-run", action="store_true", help="print what would be let go of, change nothing"
     )
     return parser
 
@@ -439,24 +495,70 @@ def cmd_controller(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> 
 def cmd_certs(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> ExitStatus:
     if args.certs_command == "inject":
         ca = read_ca(args.ca)
-        for done in asyncio.run(_inject(ca, args.kubeconfig, args.name)):
-            print(f"{done.kind} {done.name}: caBundle set on {done.webhooks} webhook(s)", file=stdout)
+        for done in asyncio.run(_inject(ca, args.kubeconfig, args.name, append=args.append)):
+            held = f" ({done.certificates} CA certificate(s) in the bundle)" if args.append else ""
+            print(f"{done.kind} {done.name}: caBundle set on {done.webhooks} webhook(s){held}", file=stdout)
         return ExitStatus.OK
+    if args.certs_command == "rotate":
+        result = rotate(args.dir, days=args.days)
+        _say_written(result, stdout)
+        print(
+            "next: update the kratos-webhook-tls Secret from tls.crt and tls.key; the webhook reloads it, "
+            "the caBundle stays",
+            file=stdout,
+        )
+        return ExitStatus.OK
+    if args.force and not (args.new_ca and args.new_signing_key):
+        kept = [n for n in (CA_CERT, SIGNING_KEY) if (args.out / n).exists()]
+        if kept:
+            raise UsageError(
+                f"--force: {args.out} holds {' and '.join(kept)}, which --force no longer replaces; pass "
+                "--new-ca and/or --new-signing-key to replace them, or drop --force to keep them"
+            )
     result = generate(
-        service=args.service, namespace=args.namespace, out=args.out, days=args.days, force=args.force
+        service=args.service,
+        namespace=args.namespace,
+        out=args.out,
+        days=args.days,
+        new_ca=args.new_ca,
+        new_signing_key=args.new_signing_key,
     )
-    print(
-        f"wrote ca.crt, ca.key, tls.crt, tls.key, signing.key to {result.directory} "
-        f"(SANs: {', '.join(result.dns_names)}; valid until {result.not_after:%Y-%m-%d})",
-        file=stdout,
-    )
+    _say_written(result, stdout)
     return ExitStatus.OK
 
 
-async def _inject(ca: bytes, kubeconfig: Path | None, name: str) -> list[Injected]:
+def _say_written(result: GeneratedCerts, stdout: TextIO) -> None:
+    kept = f"; kept {', '.join(result.kept)}" if result.kept else ""
+    print(
+        f"wrote {', '.join(result.written)} to {result.directory}{kept} "
+        f"(SANs: {', '.join(result.dns_names)}; valid until {result.not_after:%Y-%m-%d}, "
+        f"CA until {result.ca_not_after:%Y-%m-%d})",
+        file=stdout,
+    )
+
+
+async def _inject(ca: bytes, kubeconfig: Path | None, name: str, *, append: bool) -> list[Injected]:
     api = await api_client(kubeconfig)
     try:
-        return await inject_ca(api, ca, name=name)
+        return await inject_ca(api, ca, name=name, append=append)
+    finally:
+        await api.close()
+
+
+def cmd_release(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> ExitStatus:
+    released = asyncio.run(_release(args.kubeconfig, args.namespace, dry_run=args.dry_run))
+    for release in released:
+        print(release.line(dry_run=args.dry_run), file=stdout)
+    where = f"namespace {args.namespace}" if args.namespace else "any namespace"
+    if not released:
+        print(f"nothing held by KRATOS in {where}", file=stdout)
+    return ExitStatus.OK
+
+
+async def _release(kubeconfig: Path | None, namespace: str | None, *, dry_run: bool) -> list[Release]:
+    api = await api_client(kubeconfig)
+    try:
+        return await Releaser(api, namespace=namespace, dry_run=dry_run).run()
     finally:
         await api.close()
 
@@ -468,6 +570,7 @@ COMMANDS = {
     "simulate": cmd_simulate,
     "controller": cmd_controller,
     "certs": cmd_certs,
+    "release": cmd_release,
 }
 
 
@@ -496,6 +599,7 @@ def main(
         ManifestError,
         SimFileError,
         PlotError,
+        ReleaseError,
     ) as exc:
         print(f"kratos-admit: {exc}", file=stderr)
         return ExitStatus.UNUSABLE

@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 from kratos_admit.calibration import NO_CALIBRATION, Calibration
 from kratos_admit.catalog import Catalog, GpuProduct
@@ -36,6 +37,11 @@ _SHARES_BY_BOUND: dict[str, tuple[float, float]] = {
 }
 
 
+RankingSource = Literal[
+    "model", "calibrated", "observed", "none"
+]  # the metric kratos_hints_total's source label
+
+
 @dataclass(frozen=True, slots=True)
 class RankedProduct:
     product: GpuProduct
@@ -43,12 +49,11 @@ class RankedProduct:
     relative_time: float
     weight: int
     observed: bool = False  # ranked from measured runtimes, not the model
-    calibrated: bool = (
-        False  # the model ran on the cluster's calibrated figures (this product's or the reference's)
-    )
+    # the model ran on the cluster's calibrated figures (this product's or the reference's)
+    calibrated: bool = False
 
     @property
-    def source(self) -> str:
+    def source(self) -> RankingSource:
         return "observed" if self.observed else "calibrated" if self.calibrated else "model"
 
     def as_dict(self) -> dict[str, object]:
@@ -60,6 +65,12 @@ class RankedProduct:
         if self.source != "model":
             record["source"] = self.source
         return record
+
+
+def ranking_source(ranked: Sequence[RankedProduct]) -> RankingSource:
+    """What a hint's first choice rests on: measured runtimes, the calibrated model or the catalog's
+    model; ``none`` for base hints."""
+    return ranked[0].source if ranked else "none"
 
 
 def observed_times(profile: WorkloadProfile, min_runs: int) -> tuple[tuple[str, float], ...]:
