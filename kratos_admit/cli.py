@@ -6,29 +6,38 @@ import argparse
 import asyncio
 import dataclasses
 import enum
-import json
 import logging
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO
 
-import yaml
-
 from kratos_admit import __version__
+from kratos_admit import vocabulary as v
 from kratos_admit.admission import AdmissionEngine, build_engine
 from kratos_admit.catalog import CatalogError, load_catalog
 from kratos_admit.certs import CertsError, generate
 from kratos_admit.cluster import ClusterNodeStore, ClusterProfileStore
 from kratos_admit.config import Config, ConfigError, load_config
 from kratos_admit.inject import WEBHOOK_CONFIGURATION, Injected, InjectError, inject_ca, read_ca
-from kratos_admit.kube import KubeConfigError, api_client
+from kratos_admit.kube import KubeConfigError, api_client, check_reachable
 from kratos_admit.logs import configure_logging
-from kratos_admit.manifests import ManifestError, load_objects
+from kratos_admit.manifests import Document, ManifestError, read_manifests
 from kratos_admit.placement import format_table, placement_header, placement_rows
-from kratos_admit.review import review_document
+from kratos_admit.process import ListenError
+from kratos_admit.review import (
+    Reviewed,
+    as_json,
+    as_patch_entry,
+    as_yaml,
+    review_body_size,
+    review_document,
+    review_namespace,
+)
 from kratos_admit.server import serve, serve_processes
 from kratos_admit.signing import DEVELOPMENT_KEY, SigningKeyError, load_signing_key
 from kratos_admit.stores import FileNodeStore, FileProfileStore, StoreError, load_profiles
+from kratos_admit.suite import SuiteError, find_suites, format_rows, run_suite
 from kratos_admit.tls import CertificateError
 
 log = logging.getLogger("kratos")
@@ -53,6 +62,25 @@ class ArgumentsError(UsageError):
         self.usage = usage
 
 
+# Every error that means "unusable input or start-up configuration": exit 2 and the message as one
+# line on stderr, from ``main`` alone. A subcommand reports such a problem by raising one of these
+# (UsageError when no module-specific one fits); it never prints an error or exits by itself.
+INPUT_ERRORS: tuple[type[Exception], ...] = (
+    UsageError,
+    ConfigError,
+    CatalogError,
+    StoreError,
+    SigningKeyError,
+    CertificateError,
+    CertsError,
+    KubeConfigError,  # ApiUnreachable too
+    InjectError,
+    ManifestError,
+    ListenError,
+    SuiteError,
+)
+
+
 class _HelpFormatter(argparse.HelpFormatter):
     """Every flag's help ends with its default, where it has one (argparse's own formatter would
     also print "(default: None)" for flags whose default comes from the config file)."""
@@ -72,6 +100,13 @@ class _Parser(argparse.ArgumentParser):
         raise ArgumentsError(f"{self.prog}: error: {message}", self.format_usage())
 
 
+def _command(commands: Any, name: str, **kwargs: Any) -> argparse.ArgumentParser:
+    """A subcommand whose own usage is shown when its arguments are wrong."""
+    parser: argparse.ArgumentParser = commands.add_parser(name, **kwargs)
+    parser.set_defaults(usage_of=parser)
+    return parser
+
+
 def _path(parser: argparse.ArgumentParser, flag: str, metavar: str, help_text: str) -> None:
     """A flag naming a file or directory."""
     parser.add_argument(flag, type=Path, metavar=metavar, help=help_text)
@@ -81,11 +116,12 @@ def build_parser() -> argparse.ArgumentParser:
     defaults = Config()
     parser = _Parser(prog="kratos-admit", description="Application-aware GPU admission for Kubernetes.")
     parser.add_argument("--version", action="version", version=f"kratos-admit {__version__}")
+    parser.set_defaults(usage_of=parser)
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
 
     config_help = "YAML configuration file (KRATOS_* environment variables override it; see README)"
     kubeconfig_help = "kubeconfig file (default: in-cluster account, else $KUBECONFIG, else ~/.kube/config)"
-    webhook = commands.add_parser("webhook", help="serve the HTTPS admission webhooks")
+    webhook = _command(commands, "webhook", help="serve the HTTPS admission webhooks")
     _path(webhook, "--config", "FILE", config_help)
     webhook.add_argument(
         "--listen", metavar="HOST:PORT", help=f"where to serve HTTPS (default: {defaults.listen})"
@@ -108,19 +144,26 @@ def build_parser() -> argparse.ArgumentParser:
         "--workers", type=int, default=1, metavar="N", help="serving processes sharing the port"
     )
 
-    review = commands.add_parser("review", help="run both webhooks offline on a manifest")
+    review = _command(commands, "review", help="run both webhooks offline on a manifest")
     review.add_argument(
         "-f",
         "--filename",
         required=True,
+        action="append",
         metavar="FILE",
-        help="manifest (Job, Pod, List, multi-document), or -",
+        help="manifest (Job, Pod, List, multi-document), a directory of them, or - for stdin; repeatable",
+    )
+    review.add_argument(
+        "-R", "--recursive", action="store_true", help="with -f DIR, also the files in its subdirectories"
     )
     _path(review, "--config", "FILE", config_help)
     _path(review, "--profiles", "DIR", "WorkloadProfile YAML files (default: none)")
     _path(review, "--nodes", "FILE", "Node YAML of the cluster (default: none)")
     review.add_argument(
-        "--namespace", metavar="NS", help="namespace to review in (default: the object's, else default)"
+        "-n",
+        "--namespace",
+        metavar="NS",
+        help="namespace to review in (default: the object's, else default)",
     )
     review.add_argument("--user", default="kratos-review", metavar="NAME", help="requesting user")
     _path(review, "--signing-key", "FILE", "signing key (default: the fixed development key)")
@@ -129,11 +172,18 @@ def build_parser() -> argparse.ArgumentParser:
         "--output",
         choices=("yaml", "json", "patch"),
         default="yaml",
-        help="the mutated objects, the full decisions, or the JSON patches",
+        help="the allowed objects as mutated, the full decisions, or the JSON patches",
     )
 
-    placement = commands.add_parser(
-        "placement", help="show how a profile ranks the cluster's GPU products, and from what figures"
+    test = _command(commands, "test", help="run declarative review suites (kratos-test.yaml) under DIR")
+    test.add_argument(
+        "directory", nargs="?", default=".", type=Path, metavar="DIR", help="where to look for suites"
+    )
+
+    placement = _command(
+        commands,
+        "placement",
+        help="show how a profile ranks the cluster's GPU products, and from what figures",
     )
     placement.add_argument(
         "-p", "--profile", type=Path, required=True, metavar="FILE", help="a WorkloadProfile YAML file"
@@ -144,24 +194,22 @@ def build_parser() -> argparse.ArgumentParser:
         "-o", "--output", choices=("table", "json"), default="table", help="a table for people, or JSON rows"
     )
 
-    controller = commands.add_parser("controller", help="run the profiler controller (leader-elected)")
+    controller = _command(commands, "controller", help="run the profiler controller (leader-elected)")
     _path(controller, "--config", "FILE", config_help)
     _path(controller, "--kubeconfig", "FILE", kubeconfig_help)
     _path(controller, "--signing-key", "FILE", "the key shared with the webhook; required")
 
-    certs = commands.add_parser("certs", help="certificates for the webhook")
+    certs = _command(commands, "certs", help="certificates for the webhook")
     certs_commands = certs.add_subparsers(
         dest="certs_command", required=True, metavar="COMMAND", parser_class=_Parser
     )
-    gen = certs_commands.add_parser("generate", help="CA, serving certificate and signing key")
+    gen = _command(certs_commands, "generate", help="CA, serving certificate and signing key")
     gen.add_argument("--service", required=True, metavar="NAME", help="the webhook's Service name")
     gen.add_argument("--namespace", required=True, metavar="NS", help="the Service's namespace")
     gen.add_argument("--out", type=Path, required=True, metavar="DIR", help="directory to write into")
     gen.add_argument("--days", type=int, default=365, metavar="N", help="validity of the serving certificate")
     gen.add_argument("--force", action="store_true", help="overwrite existing files")
-    inject = certs_commands.add_parser(
-        "inject", help="write the CA into the webhook configurations' caBundle"
-    )
+    inject = _command(certs_commands, "inject", help="write the CA into the webhook configurations' caBundle")
     inject.add_argument("--ca", type=Path, required=True, metavar="FILE", help="the CA certificate (PEM)")
     _path(inject, "--kubeconfig", "FILE", kubeconfig_help)
     inject.add_argument(
@@ -170,20 +218,33 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# the flag that sets each configuration key, so that a bad value names the flag the user typed
+FLAGS = {
+    "listen": "--listen",
+    "metricsListen": "--metrics-listen",
+    "tlsCertFile": "--tls-cert",
+    "tlsKeyFile": "--tls-key",
+    "signingKeyFile": "--signing-key",
+    "profilesDir": "--profiles",
+    "nodesFile": "--nodes",
+}
+
+
 def _config(args: argparse.Namespace, **overrides: Any) -> Config:
-    return load_config(args.config, overrides=overrides)
+    return load_config(args.config, overrides=overrides, flags=FLAGS)
 
 
-def _signing_key(path: Path | None, *, allow_development: bool, stderr: TextIO) -> bytes:
+def _signing_key(path: Path | None, *, allow_development: bool) -> tuple[bytes, str]:
+    """The key, and a warning to print once everything else has loaded (so that an input error
+    stays the one line on stderr)."""
     if path is not None:
-        return load_signing_key(path)
+        return load_signing_key(path), ""
     if not allow_development:
         raise UsageError("no signing key: pass --signing-key FILE (kratos-admit certs generate writes one)")
-    print(
+    return (
+        DEVELOPMENT_KEY,
         "warning: no --signing-key given; using the fixed development key (never in a cluster)",
-        file=stderr,
     )
-    return DEVELOPMENT_KEY
 
 
 def _file_engine(config: Config, key: bytes) -> AdmissionEngine:
@@ -195,35 +256,71 @@ def _file_engine(config: Config, key: bytes) -> AdmissionEngine:
     )
 
 
-def cmd_review(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> ExitStatus:
+def _check_body_sizes(documents: list[Document], *, config: Config, namespace: str | None, user: str) -> None:
+    """A document whose AdmissionReview the webhook would refuse (413) is refused here too."""
+    for document in documents:
+        ns = review_namespace(document.object, namespace)
+        size = review_body_size(document.object, namespace=ns, user=user)
+        if size > config.max_body_bytes:
+            raise UsageError(
+                f"{document.where}: its AdmissionReview would be {size} bytes, over maxBodyBytes "
+                f"({config.max_body_bytes}): the webhook answers 413 and the API server refuses the object"
+            )
+
+
+class _Output:
+    """``-o yaml|json|patch``, written a document at a time (a 12,000-Job file is never held twice)."""
+
+    def __init__(self, form: str, stdout: TextIO, *, several: bool) -> None:
+        self.form, self.stdout, self.several, self.count = form, stdout, several, 0
+
+    def write(self, reviewed: Reviewed) -> None:
+        if self.form == "yaml":
+            if reviewed.allowed:  # only what may be applied: `| kubectl apply -f -` never gets a denied one
+                self.stdout.write(("---\n" if self.count else "") + as_yaml(reviewed.object))
+                self.count += 1
+            return
+        value = reviewed.as_dict() if self.form == "json" else as_patch_entry(reviewed)
+        text = as_json(value)
+        if self.several:  # an array: its items one level deeper (JSON strings hold no raw newline)
+            text = ("[\n  " if not self.count else ",\n  ") + text.replace("\n", "\n  ")
+        self.stdout.write(text)
+        self.count += 1
+
+    def close(self) -> None:
+        if self.form != "yaml":
+            self.stdout.write("\n]\n" if self.several else "\n")
+
+
+def cmd_review(args: argparse.Namespace, stdout: TextIO, stderr: TextIO, stdin: TextIO) -> ExitStatus:
     config = _config(args, profilesDir=args.profiles, nodesFile=args.nodes, source="files")
-    key = _signing_key(args.signing_key or config.signing_key_file, allow_development=True, stderr=stderr)
+    documents = read_manifests(args.filename, recursive=args.recursive, stdin=stdin)
+    key, warning = _signing_key(args.signing_key or config.signing_key_file, allow_development=True)
     engine = _file_engine(config, key)
-    try:
-        text = sys.stdin.read() if args.filename == "-" else Path(args.filename).read_text("utf-8")
-    except OSError as exc:
-        raise UsageError(f"{args.filename}: {exc.strerror}") from None
-    except UnicodeDecodeError:
-        raise UsageError(f"{args.filename}: not UTF-8 text") from None
-    docs = load_objects(text, "<stdin>" if args.filename == "-" else args.filename)
-    results = [
-        review_document(doc, index=i, engine=engine, namespace=args.namespace, user=args.user)
-        for i, doc in enumerate(docs)
-    ]
-    for r in results:
-        for warning in r.warnings:
-            print(f"warning: {r.kind}/{r.name}: {warning}", file=stderr)
+    _check_body_sizes(documents, config=config, namespace=args.namespace, user=args.user)
+    if warning:
+        print(warning, file=stderr)
+    output = _Output(args.output, stdout, several=len(documents) > 1)
+    allowed = True
+    for i, document in enumerate(documents):
+        r = review_document(document.object, index=i, engine=engine, namespace=args.namespace, user=args.user)
+        for text in r.warnings:
+            print(f"warning: {r.kind}/{r.name}: {text}", file=stderr)
         for error in r.violations:
             print(f"denied: {r.kind}/{r.name}: {error}", file=stderr)
-    if args.output == "yaml":
-        stdout.write(yaml.safe_dump_all([r.object for r in results], sort_keys=False))
-    else:
-        items: list[Any] = [r.as_dict() if args.output == "json" else r.patch for r in results]
-        stdout.write(json.dumps(items[0] if len(items) == 1 else items, indent=2) + "\n")
-    return ExitStatus.OK if all(r.allowed for r in results) else ExitStatus.DENIED
+        output.write(r)
+        allowed = allowed and r.allowed
+    output.close()
+    return ExitStatus.OK if allowed else ExitStatus.DENIED
 
 
-def cmd_webhook(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> ExitStatus:
+def cmd_test(args: argparse.Namespace, stdout: TextIO, stderr: TextIO, stdin: TextIO) -> ExitStatus:
+    rows = [row for path in find_suites(args.directory) for row in run_suite(path)]
+    stdout.write(format_rows(rows))
+    return ExitStatus.OK if all(row.passed for row in rows) else ExitStatus.DENIED
+
+
+def cmd_webhook(args: argparse.Namespace, stdout: TextIO, stderr: TextIO, stdin: TextIO) -> ExitStatus:
     files = args.profiles is not None or args.nodes is not None
     config = _config(
         args,
@@ -244,11 +341,13 @@ def cmd_webhook(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> Exi
         raise UsageError("--workers must be between 1 and 64")
     configure_logging(config.log_level, stderr)
     if config.source == "files":
-        key = _signing_key(config.signing_key_file, allow_development=True, stderr=stderr)
+        key, warning = _signing_key(config.signing_key_file, allow_development=True)
         engine = _file_engine(config, key)  # loaded once, shared by forks
+        if warning:
+            print(warning, file=stderr)
         status = serve_processes(lambda: engine, config=config, workers=args.workers)
         return ExitStatus.OK if status == 0 else ExitStatus.FAILED
-    key = _signing_key(config.signing_key_file, allow_development=False, stderr=stderr)
+    key, _ = _signing_key(config.signing_key_file, allow_development=False)
     if args.workers == 1:
         asyncio.run(_serve_cluster(config, key, args.kubeconfig))
         return ExitStatus.OK
@@ -260,6 +359,7 @@ def cmd_webhook(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> Exi
 async def _serve_cluster(config: Config, key: bytes, kubeconfig: Path | None) -> None:
     api = await api_client(kubeconfig)
     try:
+        await check_reachable(api)
         engine = build_engine(
             config, signing_key=key, profiles=ClusterProfileStore(api), nodes=ClusterNodeStore(api)
         )
@@ -268,23 +368,23 @@ async def _serve_cluster(config: Config, key: bytes, kubeconfig: Path | None) ->
         await api.close()
 
 
-def cmd_placement(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> ExitStatus:
+def cmd_placement(args: argparse.Namespace, stdout: TextIO, stderr: TextIO, stdin: TextIO) -> ExitStatus:
     config = _config(args)
-    profiles = load_profiles([args.profile])
+    profiles = load_profiles([args.profile], expected=f"-p expects a file holding one {v.PROFILE_KIND}")
     if len(profiles) != 1:
         raise UsageError(f"{args.profile}: must hold exactly one WorkloadProfile, holds {len(profiles)}")
     [profile] = profiles
     nodes = FileNodeStore(args.nodes).gpu_products()
     rows = placement_rows(profile, nodes, catalog=load_catalog(config.catalog_file), config=config)
     if args.output == "json":
-        stdout.write(json.dumps([dataclasses.asdict(r) for r in rows], indent=2) + "\n")
+        stdout.write(as_json([dataclasses.asdict(r) for r in rows]) + "\n")
     else:
-        stdout.write("\n".join(placement_header(profile, config)) + "\n\n")
+        stdout.write("\n".join(placement_header(profile, config, rows)) + "\n\n")
         stdout.write(format_table(rows) if rows else "no product to rank: the profile has no figures\n")
     return ExitStatus.OK
 
 
-def cmd_controller(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> ExitStatus:
+def cmd_controller(args: argparse.Namespace, stdout: TextIO, stderr: TextIO, stdin: TextIO) -> ExitStatus:
     config = _config(args, signingKeyFile=args.signing_key)
     if config.signing_key_file is None:
         raise UsageError("the controller needs --signing-key FILE, the secret it shares with the webhook")
@@ -297,7 +397,7 @@ def cmd_controller(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> 
     return ExitStatus.OK if status == 0 else ExitStatus.FAILED
 
 
-def cmd_certs(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> ExitStatus:
+def cmd_certs(args: argparse.Namespace, stdout: TextIO, stderr: TextIO, stdin: TextIO) -> ExitStatus:
     if args.certs_command == "inject":
         ca = read_ca(args.ca)
         for done in asyncio.run(_inject(ca, args.kubeconfig, args.name)):
@@ -317,13 +417,16 @@ def cmd_certs(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> ExitS
 async def _inject(ca: bytes, kubeconfig: Path | None, name: str) -> list[Injected]:
     api = await api_client(kubeconfig)
     try:
+        await check_reachable(api)
         return await inject_ca(api, ca, name=name)
     finally:
         await api.close()
 
 
-COMMANDS = {
+Command = Callable[[argparse.Namespace, TextIO, TextIO, TextIO], ExitStatus]
+COMMANDS: dict[str, Command] = {
     "review": cmd_review,
+    "test": cmd_test,
     "webhook": cmd_webhook,
     "placement": cmd_placement,
     "controller": cmd_controller,
@@ -332,29 +435,24 @@ COMMANDS = {
 
 
 def main(
-    argv: list[str] | None = None, *, stdout: TextIO | None = None, stderr: TextIO | None = None
+    argv: list[str] | None = None,
+    *,
+    stdout: TextIO | None = None,
+    stderr: TextIO | None = None,
+    stdin: TextIO | None = None,
 ) -> ExitStatus:
     stdout = stdout or sys.stdout
     stderr = stderr or sys.stderr
     try:
-        args = build_parser().parse_args(argv)
-        return COMMANDS[args.command](args, stdout, stderr)
+        args, unknown = build_parser().parse_known_args(argv)
+        if unknown:  # said by the subcommand's parser, so its usage is the one shown
+            args.usage_of.error(f"unrecognized arguments: {' '.join(unknown)}")
+        return COMMANDS[args.command](args, stdout, stderr, stdin or sys.stdin)
     except ArgumentsError as exc:
         stderr.write(exc.usage)
         print(exc, file=stderr)
         return ExitStatus.UNUSABLE
-    except (
-        UsageError,
-        ConfigError,
-        CatalogError,
-        StoreError,
-        SigningKeyError,
-        CertificateError,
-        CertsError,
-        KubeConfigError,
-        InjectError,
-        ManifestError,
-    ) as exc:
+    except INPUT_ERRORS as exc:
         print(f"kratos-admit: {exc}", file=stderr)
         return ExitStatus.UNUSABLE
 

@@ -271,9 +271,14 @@ def _python_name(model: type[BaseModel], key: str) -> str:
 
 
 def load_config(
-    path: Path | None = None, *, environ: Mapping[str, str] | None = None, overrides: Mapping[str, Any] = {}
+    path: Path | None = None,
+    *,
+    environ: Mapping[str, str] | None = None,
+    overrides: Mapping[str, Any] = {},
+    flags: Mapping[str, str] = {},
 ) -> Config:
-    """File, then environment, then explicit overrides (CLI flags); a bad key stops with one line."""
+    """File, then environment, then explicit overrides (CLI flags, named in ``flags`` by key, so an
+    error names the flag); a bad key stops with one line."""
     data: dict[str, Any] = {}
     where = "config"
     if path is not None:
@@ -295,7 +300,9 @@ def load_config(
         data.update(loaded or {})
     env_values, origin = _env_overrides(os.environ if environ is None else environ)
     data.update(env_values)
-    data.update({k: val for k, val in overrides.items() if val is not None})
+    given = {k: val for k, val in overrides.items() if val is not None}
+    data.update(given)
+    origin.update({k: flags[k] for k in given if k in flags})
     try:
         return Config.model_validate(data)
     except ValidationError as exc:

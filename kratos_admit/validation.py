@@ -53,9 +53,7 @@ def _workload_name(workload: Workload) -> Iterator[FieldError]:
         value = as_mapping(block.raw.get("labels")).get(v.WORKLOAD_LABEL)  # raw: a 5 is not a name
         if value is None or (isinstance(value, str) and v.is_dns1123_label(value)):
             continue
-        found = (
-            repr(value) if isinstance(value, str) else f"{value!r} (a {type(value).__name__}, not a string)"
-        )
+        found = repr(value) if isinstance(value, str) else f"{value!r} (a {_json_type(value)}, not a string)"
         yield FieldError(
             "workload-name",
             block.path.child("labels").key(v.WORKLOAD_LABEL),
@@ -64,6 +62,11 @@ def _workload_name(workload: Workload) -> Iterator[FieldError]:
             + (", quoted in YAML" if not isinstance(value, str) else ""),
             value,
         )
+
+
+def _json_type(value: object) -> str:
+    kinds = ((bool, "boolean"), (int, "number"), (float, "number"), (dict, "mapping"), (list, "list"))
+    return next((name for kind, name in kinds if isinstance(value, kind)), type(value).__name__)
 
 
 def _reserved_keys(workload: Workload, ctx: ValidationContext) -> Iterator[FieldError]:
