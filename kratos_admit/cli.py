@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import dataclasses
 import enum
+import gc
 import logging
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -25,15 +27,7 @@ from kratos_admit.logs import configure_logging
 from kratos_admit.manifests import Document, ManifestError, read_manifests
 from kratos_admit.placement import format_table, placement_header, placement_rows
 from kratos_admit.process import ListenError
-from kratos_admit.review import (
-    Reviewed,
-    as_json,
-    as_patch_entry,
-    as_yaml,
-    review_body_size,
-    review_document,
-    review_namespace,
-)
+from kratos_admit.review import Batch, as_json, review_batches, review_body_size, review_namespace
 from kratos_admit.server import serve, serve_processes
 from kratos_admit.signing import DEVELOPMENT_KEY, SigningKeyError, load_signing_key
 from kratos_admit.stores import FileNodeStore, FileProfileStore, StoreError, load_profiles
@@ -268,49 +262,60 @@ def _check_body_sizes(documents: list[Document], *, config: Config, namespace: s
             )
 
 
-class _Output:
-    """``-o yaml|json|patch``, written a document at a time (a 12,000-Job file is never held twice)."""
+def _write_batches(
+    batches: Iterator[Batch], form: str, *, several: bool, stdout: TextIO, stderr: TextIO
+) -> bool:
+    """The batches' output in order (YAML documents separated by ``---``; JSON as one value, or an
+    array when there are several documents) and their notes on stderr; True when all were allowed."""
+    allowed, written = True, 0
+    for batch in batches:
+        for note in batch.notes:
+            print(note, file=stderr)
+        allowed = allowed and batch.allowed
+        if batch.entries:
+            if form == "yaml":
+                stdout.write(("---\n" if written else "") + batch.text)
+            else:
+                stdout.write(("[\n  " if several else "") if not written else ",\n  ")
+                stdout.write(batch.text)
+            written += batch.entries
+    if form != "yaml" and written:
+        stdout.write("\n]\n" if several else "\n")
+    return allowed
 
-    def __init__(self, form: str, stdout: TextIO, *, several: bool) -> None:
-        self.form, self.stdout, self.several, self.count = form, stdout, several, 0
 
-    def write(self, reviewed: Reviewed) -> None:
-        if self.form == "yaml":
-            if reviewed.allowed:  # only what may be applied: `| kubectl apply -f -` never gets a denied one
-                self.stdout.write(("---\n" if self.count else "") + as_yaml(reviewed.object))
-                self.count += 1
-            return
-        value = reviewed.as_dict() if self.form == "json" else as_patch_entry(reviewed)
-        text = as_json(value)
-        if self.several:  # an array: its items one level deeper (JSON strings hold no raw newline)
-            text = ("[\n  " if not self.count else ",\n  ") + text.replace("\n", "\n  ")
-        self.stdout.write(text)
-        self.count += 1
-
-    def close(self) -> None:
-        if self.form != "yaml":
-            self.stdout.write("\n]\n" if self.several else "\n")
+@contextlib.contextmanager
+def _without_cycle_collection() -> Iterator[None]:
+    """The cyclic collector paused for a review: parsed manifests and the review's objects hold no
+    cycles (plain JSON values; the decision code keeps none), yet with a 12,000-Job file loaded
+    the collector's passes cost a third of the review's time and find nothing (docs/benchmarks.md,
+    "Offline review"); forked review workers also share the loaded pages instead of copying them."""
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
 
 
 def cmd_review(args: argparse.Namespace, stdout: TextIO, stderr: TextIO, stdin: TextIO) -> ExitStatus:
     config = _config(args, profilesDir=args.profiles, nodesFile=args.nodes, source="files")
-    documents = read_manifests(args.filename, recursive=args.recursive, stdin=stdin)
-    key, warning = _signing_key(args.signing_key or config.signing_key_file, allow_development=True)
-    engine = _file_engine(config, key)
-    _check_body_sizes(documents, config=config, namespace=args.namespace, user=args.user)
-    if warning:
-        print(warning, file=stderr)
-    output = _Output(args.output, stdout, several=len(documents) > 1)
-    allowed = True
-    for i, document in enumerate(documents):
-        r = review_document(document.object, index=i, engine=engine, namespace=args.namespace, user=args.user)
-        for text in r.warnings:
-            print(f"warning: {r.kind}/{r.name}: {text}", file=stderr)
-        for error in r.violations:
-            print(f"denied: {r.kind}/{r.name}: {error}", file=stderr)
-        output.write(r)
-        allowed = allowed and r.allowed
-    output.close()
+    with _without_cycle_collection():
+        documents = read_manifests(args.filename, recursive=args.recursive, stdin=stdin)
+        key, warning = _signing_key(args.signing_key or config.signing_key_file, allow_development=True)
+        engine = _file_engine(config, key)
+        _check_body_sizes(documents, config=config, namespace=args.namespace, user=args.user)
+        if warning:
+            print(warning, file=stderr)
+        batches = review_batches(
+            [d.object for d in documents],
+            engine=engine,
+            namespace=args.namespace,
+            user=args.user,
+            form=args.output,
+        )
+        allowed = _write_batches(
+            batches, args.output, several=len(documents) > 1, stdout=stdout, stderr=stderr
+        )
     return ExitStatus.OK if allowed else ExitStatus.DENIED
 
 

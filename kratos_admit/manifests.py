@@ -2,8 +2,8 @@
 
 One reader for the offline review, the profile and node files, the config and the catalog, so a
 syntax error is reported the same way everywhere: the file, the line and column, and the problem.
-libyaml's parser is used where PyYAML was built with it (several times the pure-Python one's
-speed), and a JSON stream is read by orjson first.
+YAML is read by ``yamlio`` (libyaml, with the per-node Python work cut down), a JSON document by
+orjson.
 """
 
 from __future__ import annotations
@@ -16,11 +16,11 @@ from typing import IO, Any
 import orjson
 import yaml
 
+from kratos_admit import yamlio
 from kratos_admit.quantity import parse_quantity
 from kratos_admit.raw import as_mapping
 from kratos_admit.workload import Container, Workload, workload_kind
 
-SafeLoader: type[yaml.SafeLoader] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 MANIFEST_SUFFIXES = (".yaml", ".yml", ".json")  # what kubectl reads from a directory
 
 
@@ -42,7 +42,7 @@ def yaml_problem(exc: yaml.YAMLError) -> str:
 def parse_yaml(text: str, origin: str) -> Any:
     """One YAML document, or ManifestError naming ``origin`` and the line."""
     try:
-        return yaml.load(text, Loader=SafeLoader)  # a safe loader: libyaml's where present
+        return yamlio.load(text)
     except yaml.YAMLError as exc:
         raise ManifestError(f"{origin}: not valid YAML: {yaml_problem(exc)}") from None
 
@@ -75,7 +75,7 @@ def _json_or_yaml_stream(text: str) -> Iterable[object]:
             return [orjson.loads(text)]
         except orjson.JSONDecodeError:
             pass  # several JSON documents, or YAML flow style: the YAML parser reads both
-    return yaml.load_all(text, Loader=SafeLoader)
+    return yamlio.load_all(text)
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,6 +107,7 @@ def load_objects(text: str, origin: str) -> list[Document]:
             raise ManifestError(f"{where}: metadata must be a mapping, found {_a(doc['metadata'])}")
         _check_shape(doc, where)
         _check_quantities(doc, where)
+        _check_json(doc, where)
         docs.append(Document(origin, number, doc))
     return docs
 
@@ -160,6 +161,14 @@ def _a(value: object) -> str:
         return "a mapping" if isinstance(value, dict) else "a list"
     noun = {str: "the string", bool: "the boolean", int: "the number", float: "the number"}.get(type(value))
     return f"{noun} {value!r}" if noun else type(value).__name__
+
+
+def _check_json(doc: Mapping[str, Any], where: str) -> None:
+    """What kubectl could not send as JSON (a recursive alias, a !!set) is no object to review."""
+    try:
+        orjson.dumps(doc, option=orjson.OPT_NON_STR_KEYS)
+    except orjson.JSONEncodeError as exc:
+        raise ManifestError(f"{where}: cannot be sent to the API server as JSON: {exc}") from None
 
 
 def _check_shape(doc: Mapping[str, Any], where: str) -> None:

@@ -13,10 +13,15 @@ import pytest
 import yaml
 
 from kratos_admit import vocabulary as v
+from kratos_admit.admission import build_engine
 from kratos_admit.cli import ExitStatus, main
+from kratos_admit.config import Config
+from kratos_admit.review import OutputForm, review_batches
+from kratos_admit.stores import FileNodeStore, FileProfileStore
 from tests.harness import (
     EXAMPLES,
     REPO,
+    TEST_KEY,
     apply_patch,
     assert_valid_kubernetes,
     double_in_thread,
@@ -431,3 +436,25 @@ def test_a_pod_without_a_namespace_is_reviewed_in_default_and_says_so(tmp_path: 
     status, out, err = run(["review", "-f", str(pod), "--profiles", str(EXAMPLES / "profiles")])
     assert status == ExitStatus.OK and yaml.safe_load(out)["metadata"]["namespace"] == "default"
     assert "no WorkloadProfile for workload vector-add in namespace default" in err
+
+
+@pytest.mark.parametrize("form", ["yaml", "json", "patch"])
+def test_forked_review_workers_give_exactly_what_one_process_gives(form: OutputForm):
+    """A big input is reviewed by forked workers in batches (yaml output): same batches, same order."""
+    jobs = [
+        yaml.safe_load(example(name))
+        for name in ("vector-add-job.yaml", "nbody-job.yaml", "new-workload-job.yaml")
+    ]
+    denied = yaml.safe_load(MIXED.split("---", maxsplit=1)[0])
+    docs = [jobs[0], denied, jobs[1], jobs[2], denied, jobs[0], jobs[1]]
+    engine = build_engine(Config(), signing_key=TEST_KEY, profiles=FileProfileStore(EXAMPLES / "profiles"),
+                          nodes=FileNodeStore(EXAMPLES / "nodes.yaml"))  # fmt: skip
+    one = list(
+        review_batches(docs, engine=engine, namespace=None, user="u", form=form, batch_size=2, workers=1)
+    )
+    forked = list(
+        review_batches(docs, engine=engine, namespace=None, user="u", form=form, batch_size=2, workers=2)
+    )
+    assert forked == one and len(one) == 4
+    assert [b.allowed for b in one] == [False, True, False, True]
+    assert sum(b.entries for b in one) == (5 if form == "yaml" else 7)  # yaml: the allowed only
