@@ -94,7 +94,9 @@ def timed_review(manifest: Path, output: str) -> Run:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--jobs", type=int, default=12_000, help="Jobs in the file (12000)")
     parser.add_argument("--output", action="append", choices=("json", "yaml", "patch"), help="(json, yaml)")
     parser.add_argument("--repeat", type=int, default=3, help="runs of each, the best reported (3)")
@@ -102,7 +104,9 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="kratos-review-bench-") as tmp:
         manifest = Path(tmp) / "jobs.yaml"
         size = write_input(manifest, args.jobs)
-        print(f"input: {args.jobs} Jobs, {size / 1e6:.1f} MB; {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}")
+        print(
+            f"input: {args.jobs} Jobs, {size / 1e6:.1f} MB; {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}"
+        )
         failed = 0
         for output in args.output or ["json", "yaml"]:
             runs = [timed_review(manifest, output) for _ in range(args.repeat)]
