@@ -12,27 +12,26 @@ import logging
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from kratos_admit import __version__
 from kratos_admit import vocabulary as v
 from kratos_admit.admission import AdmissionEngine, build_engine
 from kratos_admit.catalog import CatalogError, load_catalog
-from kratos_admit.certs import CertsError, generate
-from kratos_admit.cluster import ClusterNodeStore, ClusterProfileStore
 from kratos_admit.config import Config, ConfigError, load_config
-from kratos_admit.inject import WEBHOOK_CONFIGURATION, Injected, InjectError, inject_ca, read_ca
-from kratos_admit.kube import KubeConfigError, api_client, check_reachable
 from kratos_admit.logs import configure_logging
 from kratos_admit.manifests import Document, ManifestError, read_manifests
 from kratos_admit.placement import format_table, placement_header, placement_rows
-from kratos_admit.process import ListenError
 from kratos_admit.review import Batch, as_json, review_batches, review_body_size, review_namespace
-from kratos_admit.server import serve, serve_processes
 from kratos_admit.signing import DEVELOPMENT_KEY, SigningKeyError, load_signing_key
 from kratos_admit.stores import FileNodeStore, FileProfileStore, StoreError, load_profiles
 from kratos_admit.suite import SuiteError, find_suites, format_rows, run_suite
-from kratos_admit.tls import CertificateError
+
+if TYPE_CHECKING:
+    from kratos_admit.inject import Injected
+
+# The commands that serve or talk to a cluster import aiohttp, kubernetes_asyncio and cryptography
+# when they run (a third of a second that review, test and placement never need): see LAZY_ERRORS.
 
 log = logging.getLogger("kratos")
 
@@ -65,14 +64,23 @@ INPUT_ERRORS: tuple[type[Exception], ...] = (
     CatalogError,
     StoreError,
     SigningKeyError,
-    CertificateError,
-    CertsError,
-    KubeConfigError,  # ApiUnreachable too
-    InjectError,
     ManifestError,
-    ListenError,
     SuiteError,
 )
+# ... and these, from the modules only the cluster and server commands import (a module not
+# imported cannot have raised its error)
+LAZY_ERRORS = (
+    ("kratos_admit.kube", "KubeConfigError"),  # ApiUnreachable too
+    ("kratos_admit.inject", "InjectError"),
+    ("kratos_admit.process", "ListenError"),
+    ("kratos_admit.tls", "CertificateError"),
+    ("kratos_admit.certs", "CertsError"),
+)
+
+
+def input_errors() -> tuple[type[Exception], ...]:
+    loaded = [getattr(sys.modules[module], name) for module, name in LAZY_ERRORS if module in sys.modules]
+    return INPUT_ERRORS + tuple(loaded)
 
 
 class _HelpFormatter(argparse.HelpFormatter):
@@ -207,7 +215,7 @@ def build_parser() -> argparse.ArgumentParser:
     inject.add_argument("--ca", type=Path, required=True, metavar="FILE", help="the CA certificate (PEM)")
     _path(inject, "--kubeconfig", "FILE", kubeconfig_help)
     inject.add_argument(
-        "--name", default=WEBHOOK_CONFIGURATION, metavar="NAME", help="the webhook configurations' name"
+        "--name", default=v.WEBHOOK_CONFIGURATION, metavar="NAME", help="the webhook configurations' name"
     )
     return parser
 
@@ -345,6 +353,8 @@ def cmd_webhook(args: argparse.Namespace, stdout: TextIO, stderr: TextIO, stdin:
     if not 1 <= args.workers <= 64:
         raise UsageError("--workers must be between 1 and 64")
     configure_logging(config.log_level, stderr)
+    from kratos_admit.server import serve_processes  # noqa: PLC0415 (see LAZY_ERRORS)
+
     if config.source == "files":
         key, warning = _signing_key(config.signing_key_file, allow_development=True)
         engine = _file_engine(config, key)  # loaded once, shared by forks
@@ -362,6 +372,10 @@ def cmd_webhook(args: argparse.Namespace, stdout: TextIO, stderr: TextIO, stdin:
 
 
 async def _serve_cluster(config: Config, key: bytes, kubeconfig: Path | None) -> None:
+    from kratos_admit.cluster import ClusterNodeStore, ClusterProfileStore  # noqa: PLC0415
+    from kratos_admit.kube import api_client, check_reachable  # noqa: PLC0415
+    from kratos_admit.server import serve  # noqa: PLC0415
+
     api = await api_client(kubeconfig)
     try:
         await check_reachable(api)
@@ -403,6 +417,9 @@ def cmd_controller(args: argparse.Namespace, stdout: TextIO, stderr: TextIO, std
 
 
 def cmd_certs(args: argparse.Namespace, stdout: TextIO, stderr: TextIO, stdin: TextIO) -> ExitStatus:
+    from kratos_admit.certs import generate  # noqa: PLC0415 (see LAZY_ERRORS)
+    from kratos_admit.inject import read_ca  # noqa: PLC0415
+
     if args.certs_command == "inject":
         ca = read_ca(args.ca)
         for done in asyncio.run(_inject(ca, args.kubeconfig, args.name)):
@@ -420,6 +437,9 @@ def cmd_certs(args: argparse.Namespace, stdout: TextIO, stderr: TextIO, stdin: T
 
 
 async def _inject(ca: bytes, kubeconfig: Path | None, name: str) -> list[Injected]:
+    from kratos_admit.inject import inject_ca  # noqa: PLC0415 (see LAZY_ERRORS)
+    from kratos_admit.kube import api_client, check_reachable  # noqa: PLC0415
+
     api = await api_client(kubeconfig)
     try:
         await check_reachable(api)
@@ -457,7 +477,9 @@ def main(
         stderr.write(exc.usage)
         print(exc, file=stderr)
         return ExitStatus.UNUSABLE
-    except INPUT_ERRORS as exc:
+    except Exception as exc:
+        if not isinstance(exc, input_errors()):
+            raise
         print(f"kratos-admit: {exc}", file=stderr)
         return ExitStatus.UNUSABLE
 

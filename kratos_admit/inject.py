@@ -10,7 +10,7 @@ from cryptography import x509
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
-WEBHOOK_CONFIGURATION = "kratos-admit"
+from kratos_admit.vocabulary import WEBHOOK_CONFIGURATION
 
 
 class InjectError(ValueError):

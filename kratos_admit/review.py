@@ -191,7 +191,9 @@ def review_batches(
     ]
     workers = len(os.sched_getaffinity(0)) if workers is None else workers
     try:
-        if workers < 2 or len(bounds) < 2 or form != "yaml":
+        if (
+            workers < 2 or len(bounds) < 2 or form == "json"
+        ):  # 137 MB of JSON costs more to pass back than it saves
             yield from map(_review_batch, bounds)
             return
         with multiprocessing.get_context("fork").Pool(min(workers, len(bounds))) as pool:

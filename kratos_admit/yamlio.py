@@ -75,18 +75,22 @@ class FastLoader(_CachedResolver, _Loader):  # type: ignore[misc,valid-type]
         return data
 
     def _build(self, node: Node, building: set[int], made: dict[int, Any]) -> Any:
+        tag = node.tag
+        if tag == STR and type(node) is ScalarNode:  # most nodes: no memo needed, a str is a str
+            return node.value
         key = id(node)
         if key in made:  # an alias: the same object, as PyYAML shares it (no "billion laughs")
             return made[key]
-        tag = node.tag
-        if tag == STR and type(node) is ScalarNode:
-            return node.value
-        if tag == MAP and type(node) is MappingNode and not any(k.tag == MERGE for k, _ in node.value):
-            if key in building:
-                raise _Recursive
+        if key in building:
+            raise _Recursive
+        if tag == MAP and type(node) is MappingNode:
             building.add(key)
             mapping: dict[Any, Any] = {}
             for key_node, value_node in node.value:
+                if key_node.tag == MERGE:  # "<<": PyYAML's own merging
+                    building.discard(key)
+                    made[key] = merged = self.construct_object(node, deep=True)
+                    return merged
                 item = self._build(key_node, building, made)
                 if isinstance(item, dict | list):
                     raise yaml.constructor.ConstructorError(
@@ -100,14 +104,12 @@ class FastLoader(_CachedResolver, _Loader):  # type: ignore[misc,valid-type]
             made[key] = mapping
             return mapping
         if tag == SEQ and type(node) is SequenceNode:
-            if key in building:
-                raise _Recursive
             building.add(key)
             items = [self._build(child, building, made) for child in node.value]
             building.discard(key)
             made[key] = items
             return items
-        made[key] = value = self.construct_object(node, deep=True)  # numbers, bools, tags, merges
+        made[key] = value = self.construct_object(node, deep=True)  # numbers, bools, explicit tags
         return value
 
 
