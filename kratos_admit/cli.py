@@ -18,6 +18,15 @@ from kratos_admit import __version__
 from kratos_admit import vocabulary as v
 from kratos_admit.admission import AdmissionEngine, build_engine
 from kratos_admit.catalog import CatalogError, load_catalog
+from kratos_admit.certs import (
+    CA_CERT,
+    SERVING_DAYS,
+    SIGNING_KEY,
+    CertsError,
+    GeneratedCerts,
+    generate,
+    rotate,
+)
 from kratos_admit.config import Config, ConfigError, load_config
 from kratos_admit.logs import configure_logging
 from kratos_admit.manifests import Document, ManifestError, read_manifests
@@ -29,9 +38,10 @@ from kratos_admit.suite import SuiteError, find_suites, format_rows, run_suite
 
 if TYPE_CHECKING:
     from kratos_admit.inject import Injected
+    from kratos_admit.release import Release
 
-# The commands that serve or talk to a cluster import aiohttp, kubernetes_asyncio and cryptography
-# when they run (a third of a second that review, test and placement never need): see LAZY_ERRORS.
+# The commands that serve or talk to a cluster import aiohttp and kubernetes_asyncio when they run
+# (a third of a second that review, test and placement never need): see LAZY_ERRORS.
 
 log = logging.getLogger("kratos")
 
@@ -66,6 +76,7 @@ INPUT_ERRORS: tuple[type[Exception], ...] = (
     SigningKeyError,
     ManifestError,
     SuiteError,
+    CertsError,
 )
 # ... and these, from the modules only the cluster and server commands import (a module not
 # imported cannot have raised its error)
@@ -74,7 +85,7 @@ LAZY_ERRORS = (
     ("kratos_admit.inject", "InjectError"),
     ("kratos_admit.process", "ListenError"),
     ("kratos_admit.tls", "CertificateError"),
-    ("kratos_admit.certs", "CertsError"),
+    ("kratos_admit.release", "ReleaseError"),
 )
 
 
@@ -205,17 +216,67 @@ def build_parser() -> argparse.ArgumentParser:
     certs_commands = certs.add_subparsers(
         dest="certs_command", required=True, metavar="COMMAND", parser_class=_Parser
     )
-    gen = _command(certs_commands, "generate", help="CA, serving certificate and signing key")
+    gen = _command(
+        certs_commands,
+        "generate",
+        help="serving certificate, plus the CA and signing key where DIR has none (never replaced unless asked)",
+    )
     gen.add_argument("--service", required=True, metavar="NAME", help="the webhook's Service name")
     gen.add_argument("--namespace", required=True, metavar="NS", help="the Service's namespace")
     gen.add_argument("--out", type=Path, required=True, metavar="DIR", help="directory to write into")
-    gen.add_argument("--days", type=int, default=365, metavar="N", help="validity of the serving certificate")
-    gen.add_argument("--force", action="store_true", help="overwrite existing files")
+    gen.add_argument(
+        "--days",
+        type=int,
+        default=SERVING_DAYS,
+        metavar="N",
+        help="validity of the serving certificate (365)",
+    )
+    gen.add_argument(
+        "--new-ca",
+        action="store_true",
+        help="replace the CA in DIR (the caBundle must then be rolled: certs inject --append)",
+    )
+    gen.add_argument(
+        "--new-signing-key",
+        action="store_true",
+        help="replace signing.key in DIR (invalidates every object KRATOS signed)",
+    )
+    gen.add_argument(
+        "--force",
+        action="store_true",
+        help="accepted where DIR holds no CA or signing key; it no longer replaces them (use --new-ca, --new-signing-key)",
+    )
+    rot = _command(
+        certs_commands,
+        "rotate",
+        help="a new serving certificate from the CA in DIR; the CA and signing key stay",
+    )
+    rot.add_argument("--dir", type=Path, required=True, metavar="DIR", help="what certs generate wrote")
+    rot.add_argument(
+        "--days",
+        type=int,
+        default=SERVING_DAYS,
+        metavar="N",
+        help="validity of the serving certificate (365)",
+    )
     inject = _command(certs_commands, "inject", help="write the CA into the webhook configurations' caBundle")
     inject.add_argument("--ca", type=Path, required=True, metavar="FILE", help="the CA certificate (PEM)")
+    inject.add_argument(
+        "--append", action="store_true", help="keep the CAs already in each caBundle (a CA roll)"
+    )
     _path(inject, "--kubeconfig", "FILE", kubeconfig_help)
     inject.add_argument(
         "--name", default=v.WEBHOOK_CONFIGURATION, metavar="NAME", help="the webhook configurations' name"
+    )
+    release = _command(
+        commands, "release", help="let go of everything KRATOS holds (finalizers, suspended Jobs, gated Pods)"
+    )
+    scope = release.add_mutually_exclusive_group(required=True)
+    scope.add_argument("-n", "--namespace", metavar="NS", help="only this namespace")
+    scope.add_argument("-A", "--all-namespaces", action="store_true", help="every namespace")
+    _path(release, "--kubeconfig", "FILE", kubeconfig_help)
+    release.add_argument(
+        "--dry-run", action="store_true", help="print what would be let go of, change nothing"
     )
     return parser
 
@@ -417,33 +478,82 @@ def cmd_controller(args: argparse.Namespace, stdout: TextIO, stderr: TextIO, std
 
 
 def cmd_certs(args: argparse.Namespace, stdout: TextIO, stderr: TextIO, stdin: TextIO) -> ExitStatus:
-    from kratos_admit.certs import generate  # noqa: PLC0415 (see LAZY_ERRORS)
-    from kratos_admit.inject import read_ca  # noqa: PLC0415
-
     if args.certs_command == "inject":
+        from kratos_admit.inject import read_ca  # noqa: PLC0415 (see LAZY_ERRORS)
+
         ca = read_ca(args.ca)
-        for done in asyncio.run(_inject(ca, args.kubeconfig, args.name)):
-            print(f"{done.kind} {done.name}: caBundle set on {done.webhooks} webhook(s)", file=stdout)
+        for done in asyncio.run(_inject(ca, args.kubeconfig, args.name, append=args.append)):
+            held = f" ({done.certificates} CA certificate(s) in the bundle)" if args.append else ""
+            print(f"{done.kind} {done.name}: caBundle set on {done.webhooks} webhook(s){held}", file=stdout)
         return ExitStatus.OK
+    if args.certs_command == "rotate":
+        result = rotate(args.dir, days=args.days)
+        _say_written(result, stdout)
+        print(
+            "next: update the kratos-webhook-tls Secret from tls.crt and tls.key; the webhook reloads it, "
+            "the caBundle stays",
+            file=stdout,
+        )
+        return ExitStatus.OK
+    if args.force and not (args.new_ca and args.new_signing_key):
+        kept = [n for n in (CA_CERT, SIGNING_KEY) if (args.out / n).exists()]
+        if kept:
+            raise UsageError(
+                f"--force: {args.out} holds {' and '.join(kept)}, which --force no longer replaces; pass "
+                "--new-ca and/or --new-signing-key to replace them, or drop --force to keep them"
+            )
     result = generate(
-        service=args.service, namespace=args.namespace, out=args.out, days=args.days, force=args.force
+        service=args.service,
+        namespace=args.namespace,
+        out=args.out,
+        days=args.days,
+        new_ca=args.new_ca,
+        new_signing_key=args.new_signing_key,
     )
-    print(
-        f"wrote ca.crt, ca.key, tls.crt, tls.key, signing.key to {result.directory} "
-        f"(SANs: {', '.join(result.dns_names)}; valid until {result.not_after:%Y-%m-%d})",
-        file=stdout,
-    )
+    _say_written(result, stdout)
     return ExitStatus.OK
 
 
-async def _inject(ca: bytes, kubeconfig: Path | None, name: str) -> list[Injected]:
+def _say_written(result: GeneratedCerts, stdout: TextIO) -> None:
+    kept = f"; kept {', '.join(result.kept)}" if result.kept else ""
+    print(
+        f"wrote {', '.join(result.written)} to {result.directory}{kept} "
+        f"(SANs: {', '.join(result.dns_names)}; valid until {result.not_after:%Y-%m-%d}, "
+        f"CA until {result.ca_not_after:%Y-%m-%d})",
+        file=stdout,
+    )
+
+
+async def _inject(ca: bytes, kubeconfig: Path | None, name: str, *, append: bool) -> list[Injected]:
     from kratos_admit.inject import inject_ca  # noqa: PLC0415 (see LAZY_ERRORS)
     from kratos_admit.kube import api_client, check_reachable  # noqa: PLC0415
 
     api = await api_client(kubeconfig)
     try:
         await check_reachable(api)
-        return await inject_ca(api, ca, name=name)
+        return await inject_ca(api, ca, name=name, append=append)
+    finally:
+        await api.close()
+
+
+def cmd_release(args: argparse.Namespace, stdout: TextIO, stderr: TextIO, stdin: TextIO) -> ExitStatus:
+    released = asyncio.run(_release(args.kubeconfig, args.namespace, dry_run=args.dry_run))
+    for release in released:
+        print(release.line(dry_run=args.dry_run), file=stdout)
+    where = f"namespace {args.namespace}" if args.namespace else "any namespace"
+    if not released:
+        print(f"nothing held by KRATOS in {where}", file=stdout)
+    return ExitStatus.OK
+
+
+async def _release(kubeconfig: Path | None, namespace: str | None, *, dry_run: bool) -> list[Release]:
+    from kratos_admit.kube import api_client, check_reachable  # noqa: PLC0415 (see LAZY_ERRORS)
+    from kratos_admit.release import Releaser  # noqa: PLC0415
+
+    api = await api_client(kubeconfig)
+    try:
+        await check_reachable(api)
+        return await Releaser(api, namespace=namespace, dry_run=dry_run).run()
     finally:
         await api.close()
 
@@ -456,6 +566,7 @@ COMMANDS: dict[str, Command] = {
     "placement": cmd_placement,
     "controller": cmd_controller,
     "certs": cmd_certs,
+    "release": cmd_release,
 }
 
 

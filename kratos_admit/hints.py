@@ -19,7 +19,7 @@ from kratos_admit.catalog import Catalog
 from kratos_admit.config import Config
 from kratos_admit.profile import WorkloadProfile
 from kratos_admit.quantity import parse_quantity
-from kratos_admit.ranking import RankedProduct, rank_gpu_products
+from kratos_admit.ranking import RankedProduct, RankingSource, rank_gpu_products, ranking_source
 from kratos_admit.raw import as_list, as_mapping, child, child_list, clone
 from kratos_admit.signing import sign_block
 from kratos_admit.workload import Kind
@@ -31,6 +31,7 @@ Expression = dict[str, Any]
 class HintResult:
     hinted: dict[str, Any]  # the object with its hints; shares untouched subtrees with the request
     warnings: tuple[str, ...]
+    source: RankingSource = "none"
 
 
 def min_compute_capability(annotations: Mapping[str, str]) -> tuple[int, int] | None:
@@ -181,6 +182,18 @@ def hints_record(
     if reason:
         record["reason"] = reason
     return json.dumps(record, separators=(",", ":"))
+
+
+def recorded_ranking_source(obj: Mapping[str, Any]) -> RankingSource:
+    """The ranking source of the hints record on an object's metadata (what ``hints_record`` wrote)."""
+    annotations = as_mapping(as_mapping(obj.get("metadata")).get("annotations"))
+    try:
+        ranked = as_list(as_mapping(json.loads(str(annotations.get(v.HINTS_ANNOTATION, "{}")))).get("ranked"))
+    except ValueError:
+        return "none"
+    if not ranked:
+        return "none"
+    return "observed" if as_mapping(ranked[0]).get("source") == "observed" else "model"
 
 
 def scheduler_backend(annotations: Mapping[str, str], config: Config) -> v.SchedulerBackend:
@@ -437,4 +450,4 @@ def apply_hints(
         if ready and profile is not None:
             block_annotations[v.PROFILE_ANNOTATION] = profile.reference
         sign_block(block, namespace=namespace, key=signing_key)
-    return HintResult(obj, tuple(warnings))
+    return HintResult(obj, tuple(warnings), ranking_source(ranked))

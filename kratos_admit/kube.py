@@ -6,10 +6,12 @@ Only this module and the I/O shells that use it touch the network; the policy mo
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
 import random
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -41,12 +43,14 @@ async def check_reachable(api: client.ApiClient, *, timeout: float = 5.0) -> Non
         response.release()  # type: ignore[attr-defined]  # the raw aiohttp response (no preloading)
     except (aiohttp.ClientError, OSError) as exc:
         reason = getattr(exc, "os_error", None) or exc
-        raise ApiUnreachable(f"cannot reach the API server at {host}: {_one_line(reason)}") from None
+        raise ApiUnreachable(
+            f"cannot reach the API server at {host}: {_connection_problem(reason)}"
+        ) from None
     except TimeoutError:
         raise ApiUnreachable(f"cannot reach the API server at {host}: no answer in {timeout:g} s") from None
 
 
-def _one_line(exc: BaseException) -> str:
+def _connection_problem(exc: BaseException) -> str:
     if isinstance(exc, OSError) and exc.errno:
         return os.strerror(exc.errno).lower()  # "connection refused", not "Connect call failed (...)"
     return " ".join((str(exc) or type(exc).__name__).split())
@@ -72,12 +76,24 @@ async def api_client(kubeconfig: Path | None = None) -> client.ApiClient:
     return client.ApiClient(configuration)
 
 
+def one_line(exc: BaseException) -> str:
+    """An API error as one line (status, reason and the server's message), not the client's
+    multi-line dump of headers and body."""
+    if isinstance(exc, ApiException):
+        message = ""
+        with contextlib.suppress(ValueError, TypeError, AttributeError):
+            message = str(json.loads(exc.body or "{}").get("message", ""))
+        return f"{exc.status} {exc.reason}" + (f": {message}" if message else "")
+    return " ".join(f"{type(exc).__name__}: {exc}".split())
+
+
 def is_status(exc: BaseException, *codes: int) -> bool:
     return isinstance(exc, ApiException) and exc.status in codes
 
 
 async def list_raw(list_func: ListFunc, *args: Any, **kwargs: Any) -> Obj:
-    """Call a generated list function and return the raw JSON (no model round trip loses fields)."""
+    """Call a generated list (or read) function and return the raw JSON (no model round trip loses
+    fields); an error status raises ApiException, as the preloading path does."""
     response = await list_func(*args, _preload_content=False, **kwargs)
     try:
         raw = await response.read()
@@ -86,7 +102,9 @@ async def list_raw(list_func: ListFunc, *args: Any, **kwargs: Any) -> Obj:
     # with _preload_content=False kubernetes_asyncio hands back error responses instead of raising;
     # an error read as an empty list would wipe the cache, so raise as the preloading path does
     if not 200 <= response.status < 300:
-        raise ApiException(status=response.status, reason=response.reason)
+        error = ApiException(status=response.status, reason=response.reason)
+        error.body = raw  # the server's Status, whose message says why
+        raise error
     body: Obj = json.loads(raw)
     return body
 
@@ -106,12 +124,32 @@ class Backoff:
         self.attempt = 0
 
 
+class FailureStreak:
+    """How long a call has been failing: from the first failure of a streak until a success ends it."""
+
+    def __init__(self) -> None:
+        self.since: float | None = None
+        self.reason = ""
+
+    def failed(self, reason: str) -> None:
+        if self.since is None:
+            self.since = time.monotonic()
+        self.reason = reason
+
+    def succeeded(self) -> None:
+        self.since, self.reason = None, ""
+
+    def longer_than(self, seconds: float) -> bool:
+        return self.since is not None and time.monotonic() - self.since > seconds
+
+
 class Informer:
     """List, then watch from the list's resourceVersion; relist on 410 Gone; back off on errors.
 
     ``on_replace`` gets every object after each (re)list, ``on_event`` each watch event after that.
     ``synced`` is set after the first successful list and stays set: the cache keeps answering
-    from memory while the API is away.
+    from memory while the API is away. ``failing`` says since when the list or watch has failed
+    (a refused watch after a good list included); a watch the server opens ends the streak.
     """
 
     def __init__(
@@ -131,6 +169,7 @@ class Informer:
         self.watch_timeout = watch_timeout
         self.backoff = backoff or Backoff()
         self.synced = asyncio.Event()
+        self.failing = FailureStreak()
         self.relists = 0
         self.resource_version = ""
 
@@ -154,6 +193,7 @@ class Informer:
                 await self._pause(f"{type(exc).__name__}: {exc}")
 
     async def _pause(self, reason: str) -> None:
+        self.failing.failed(reason)
         delay = self.backoff.next_delay()
         log.warning(
             "list/watch failed, retrying",
@@ -173,7 +213,7 @@ class Informer:
         stream = watch.Watch()
         async with stream:
             async for event in stream.stream(
-                self.list_func,
+                self._open_watch,
                 resource_version=self.resource_version,
                 timeout_seconds=self.watch_timeout,
                 allow_watch_bookmarks=True,
@@ -186,3 +226,10 @@ class Informer:
                 if event["type"] in ("ADDED", "MODIFIED", "DELETED"):
                     self.on_event(event["type"], raw)
                 self.backoff.reset()
+
+    async def _open_watch(self, *args: Any, **kwargs: Any) -> Any:
+        """The watch request; an answer of 200 means the server serves this watch to us."""
+        response = await self.list_func(*args, **kwargs)
+        if 200 <= int(getattr(response, "status", 0)) < 300:
+            self.failing.succeeded()
+        return response

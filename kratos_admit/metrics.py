@@ -73,6 +73,13 @@ class AdmissionMetrics:
             ["action"],
             registry=r,
         )
+        self.hints = Counter(
+            "kratos_hints",
+            "Objects admitted with hints, by what their preferred GPU products rest on "
+            "(model, observed; none: base hints only).",
+            ["source"],
+            registry=r,
+        )
         self.profile_cache_objects = Gauge(
             "kratos_profile_cache_objects",
             "WorkloadProfiles held in the webhook's cache.",

@@ -25,6 +25,7 @@ from kratos_admit.profiling import (
     rewrite_for_profiling,
     unprofilable_reason,
 )
+from kratos_admit.ranking import RankingSource
 from kratos_admit.raw import as_mapping, clone, string_map
 from kratos_admit.signing import signature_valid, signed_role
 from kratos_admit.validation import ValidationContext, new_violations, validate_workload
@@ -47,6 +48,7 @@ class Decision:
     mutated: dict[str, Any] | None = None  # None: the object is admitted as sent
     violations: list[FieldError] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    ranking_source: RankingSource = "none"  # of hints: what the preferred products rest on
 
 
 def already_hinted(workload: Workload, namespace: str, key: bytes) -> bool:
@@ -159,7 +161,11 @@ def mutate(
         )
         warnings = [warning] if warning else []
         return Decision(
-            allowed=True, action="hints", mutated=result.hinted, warnings=warnings + list(result.warnings)
+            allowed=True,
+            action="hints",
+            mutated=result.hinted,
+            warnings=warnings + list(result.warnings),
+            ranking_source=result.source,
         )
 
     if profile is not None and profile.ready:

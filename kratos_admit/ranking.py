@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 from kratos_admit.catalog import Catalog, GpuProduct
 from kratos_admit.profile import WorkloadProfile
@@ -34,6 +35,9 @@ _SHARES_BY_BOUND: dict[str, tuple[float, float]] = {
 }
 
 
+RankingSource = Literal["model", "observed", "none"]  # the metric kratos_hints_total's source label
+
+
 @dataclass(frozen=True, slots=True)
 class RankedProduct:
     product: GpuProduct
@@ -41,6 +45,10 @@ class RankedProduct:
     relative_time: float
     weight: int
     observed: bool = False  # ranked from measured runtimes, not the model
+
+    @property
+    def source(self) -> RankingSource:
+        return "observed" if self.observed else "model"
 
     def as_dict(self) -> dict[str, object]:
         record: dict[str, object] = {
@@ -51,6 +59,11 @@ class RankedProduct:
         if self.observed:
             record["source"] = "observed"
         return record
+
+
+def ranking_source(ranked: Sequence[RankedProduct]) -> RankingSource:
+    """What a hint's first choice rests on: measured runtimes or the model; ``none`` for base hints."""
+    return ranked[0].source if ranked else "none"
 
 
 def observed_times(profile: WorkloadProfile, min_runs: int) -> tuple[tuple[str, float], ...]:

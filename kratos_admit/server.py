@@ -109,6 +109,8 @@ def _handler(webhook: Webhook) -> Callable[[web.Request], Awaitable[web.Response
             m.violations.labels(error.rule).inc()
         if webhook == "mutate":
             m.mutations.labels(result.decision.action).inc()
+            if result.decision.action == "hints":
+                m.hints.labels(result.decision.ranking_source).inc()
         # Denials, profiling rewrites and warnings at INFO; plain allows and hints at DEBUG (a hinted
         # object carries the decision in its gpu.scheduler.io/hints annotation already).
         notable = (

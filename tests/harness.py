@@ -10,16 +10,21 @@ import asyncio
 import base64
 import contextlib
 import copy
+import functools
 import json
+import os
 import re
 import shutil
 import socket
+import ssl
 import subprocess
 import threading
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import jsonpatch
 import kubernetes_validate
 import pytest
@@ -45,12 +50,29 @@ from kratos_controller.controller import ControllerMetrics, ProfilerController
 from kratos_runner.parse import parse_report
 from kratos_runner.summary import encode_summary, summarise
 from tests.builders import JobBuilder, make_job
-from tests.kube_double import MUTATING, VALIDATING, KubeDouble
+from tests.kube_double import (
+    ADMIN,
+    CLUSTERROLEBINDINGS,
+    CLUSTERROLES,
+    CONTROLLER,
+    MUTATING,
+    ROLEBINDINGS,
+    ROLES,
+    TOKENS,
+    VALIDATING,
+    WEBHOOK,
+    Identity,
+    KubeDouble,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 
 
-FIXTURES = REPO.parent / "shared" / "fixtures"
+DATA = REPO / "tests" / "data"  # test data written for this project (tests/data/README.md)
+
+
+# real outside data, only when it sits beside the clone (KRATOS_TEST_OUTSIDE_DATA moves it, for the test of a lone clone)
+FIXTURES = Path(os.environ.get("KRATOS_TEST_OUTSIDE_DATA") or REPO.parent / "shared" / "fixtures")
 
 
 EXAMPLES = REPO / "examples"
@@ -106,8 +128,12 @@ def render(directory: Path) -> list[dict[str, Any]]:
 
 
 def require_fixtures() -> Path:
+    """The outside data folder, or a skip: a lone clone tests the same behaviours on tests/data."""
     if not FIXTURES.is_dir():
-        pytest.fail(f"shared fixtures not found at {FIXTURES}: the repo must sit beside shared/")
+        pytest.skip(
+            f"outside data not found at {FIXTURES}: the tests of real Nsight Compute exports, manifests "
+            "and AdmissionReviews need ../shared/fixtures beside the clone (tests/data covers the same behaviours)"
+        )
     return FIXTURES
 
 
@@ -172,9 +198,12 @@ def finish(
     return JobBuilder.of(job).finished(condition, reason=reason, message=message).obj()
 
 
-def runner_summary(fixture: str = "mdinfo-t4-two-kernel-basic-text.txt", exit_code: int = 0) -> str:
-    """What the profiling-runner writes to its termination log, from a real ncu output."""
-    text = (require_fixtures() / "ncu" / fixture).read_text(encoding="utf-8")
+T4_REPORT = DATA / "ncu" / "t4-two-kernel-memory-bound-text.txt"  # memory-bound: 78.90 % memory, 29.40 % SM
+
+
+def runner_summary(report: Path = T4_REPORT, exit_code: int = 0) -> str:
+    """What the profiling-runner writes to its termination log, from an ncu text report or CSV export."""
+    text = report.read_text(encoding="utf-8")
     return encode_summary(summarise(parse_report(text), exit_code=exit_code, ncu_version="2024.3.2.0"))
 
 
@@ -227,8 +256,39 @@ RUNTIMECLASSES = ("apis/node.k8s.io/v1", "runtimeclasses")
 SERVICE = ("kratos-system", "kratos-webhook")
 
 
+RBAC_KINDS = {
+    "Role": ROLES,
+    "RoleBinding": ROLEBINDINGS,
+    "ClusterRole": CLUSTERROLES,
+    "ClusterRoleBinding": CLUSTERROLEBINDINGS,
+}
+
+
+@functools.cache
+def _rendered_install() -> tuple[dict[str, Any], ...]:
+    return tuple(render(REPO / "webhook-config"))
+
+
+def rendered_rbac() -> list[dict[str, Any]]:
+    """The Roles, ClusterRoles and bindings that ``kubectl kustomize webhook-config/`` renders."""
+    return [copy.deepcopy(o) for o in _rendered_install() if o.get("kind") in RBAC_KINDS]
+
+
+def install_rbac(kube: KubeDouble, objects: Iterable[dict[str, Any]] | None = None) -> None:
+    """Store the install's RBAC in the double, which then authorises every request against it."""
+    for obj in rendered_rbac() if objects is None else objects:
+        kube.put(*RBAC_KINDS[obj["kind"]], obj)
+
+
+def token_of(identity: Identity) -> str:
+    return next(token for token, known in TOKENS.items() if known == identity)
+
+
 @contextlib.asynccontextmanager
 async def api_server(kube: KubeDouble) -> AsyncIterator[TestServer]:
+    """The double served in-process, with the install's RBAC unless the test stored its own."""
+    if not kube.objects[CLUSTERROLES]:
+        install_rbac(kube)
     server = TestServer(kube.app())
     await server.start_server()
     try:
@@ -238,8 +298,14 @@ async def api_server(kube: KubeDouble) -> AsyncIterator[TestServer]:
         await server.close()
 
 
-def api_for(server: TestServer, agent: str = "kratos-test") -> client.ApiClient:
+def api_for(
+    server: TestServer, agent: str = "kratos-test", *, identity: Identity = ADMIN
+) -> client.ApiClient:
+    """A client of the double presenting ``identity``'s bearer token (the cluster admin by default,
+    as a user's kubectl; the webhook and controller run as their ServiceAccounts)."""
     configuration = client.Configuration(host=str(server.make_url("")).rstrip("/"))
+    configuration.api_key = {"BearerToken": token_of(identity)}
+    configuration.api_key_prefix = {"BearerToken": "Bearer"}
     api = client.ApiClient(configuration)
     api.user_agent = agent
     return api
@@ -265,7 +331,7 @@ async def controller_running(
     signing_key: bytes = TEST_KEY,
     config: Config | None = None,
 ) -> AsyncIterator[ProfilerController]:
-    api = api_for(server, agent)
+    api = api_for(server, agent, identity=CONTROLLER)
     controller = ProfilerController(
         api, signing_key=signing_key, metrics=ControllerMetrics(), resync_seconds=resync, watch_timeout=5,
         config=config, catalog=CATALOG,
@@ -318,7 +384,7 @@ async def webhook_serving(
     certs = tmp_path / "certs"
     if not (certs / "ca.crt").exists():
         generate(service=SERVICE[1], namespace=SERVICE[0], out=certs)
-    api = api_for(server, "kratos-webhook")
+    api = api_for(server, "kratos-webhook", identity=WEBHOOK)
     engine = build_engine(
         Config.model_validate(config), signing_key=TEST_KEY, profiles=ClusterProfileStore(api),
         nodes=ClusterNodeStore(api), catalog=CATALOG,
@@ -342,6 +408,8 @@ async def webhook_serving(
 @contextlib.contextmanager
 def double_in_thread(kube: KubeDouble) -> Iterator[str]:
     """Serve the double from its own event loop, so a CLI that runs asyncio.run() can call it."""
+    if not kube.objects[CLUSTERROLES]:
+        install_rbac(kube)
     loop = asyncio.new_event_loop()
     started = threading.Event()
     holder: dict[str, TestServer] = {}
@@ -364,11 +432,33 @@ def double_in_thread(kube: KubeDouble) -> Iterator[str]:
         thread.join(10)
 
 
-def kubeconfig_for(url: str, path: Path) -> Path:
+_VOLUME_GENERATION = iter(range(1 << 30))
+
+
+def update_secret_volume(volume: Path, files: dict[str, bytes]) -> None:
+    """Write a Secret volume as kubelet's AtomicWriter does: the files in a new timestamped
+    directory, ``..data`` re-pointed at it by one rename, each file a link through ``..data``;
+    a reader sees the old set of files or the new one, never a mix."""
+    volume.mkdir(parents=True, exist_ok=True)
+    generation = f"..{next(_VOLUME_GENERATION):06d}"
+    (volume / generation).mkdir()
+    for name, data in files.items():
+        (volume / generation / name).write_bytes(data)
+    old = (volume / "..data").readlink() if (volume / "..data").is_symlink() else None
+    (volume / "..data_tmp").symlink_to(generation)
+    (volume / "..data_tmp").replace(volume / "..data")
+    for name in files:
+        if not (volume / name).is_symlink():
+            (volume / name).symlink_to(Path("..data") / name)
+    if old is not None:
+        shutil.rmtree(volume / old)
+
+
+def kubeconfig_for(url: str, path: Path, identity: Identity = ADMIN) -> Path:
     path.write_text(yaml.safe_dump({
         "apiVersion": "v1", "kind": "Config", "current-context": "double",
         "clusters": [{"name": "double", "cluster": {"server": url}}],
-        "users": [{"name": "u", "user": {"token": "test-token"}}],
+        "users": [{"name": "u", "user": {"token": token_of(identity)}}],
         "contexts": [{"name": "double", "context": {"cluster": "double", "user": "u"}}],
     }))  # fmt: skip
     return path
@@ -409,13 +499,111 @@ def execution_jobs(kube: KubeDouble) -> list[dict[str, Any]]:
     return [j for j in kube.items(*JOBS) if j["metadata"].get("labels", {}).get(v.ROLE_LABEL) == "execution"]
 
 
+ENDPOINT_PERIOD = 0.2  # how fast endpoints follow a pod's readiness
+PROBE_TIMEOUT = 1.0  # the kubelet's default timeoutSeconds
+FAILURE_THRESHOLD = (
+    2  # failed probes in a row before an endpoint is dropped (the Deployment's readinessProbe)
+)
+
+
+async def probe(session: aiohttp.ClientSession, port: int, path: str, context: ssl.SSLContext) -> bool:
+    with contextlib.suppress(aiohttp.ClientError, OSError, TimeoutError):
+        async with session.get(
+            f"https://127.0.0.1:{port}{path}",
+            ssl=context,
+            server_hostname=HOSTNAME,
+            timeout=aiohttp.ClientTimeout(total=PROBE_TIMEOUT),
+        ) as response:
+            return response.status == 200
+    return False
+
+
+@dataclass
+class Service:
+    """A ClusterIP Service over the webhook pods' ports, as kube-proxy and the endpoints controller
+    make one: each new connection goes to a ready endpoint; when none is ready, to one that is
+    terminating but still serving (kube-proxy's fallback to terminating endpoints, GA in 1.28); an
+    open connection stays where it is (conntrack). Endpoints follow each pod's ``/readyz`` and
+    ``/healthz`` every ``ENDPOINT_PERIOD`` seconds. ``port`` may be fixed (a webhook configuration
+    names it); 0 takes a free one."""
+
+    context: ssl.SSLContext
+    pods: list[int] = field(default_factory=list)
+    ready: list[int] = field(default_factory=list)
+    serving: list[int] = field(default_factory=list)
+    port: int = 0
+    picks: int = 0
+
+    def backend(self) -> int | None:
+        chosen = self.ready or self.serving
+        if not chosen:
+            return None
+        self.picks += 1
+        return chosen[self.picks % len(chosen)]
+
+    async def follow_endpoints(self) -> None:
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as session:
+            failed: dict[tuple[int, str], int] = {}  # (port, path) -> probes failed in a row
+
+            async def passes(port: int, path: str, listed: list[int]) -> bool:
+                """A probe that fails once is not yet a verdict: an endpoint leaves after
+                FAILURE_THRESHOLD failures in a row, as the kubelet's readiness probe decides."""
+                if await probe(session, port, path, self.context):
+                    failed[(port, path)] = 0
+                    return True
+                failed[(port, path)] = failed.get((port, path), 0) + 1
+                return port in listed and failed[(port, path)] < FAILURE_THRESHOLD
+
+            while True:
+                ready, serving = [], []
+                for port in list(self.pods):
+                    if await passes(port, "/readyz", self.ready):
+                        ready.append(port)
+                    elif await passes(port, "/healthz", self.serving + self.ready):
+                        serving.append(port)
+                self.ready, self.serving = ready, serving
+                await asyncio.sleep(ENDPOINT_PERIOD)
+
+    async def _forward(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        port = self.backend()
+        if port is None:  # no endpoint at all: the client's connection is refused
+            writer.close()
+            return
+        try:
+            up_reader, up_writer = await asyncio.open_connection("127.0.0.1", port)
+        except OSError:
+            writer.close()
+            return
+
+        async def pipe(source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
+            with contextlib.suppress(OSError):
+                while chunk := await source.read(65536):
+                    sink.write(chunk)
+                    await sink.drain()
+            with contextlib.suppress(OSError):
+                sink.close()
+
+        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
+
+    @contextlib.asynccontextmanager
+    async def running(self) -> AsyncIterator[Service]:
+        server = await asyncio.start_server(self._forward, "127.0.0.1", self.port)
+        self.port = server.sockets[0].getsockname()[1]
+        follower = asyncio.create_task(self.follow_endpoints())
+        try:
+            yield self
+        finally:
+            follower.cancel()
+            server.close()
+
+
 STAND_IN_NCU = r'''#!{python}
-"""Stand-in for Nsight Compute's ncu: runs the workload and 'exports' a real report file.
+"""Stand-in for Nsight Compute's ncu: runs the workload and 'exports' the recorded report FAKE_NCU_EXPORT.
 
 It honours --launch-skip S, --launch-count N and --kill as ncu does: a workload that announces each
 kernel launch with a line "kernel" gets launches S+1..S+N profiled (the export keeps that many of
-the real report's kernels) and, with --kill on, is killed once they are; a workload that announces
-nothing plays the whole real report back."""
+the recorded report's kernels) and, with --kill on, is killed once they are; a workload that announces
+nothing plays the whole recorded report back."""
 import os, shutil, signal, subprocess, sys
 args = sys.argv[1:]
 with open(os.environ["FAKE_NCU_LOG"], "a") as log:

@@ -22,6 +22,8 @@ named after what it imitates (Kubernetes 1.28):
 | ``expire_ttls(now)``: finished Jobs past ``ttlSecondsAfterFinished`` are deleted with Foreground propagation (their Pods first) | ``pkg/controller/ttlafterfinished`` | a clock of its own: tests step it |
 | ``namespace_lifecycle = True``: creating a namespaced object in a namespace that does not exist is refused with 404 ``namespaces "X" not found`` | the ``NamespaceLifecycle`` admission plugin | terminating namespaces; off by default, as most tests never create namespaces |
 | discovery: ``GET /api``, ``/apis``, ``/api/v1``, ``/apis/<group>/<version>`` list the resources above (legacy, unaggregated form), so ``kubectl apply --dry-run=client`` can map kinds to resources | the discovery handlers of ``staging/src/k8s.io/apiserver/pkg/endpoints/discovery`` | verbs, short names, categories, aggregated discovery (kubectl falls back) |
+| an events.k8s.io/v1 Event is created only with ``eventTime``, ``reportingController``, ``reportingInstance``, ``action``, ``reason`` (at most 128 characters), a ``note`` of at most 1 KiB and ``type`` Normal or Warning (422 otherwise) | ``pkg/apis/events/validation.ValidateEventCreate`` | series, related |
+| authentication by bearer token (``tokens``: token -> ``Identity``; none is ``system:anonymous``, an unknown one 401) and RBAC authorisation of every request against the Roles, ClusterRoles, RoleBindings and ClusterRoleBindings stored in the double: verb (``get``/``list``/``watch``, a ``fieldSelector=metadata.name=X`` list or watch naming X, ``create``, ``update``, ``patch``, ``delete``, ``deletecollection``), API group, resource and subresource, namespace, ``resourceNames``; ``system:masters`` may do anything; a refusal is 403 with the real Status body and message | ``staging/src/k8s.io/apiserver/pkg/endpoints/request/requestinfo.go``, ``plugin/pkg/auth/authorizer/rbac``, ``endpoints/handlers/responsewriters.forbiddenMessage`` | aggregation of ClusterRoles, non-resource URLs, impersonation, the default system roles |
 | ``run_jobs()`` / ``finish_pod()``: one Pod per unsuspended, unfinished Job, created through admission like the Job controller's, owned by the Job; a finished Pod completes or fails its Job | ``pkg/controller/job`` in miniature | parallelism, retries, indexes |
 """
 
@@ -37,6 +39,7 @@ import re
 import ssl
 import uuid
 from collections import defaultdict
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -68,7 +71,16 @@ RESOURCES: dict[tuple[str, str], tuple[str, bool, bool]] = {
         False,
     ),
     ("apis/node.k8s.io/v1", "runtimeclasses"): ("RuntimeClass", False, False),
+    ("apis/events.k8s.io/v1", "events"): ("Event", True, False),
+    ("apis/rbac.authorization.k8s.io/v1", "roles"): ("Role", True, False),
+    ("apis/rbac.authorization.k8s.io/v1", "rolebindings"): ("RoleBinding", True, False),
+    ("apis/rbac.authorization.k8s.io/v1", "clusterroles"): ("ClusterRole", False, False),
+    ("apis/rbac.authorization.k8s.io/v1", "clusterrolebindings"): ("ClusterRoleBinding", False, False),
 }
+EVENTS = ("apis/events.k8s.io/v1", "events")
+RBAC = "apis/rbac.authorization.k8s.io/v1"
+ROLES, ROLEBINDINGS = (RBAC, "roles"), (RBAC, "rolebindings")
+CLUSTERROLES, CLUSTERROLEBINDINGS = (RBAC, "clusterroles"), (RBAC, "clusterrolebindings")
 JOBS, PODS = ("apis/batch/v1", "jobs"), ("api/v1", "pods")
 # resources that go through admission: (group, version, kind, resource)
 ADMITTED: dict[tuple[str, str], tuple[str, str, str, str]] = {
@@ -131,6 +143,58 @@ class Request:
     path: str
     query: dict[str, str]
     user_agent: str = ""
+    user: str = ""
+
+
+@dataclass(frozen=True)
+class Identity:
+    """Who a request comes from, as the API server's authenticator hands it to the authoriser."""
+
+    user: str
+    groups: tuple[str, ...] = ("system:authenticated",)
+
+
+def service_account(namespace: str, name: str) -> Identity:
+    """A ServiceAccount's token identity: user and groups as the token authenticator gives them."""
+    return Identity(
+        f"system:serviceaccount:{namespace}:{name}",
+        ("system:serviceaccounts", f"system:serviceaccounts:{namespace}", "system:authenticated"),
+    )
+
+
+ADMIN = Identity("kubernetes-admin", ("system:masters", "system:authenticated"))
+ANONYMOUS = Identity("system:anonymous", ("system:unauthenticated",))
+WEBHOOK = service_account("kratos-system", "kratos-webhook")
+CONTROLLER = service_account("kratos-system", "kratos-controller")
+# the tokens the double knows from the start (tests may add more to ``KubeDouble.tokens``)
+TOKENS = {"admin-token": ADMIN, "kratos-webhook-token": WEBHOOK, "kratos-controller-token": CONTROLLER}
+
+
+@dataclass(frozen=True)
+class Attributes:
+    """What the RBAC authoriser sees of a request (``authorizer.Attributes``)."""
+
+    user: str
+    verb: str
+    group: str
+    resource: str
+    subresource: str
+    namespace: str
+    name: str
+
+    @property
+    def qualified(self) -> str:
+        return f"{self.resource}/{self.subresource}" if self.subresource else self.resource
+
+
+@dataclass(frozen=True)
+class Decision:
+    """One authorisation, with the rule that allowed it: ((Role or ClusterRole kind, namespace, name),
+    rule index), None when system:masters allowed it or nothing did."""
+
+    attributes: Attributes
+    allowed: bool
+    rule: tuple[tuple[str, str, str], int] | None
 
 
 @dataclass
@@ -161,6 +225,8 @@ class KubeDouble:
     services: dict[tuple[str, str], tuple[str, int]] = field(default_factory=dict)
     webhook_calls: list[tuple[str, str, str]] = field(default_factory=list)  # (webhook, operation, kind)
     events: list[str] = field(default_factory=list)  # what the Job controller could not do, and why
+    tokens: dict[str, Identity] = field(default_factory=lambda: dict(TOKENS))
+    decisions: list[Decision] = field(default_factory=list)  # every authorisation, in order
 
     # --- seeding and inspection (synchronous helpers for tests) --------------------------------
 
@@ -226,11 +292,22 @@ class KubeDouble:
         return app
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
+        authorization = request.headers.get("Authorization", "")
+        token = authorization.removeprefix("Bearer ").strip() if authorization.startswith("Bearer ") else ""
+        identity = self.tokens.get(token) if token else ANONYMOUS
         self.requests.append(
-            Request(request.method, request.path, dict(request.query), request.headers.get("User-Agent", ""))
+            Request(
+                request.method,
+                request.path,
+                dict(request.query),
+                request.headers.get("User-Agent", ""),
+                identity.user if identity else "",
+            )
         )
         if self.down:
             return _status(503, "ServiceUnavailable", "the test double is down")
+        if identity is None:
+            return _status(401, "Unauthorized", "Unauthorized")
         for i, (method, pattern, status) in enumerate(self.failures):
             if method == request.method and re.search(pattern, request.path):
                 del self.failures[i]
@@ -240,6 +317,10 @@ class KubeDouble:
         match = _PATH.match(request.path)
         if not match or (match["prefix"], match["plural"]) not in RESOURCES:
             return _status(404, "NotFound", f"no route {request.path}")
+        attributes = request_attributes(identity, request.method, match, request.query)
+        decision = self.authorize(identity, attributes)
+        if not decision.allowed:
+            return _forbidden(attributes)
         prefix, plural, ns, name, sub = (
             match["prefix"],
             match["plural"],
@@ -260,6 +341,10 @@ class KubeDouble:
                 meta["namespace"] = ns
                 if self.namespace_lifecycle and ("", ns) not in self.objects[("api/v1", "namespaces")]:
                     return _status(404, "NotFound", f'namespaces "{ns}" not found')
+            if resource == EVENTS and (invalid := invalid_event(obj)):
+                return _status(
+                    422, "Invalid", f'Event.events.k8s.io "{meta.get("name", "")}" is invalid: {invalid}'
+                )
             warnings: list[str] = []
             if resource in ADMITTED:
                 _default(resource, obj)
@@ -352,6 +437,43 @@ class KubeDouble:
         self._store(prefix, plural, key, updated, "MODIFIED")
         self.collect_garbage()
         return web.json_response(self.objects[resource].get(key, updated), headers=_warning_headers(warnings))
+
+    # --- RBAC -----------------------------------------------------------------------------------------
+
+    def authorize(self, identity: Identity, attributes: Attributes) -> Decision:
+        """The RBAC authoriser: allowed when a rule of a role bound to the identity covers the request."""
+        decision = Decision(attributes, True, None)
+        if "system:masters" not in identity.groups:
+            decision = Decision(attributes, False, None)
+            for role, index in self._rules_for(identity, attributes.namespace):
+                rules = (role.get("rules") or []) if role else []
+                if _rule_allows(rules[index], attributes):
+                    meta = role["metadata"]
+                    decision = Decision(
+                        attributes, True, ((role["kind"], meta.get("namespace", ""), meta["name"]), index)
+                    )
+                    break
+        self.decisions.append(decision)
+        return decision
+
+    def _rules_for(self, identity: Identity, namespace: str) -> Iterable[tuple[Obj, int]]:
+        bindings = [(b, "") for b in self.objects[CLUSTERROLEBINDINGS].values()]
+        if namespace:
+            bindings += [
+                (b, namespace) for (ns, _), b in self.objects[ROLEBINDINGS].items() if ns == namespace
+            ]
+        for binding, scope in bindings:
+            if not any(_subject_is(s, identity) for s in binding.get("subjects") or []):
+                continue
+            ref = binding.get("roleRef") or {}
+            role = (
+                self.objects[ROLES].get((scope, ref.get("name", "")))
+                if ref.get("kind") == "Role"
+                else self.objects[CLUSTERROLES].get(("", ref.get("name", "")))
+            )
+            if role is not None:
+                for index in range(len(role.get("rules") or [])):
+                    yield role, index
 
     # --- admission ----------------------------------------------------------------------------------
 
@@ -919,3 +1041,95 @@ def _status_body(code: int, reason: str, message: str) -> Obj:
 
 def _status(code: int, reason: str, message: str) -> web.Response:
     return web.json_response(_status_body(code, reason, message), status=code)
+
+
+def request_attributes(
+    identity: Identity, method: str, match: re.Match[str], query: Mapping[str, str]
+) -> Attributes:
+    """The API server's RequestInfo: the verb from the method (a GET with no name is a list or a
+    watch, which a ``metadata.name`` field selector names), group, resource, subresource."""
+    prefix, name = match["prefix"], match["name"] or ""
+    group = "" if prefix == "api/v1" else prefix.split("/")[1]
+    if method == "GET":
+        verb = "get" if name else ("watch" if query.get("watch", "").lower() in ("true", "1") else "list")
+        if not name:
+            for term in query.get("fieldSelector", "").split(","):
+                key, _, value = term.partition("=")
+                if key == "metadata.name" and value and not value.startswith("="):
+                    name = value
+    else:
+        verb = {"POST": "create", "PUT": "update", "PATCH": "patch"}.get(method, "")
+        if method == "DELETE":
+            verb = "delete" if name else "deletecollection"
+    return Attributes(
+        user=identity.user,
+        verb=verb or method.lower(),
+        group=group,
+        resource=match["plural"],
+        subresource=match["sub"] or "",
+        namespace=match["ns"] or "",
+        name=name,
+    )
+
+
+def invalid_event(event: Obj) -> str:
+    """What ``ValidateEventCreate`` refuses in an events.k8s.io/v1 Event ("" when nothing): the
+    fields it requires, their lengths, and the type."""
+    problems = [
+        f"{key}: Required value"
+        for key in ("eventTime", "reportingController", "reportingInstance", "action", "reason")
+        if not event.get(key)
+    ]
+    problems += [
+        f"{key}: Too long"
+        for key in ("action", "reason", "reportingInstance")
+        if len(str(event.get(key, ""))) > 128
+    ]
+    if len(str(event.get("note", "")).encode()) > 1024:
+        problems.append("note: Too long: must have at most 1024 bytes")
+    if event.get("type") not in ("Normal", "Warning"):
+        problems.append(f'type: Unsupported value: "{event.get("type", "")}"')
+    return ", ".join(problems)
+
+
+def _subject_is(subject: Obj, identity: Identity) -> bool:
+    kind, name = subject.get("kind"), subject.get("name")
+    if kind == "ServiceAccount":
+        return identity.user == f"system:serviceaccount:{subject.get('namespace', '')}:{name}"
+    if kind == "User":
+        return identity.user == name
+    return kind == "Group" and name in identity.groups
+
+
+def _rule_allows(rule: Obj, attributes: Attributes) -> bool:
+    """``rbac.RuleAllows``: verb, API group, resource (``*``, ``res``, ``res/sub``, ``res/*``, ``*/sub``),
+    and resourceNames (which never match a request without a name, such as a create)."""
+    resources = rule.get("resources") or []
+    names = rule.get("resourceNames") or []
+    return (
+        _has(rule.get("verbs"), attributes.verb)
+        and _has(rule.get("apiGroups"), attributes.group)
+        and (
+            "*" in resources
+            or attributes.qualified in resources
+            or (bool(attributes.subresource) and f"{attributes.resource}/*" in resources)
+            or (bool(attributes.subresource) and f"*/{attributes.subresource}" in resources)
+        )
+        and (not names or attributes.name in names)
+    )
+
+
+def _forbidden(attributes: Attributes) -> web.Response:
+    """403 as ``responsewriters.Forbidden`` writes it: ``apierrors.NewForbidden`` over ``forbiddenMessage``."""
+    where = f'in the namespace "{attributes.namespace}"' if attributes.namespace else "at the cluster scope"
+    reason = (
+        f'User "{attributes.user}" cannot {attributes.verb} resource "{attributes.qualified}" '
+        f'in API group "{attributes.group}" {where}'
+    )
+    resource = f"{attributes.resource}.{attributes.group}" if attributes.group else attributes.resource
+    subject = f'{resource} "{attributes.name}"' if attributes.name else resource
+    body = _status_body(403, "Forbidden", f"{subject} is forbidden: {reason}")
+    body["details"] = {"name": attributes.name, "group": attributes.group, "kind": attributes.resource}
+    if not attributes.name:
+        del body["details"]["name"]
+    return web.json_response(body, status=403)

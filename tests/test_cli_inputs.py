@@ -203,8 +203,13 @@ ROWS = {
         lambda p: ["certs", "inject", "--ca", p.file("ca.crt", "hello"), "--kubeconfig", str(p.unreachable)], "ca.crt: not a PEM certificate"),
     "certs-inject-ca-not-a-ca": Row(
         lambda p: ["certs", "inject", "--ca", str(p.certs / "tls.crt"), "--kubeconfig", str(p.unreachable)], "tls.crt: is not a CA certificate"),
-    "certs-generate-would-overwrite": Row(
-        lambda p: ["certs", "generate", "--service", "s", "--namespace", "n", "--out", str(p.certs)], "--force"),
+    "certs-generate-force-over-a-ca": Row(
+        lambda p: ["certs", "generate", "--service", "s", "--namespace", "n", "--out", str(p.certs), "--force"],
+        "holds ca.crt and signing.key, which --force no longer replaces"),
+    "certs-rotate-without-a-ca": Row(lambda p: ["certs", "rotate", "--dir", p.dir("none", {})], "none"),
+    # release
+    "release-api-server-unreachable": Row(
+        lambda p: ["release", "-A", "--kubeconfig", str(p.unreachable)], "cannot reach the API server at https://127.0.0.1:"),
 }  # fmt: skip
 
 
@@ -241,7 +246,7 @@ def answer(row: Row, place: Place, monkeypatch: pytest.MonkeyPatch) -> tuple[int
 
 def test_the_table_covers_every_command_with_thirty_inputs_or_more():
     commands = {name.split("-")[0] for name in ROWS}
-    assert commands == {"review", "config", "placement", "test", "webhook", "controller", "certs"}
+    assert commands == {"review", "config", "placement", "test", "webhook", "controller", "certs", "release"}
     assert len(ROWS) >= 30
 
 

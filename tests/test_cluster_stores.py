@@ -15,13 +15,13 @@ from kratos_admit.metrics import AdmissionMetrics
 from kratos_admit.server import create_app
 from tests.builders import make_job
 from tests.harness import NODES, PROFILES, api_for, api_server, eventually, make_ctx, node, profile, review_of
-from tests.kube_double import KubeDouble
+from tests.kube_double import WEBHOOK, KubeDouble
 
 
 @contextlib.asynccontextmanager
 async def stores_running(kube: KubeDouble) -> AsyncIterator[tuple[ClusterProfileStore, ClusterNodeStore]]:
     async with api_server(kube) as server:
-        api = api_for(server, "kratos-webhook")
+        api = api_for(server, "kratos-webhook", identity=WEBHOOK)
         profiles, nodes = ClusterProfileStore(api, get_timeout=0.5), ClusterNodeStore(api)
         for informer in (profiles.informer, nodes.informer):
             informer.watch_timeout = 5

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 
 import pytest
+from aiohttp.test_utils import TestClient, TestServer
 
 from kratos_controller.controller import ControllerMetrics, ProfilerController, run_when_leading
 from kratos_controller.leader import LeaderElector
+from kratos_controller.main import metrics_app, readiness
 from tests.harness import (
     CONFIGMAPS,
     JOBS,
@@ -28,7 +31,7 @@ from tests.harness import (
     runner_summary,
     seed_finished,
 )
-from tests.kube_double import KubeDouble
+from tests.kube_double import CLUSTERROLES, CONTROLLER, KubeDouble
 
 
 async def test_finished_profiling_job_becomes_profile_configmap_and_one_execution_job():
@@ -110,7 +113,7 @@ async def test_two_controllers_sharing_a_lease_never_both_act():
     async with api_server(kube) as server:
         for i in range(3):
             seed_finished(kube, f"job-{i}", runner_summary())
-        apis = [api_for(server, "controller-a"), api_for(server, "controller-b")]
+        apis = [api_for(server, f"controller-{n}", identity=CONTROLLER) for n in "ab"]
         controllers = [
             ProfilerController(api, signing_key=TEST_KEY, metrics=ControllerMetrics(), watch_timeout=5)
             for api in apis
@@ -134,6 +137,9 @@ async def test_two_controllers_sharing_a_lease_never_both_act():
             await asyncio.sleep(0.5)
             leaders = [e.identity for e in electors if e.leading.is_set()]
             assert len(leaders) == 1
+            assert [c.metrics.registry.get_sample_value("kratos_controller_leader") for c in controllers] == [
+                1.0 if e.leading.is_set() else 0.0 for e in electors
+            ], "the leader gauge says who acts"
             actors = {
                 r.user_agent
                 for r in kube.requests
@@ -156,6 +162,9 @@ async def test_two_controllers_sharing_a_lease_never_both_act():
             seed_finished(kube, "job-after-failover", runner_summary())
             await eventually(lambda: len(execution_jobs(kube)) == 4, timeout=15)
             assert len(execution_jobs(kube)) == 4
+            leading = {e.identity: c.metrics.registry.get_sample_value("kratos_controller_leader")
+                       for c, e in zip(controllers, electors, strict=True)}  # fmt: skip
+            assert leading == {leader.identity: 0.0, follower.identity: 1.0}
         finally:
             for task in tasks:
                 task.cancel()
@@ -171,7 +180,7 @@ async def test_a_missing_lease_namespace_is_one_clear_error_and_leading_starts_o
     kube = KubeDouble()
     kube.namespace_lifecycle = True  # the real server refuses creates in a missing namespace
     async with api_server(kube) as server:
-        api = api_for(server, "controller-a")
+        api = api_for(server, "controller-a", identity=CONTROLLER)
         elector = LeaderElector(
             api,
             namespace="kratos-system",
@@ -201,9 +210,57 @@ async def test_a_missing_lease_namespace_is_one_clear_error_and_leading_starts_o
 def test_api_errors_are_logged_as_one_line():
     from kubernetes_asyncio.client.exceptions import ApiException
 
-    from kratos_controller.leader import one_line
+    from kratos_admit.kube import one_line
 
     exc = ApiException(status=403, reason="Forbidden")
     exc.body = b'{"kind": "Status", "message": "leases is forbidden: User \\"x\\" cannot get"}'
     assert one_line(exc) == '403 Forbidden: leases is forbidden: User "x" cannot get'
     assert one_line(OSError("connection\n refused")) == "OSError: connection refused"
+
+
+async def test_readyz_answers_503_within_10_s_of_the_pod_watch_being_refused_and_200_once_allowed():
+    """Issue 16: a controller whose Pod watch is refused (here: its ClusterRole loses ``watch`` on
+    pods, and open watches end as when the API server restarts) says so on /readyz."""
+    kube = KubeDouble()
+    async with api_server(kube) as server:
+        kube.put(*NAMESPACES, {"metadata": {"name": "kratos-system"}})
+        api = api_for(server, "controller-a", identity=CONTROLLER)
+        elector = LeaderElector(
+            api, namespace="kratos-system", name="kratos-profiler-controller", identity="a", retry_seconds=0.2
+        )
+        controller = ProfilerController(
+            api, signing_key=TEST_KEY, metrics=ControllerMetrics(), watch_timeout=5
+        )
+        for informer in (controller.informer, controller.pod_informer):
+            informer.backoff.cap = 0.5
+        leading = asyncio.create_task(run_when_leading(controller, elector))
+        http = TestClient(TestServer(metrics_app(controller.metrics, readiness(controller, elector))))
+        await http.start_server()
+        loop = asyncio.get_running_loop()
+        try:
+            await eventually(controller.pod_informer.synced.is_set)
+            assert (await http.get("/readyz")).status == 200
+            granted = kube.get(*CLUSTERROLES, "", "kratos-controller")
+            assert granted is not None
+            refused = copy.deepcopy(granted)
+            for rule in refused["rules"]:
+                if rule["resources"] == ["pods"]:
+                    rule["verbs"].remove("watch")
+            kube.put(*CLUSTERROLES, refused)
+            kube.compact()  # open watches end; the Pod watch is refused from now on
+            since = loop.time()
+            while (response := await http.get("/readyz")).status == 200:
+                assert loop.time() - since < 10, "still ready 10 s after the Pod watch was refused"
+                await asyncio.sleep(0.2)
+            assert response.status == 503
+            text = await response.text()
+            assert "kratos-pods" in text and "403" in text, text
+            kube.put(*CLUSTERROLES, granted)
+            await eventually(lambda: controller.pod_informer.failing.since is None, timeout=10)
+            assert (await http.get("/readyz")).status == 200
+        finally:
+            await http.close()
+            leading.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await leading
+            await api.close()

@@ -1,7 +1,7 @@
 """The whole KRATOS loop in one test, with only the GPU simulated:
 
 user Job -> `review` rewrites it for profiling -> the profiling-runner command runs for real under a
-stand-in ncu that plays back a real Nsight Compute report -> the controller (against the API test
+stand-in ncu that plays back a recorded Nsight Compute report -> the controller (against the API test
 double) publishes the WorkloadProfile and creates the execution Job -> `review` of that Job gives hints.
 """
 
@@ -28,13 +28,13 @@ from tests.harness import (
     PODS,
     PROFILES,
     STAND_IN_NCU,
+    T4_REPORT,
     api_server,
     assert_valid_kubernetes,
     controller_running,
     eventually,
     execution_jobs,
     finish,
-    require_fixtures,
     runner_pod,
 )
 from tests.kube_double import KubeDouble
@@ -82,9 +82,7 @@ async def test_profile_once_then_every_run_is_placed_by_the_profile(
         path.chmod(path.stat().st_mode | stat.S_IXUSR)
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}/usr/bin{os.pathsep}/bin")
     monkeypatch.setenv("FAKE_NCU_LOG", str(tmp_path / "ncu.log"))
-    monkeypatch.setenv(
-        "FAKE_NCU_EXPORT", str(require_fixtures() / "ncu" / "mdinfo-t4-two-kernel-basic-text.txt")
-    )
+    monkeypatch.setenv("FAKE_NCU_EXPORT", str(T4_REPORT))
     monkeypatch.setenv("KRATOS_TERMINATION_LOG", str(tmp_path / "termination-log"))
     command = runner["command"]
     assert command[:3] == ["python3", "-m", "kratos_runner"]
@@ -104,7 +102,7 @@ async def test_profile_once_then_every_run_is_placed_by_the_profile(
         created = await eventually(lambda: execution_jobs(kube))
     profile = kube.get(*PROFILES, "team-a", "vector-add-profile")
     assert profile is not None and profile["status"]["phase"] == "Ready"
-    assert profile["status"]["boundType"] == "memory"  # the T4 report: 73.6 % memory vs 33.2 % SM
+    assert profile["status"]["boundType"] == "memory"  # the T4 report: 78.9 % memory vs 29.4 % SM
 
     # 4. the execution Job is admitted again and now gets hints from the published profile
     (profiles / "vector-add-profile.yaml").write_text(yaml.safe_dump(profile))

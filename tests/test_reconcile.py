@@ -38,6 +38,7 @@ from kratos_controller.reconcile import (
 from tests.builders import make_job, make_pod, make_profile
 from tests.harness import (
     CATALOG,
+    DATA,
     TEST_KEY,
     admit,
     assert_valid_kubernetes,
@@ -45,12 +46,15 @@ from tests.harness import (
     finish,
     make_ctx,
     profiling_job,
+    require_fixtures,
     runner_summary,
 )
 
+FAILED_LAUNCH = DATA / "ncu" / "ada-failed-launch-nan-text.txt"  # ==ERROR== LaunchFailed, every figure nan
+
 JOB = profiling_job()
 DONE = finish(JOB)
-SUMMARY = runner_summary()  # memory-bound, from the T4 two-kernel report
+SUMMARY = runner_summary()  # memory-bound, from the project's T4 two-kernel text report
 
 
 def ran(message: str | None, exit_code: int = 0) -> ContainerEnd:
@@ -98,19 +102,38 @@ def test_complete_job_publishes_profile_and_summary_creates_and_marks_the_execut
     )
     status = profile.status.as_status()
     assert status["phase"] == "Ready" and status["boundType"] == "memory"
-    assert status["metrics"]["memoryThroughput"] == "73.59" and status["metrics"]["kernelCount"] == "2"
+    assert status["metrics"]["memoryThroughput"] == "78.90" and status["metrics"]["kernelCount"] == "2"
     assert status["gpu"] == {"computeCapability": "7.5"}
     assert status["sourceJob"] == "vector-add" and status["profiledAt"] == "2026-11-22T10:03:00Z"
     assert cm.name == "vector-add-profile-summary" and cm.data["summary.json"] == SUMMARY
     assert (
         cm.data["boundType"] == "memory"
-        and cm.data["smThroughput"] == "33.23"
+        and cm.data["smThroughput"] == "29.40"
         and cm.data["ncuVersion"] == "2024.3.2.0"
     )
     assert mark.annotations[v.EXECUTION_JOB_ANNOTATION] == "vector-add-execution"
     marked = copy.deepcopy(JOB["metadata"])
     marked["annotations"].update(mark.annotations)
     assert signature_valid(marked, namespace="team-a", key=TEST_KEY), "the original's block stays signed"
+
+
+@pytest.mark.parametrize(
+    ("report", "phase", "bound", "memory", "message_part"),
+    [
+        pytest.param("mdinfo-t4-two-kernel-basic-text.txt", "Ready", "memory", "73.59", "", id="real-t4-text"),
+        pytest.param("dd2360-sm89-failed-launch-full-text.txt", "Failed", "unknown", None, "LaunchFailed", id="real-failed-launch"),
+    ],
+)  # fmt: skip
+def test_real_outside_reports_become_the_profile(report, phase, bound, memory, message_part):
+    """The same publish path on real ncu outputs from ../shared/fixtures (skipped when absent)."""
+    summary = runner_summary(require_fixtures() / "ncu" / report)
+    actions = published(Observed(job=DONE, runner=ran(summary)))
+    assert {"PublishConfigMap", "PublishProfile", "CreateExecutionJob"} <= set(actions)
+    status = actions["PublishProfile"].status.as_status()
+    assert (status["phase"], status["boundType"]) == (phase, bound)
+    assert status["metrics"].get("memoryThroughput") == memory
+    assert message_part in status.get("message", "")
+    assert actions["PublishConfigMap"].data["summary.json"] == summary
 
 
 def test_execution_job_is_the_original_job_owned_by_it_with_role_execution_and_signed():
@@ -190,7 +213,7 @@ def test_a_profiling_job_deleted_before_it_finished_still_releases_the_workload(
         pytest.param(Observed(job=finish(JOB, "Failed", reason="DeadlineExceeded", message="Job was active longer than specified deadline"), runner=ran(None, 137), pods_seen=True), "DeadlineExceeded", id="failed-job-no-summary"),
         pytest.param(Observed(job=DONE, runner=ran("Segmentation fault (core dumped)")), "not JSON", id="unreadable-summary"),
         pytest.param(Observed(job=DONE, runner=ran('{"hello": 1}')), "not a KRATOS runner summary", id="foreign-json"),
-        pytest.param(Observed(job=DONE, runner=ran(runner_summary("dd2360-sm89-failed-launch-full-text.txt"))), "LaunchFailed", id="summary-unknown-bound"),
+        pytest.param(Observed(job=DONE, runner=ran(runner_summary(FAILED_LAUNCH))), "LaunchFailed", id="summary-unknown-bound"),
         pytest.param(Observed(job=DONE, pods_seen=False), "pod is gone", id="pod-gone"),
     ],
 )  # fmt: skip

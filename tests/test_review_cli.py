@@ -1,4 +1,8 @@
-"""``kratos-admit review`` on every real manifest in ../shared/fixtures/manifests, and its output contract."""
+"""``kratos-admit review`` on every GPU manifest, and its output contract.
+
+Two sets of manifests: the project's own (tests/data/manifests, written for these tests with the
+quirks real ones have) always run; the real outside ones (../shared/fixtures/manifests) run when
+that folder sits beside the clone and are skipped with a reason otherwise."""
 
 from __future__ import annotations
 
@@ -19,12 +23,14 @@ from kratos_admit.config import Config
 from kratos_admit.review import OutputForm, review_batches
 from kratos_admit.stores import FileNodeStore, FileProfileStore
 from tests.harness import (
+    DATA,
     EXAMPLES,
     REPO,
     TEST_KEY,
     apply_patch,
     assert_valid_kubernetes,
     double_in_thread,
+    install_rbac,
     kubeconfig_for,
     kubectl,
     require_fixtures,
@@ -32,7 +38,7 @@ from tests.harness import (
 from tests.kube_double import KubeDouble
 
 # file -> (exit status and per-document (kind, action) without a profile, the same with a Ready profile).
-# Every manifest fixture, labelled for KRATOS, with the decision a user would agree with and why:
+# Every manifest, labelled for KRATOS, with the decision a user would agree with and why:
 # (kind, action, a phrase of the warning or denial that gives the reason), without and with a Ready
 # profile. Unusable input exits 2 with its reason; no Job is denied because it cannot be profiled.
 POD_NO_PROFILE = ("Pod", "hints", "Pods are never rewritten for profiling")
@@ -40,7 +46,63 @@ ENTRYPOINT_JOB = ("Job", "hints", "runs its image's entrypoint")
 RELATIVE_COMMAND_JOB = ("Job", "hints", "command[0] 'sh' is not an absolute path")
 HINTED_POD, HINTED_JOB = ("Pod", "hints", ""), ("Job", "hints", "")
 Decision = tuple[str, str, str]
-EXPECTED: dict[str, tuple[int, list[Decision], int, list[Decision]] | tuple[str, str]] = {
+Expectation = tuple[int, list[Decision], int, list[Decision]] | tuple[str, str]
+
+PROJECT_MANIFESTS = DATA / "manifests"
+PROJECT_EXPECTED: dict[str, Expectation] = {
+    "pod-cpu-limit-trailing-comma.yaml": ("unusable", "limits[cpu]: '4,' is not a valid quantity"),
+    "pod-without-apiversion.yaml": ("unusable", "apiVersion is missing"),
+    # nvidia.com/gpu: "2" as a string, KAI queue labels, no trailing newline
+    "pod-gpu-count-as-string-kai-queue.yaml": (0, [POD_NO_PROFILE], 0, [HINTED_POD]),
+    "pod-two-tolerations-leading-blank-line.yaml": (0, [POD_NO_PROFILE], 0, [HINTED_POD]),
+    "job-parallel-entrypoint.yaml": (0, [ENTRYPOINT_JOB], 0, [HINTED_JOB]),
+    "job-kueue-generatename-suspended.yaml": (0, [ENTRYPOINT_JOB], 0, [HINTED_JOB]),
+    # command[0] is /bin/bash: profiled as the user wrote it
+    "job-shell-command-pvc.yaml": (
+        0,
+        [("Job", "profiling", "runs once under Nsight Compute")],
+        0,
+        [HINTED_JOB],
+    ),
+    # DRA: a claim alone counts as a GPU request; a claim beside nvidia.com/gpu changes nothing
+    "pod-dra-claim-only-multidoc.yaml": (
+        0,
+        [("Namespace", "none", ""), ("ResourceClaimTemplate", "none", ""), POD_NO_PROFILE],
+        0,
+        [("Namespace", "none", ""), ("ResourceClaimTemplate", "none", ""), HINTED_POD],
+    ),
+    "pod-gpu-and-channel-claim-multidoc.yaml": (
+        0,
+        [("ComputeDomain", "none", ""), POD_NO_PROFILE],
+        0,
+        [("ComputeDomain", "none", ""), HINTED_POD],
+    ),
+    # KAI sharing annotations are a GPU request with no nvidia.com/gpu resource
+    "pod-kai-gpu-fraction.yaml": (0, [POD_NO_PROFILE], 0, [HINTED_POD]),
+    "pod-kai-gpu-memory.yaml": (0, [POD_NO_PROFILE], 0, [HINTED_POD]),
+    "pod-kai-fraction-init-container.yaml": (0, [POD_NO_PROFILE], 0, [HINTED_POD]),
+    "pod-kai-fraction-named-container-mps.yaml": (0, [POD_NO_PROFILE], 0, [HINTED_POD]),
+    "pod-kai-fraction-with-whole-gpu-denied.yaml": (
+        1,
+        [("Pod", "none", "strictly between 0 and 1")],
+        1,
+        [("Pod", "none", "asks for nvidia.com/gpu while the pod shares a GPU")],
+    ),
+    # MIG slices; the user's own scheduling gate and finalizer are left alone
+    "pod-mig-slice-with-gates.yaml": (0, [POD_NO_PROFILE], 0, [HINTED_POD]),
+    "job-mig-slice-restricted.yaml": (0, [RELATIVE_COMMAND_JOB], 0, [HINTED_JOB]),
+    "pod-mig-with-service-multidoc.yaml": (
+        0,
+        [POD_NO_PROFILE, ("Service", "none", "")],
+        0,
+        [HINTED_POD, ("Service", "none", "")],
+    ),
+    # not batch/v1 Jobs: never KRATOS's to touch
+    "pytorchjob-gpu-replicas.yaml": (0, [("PyTorchJob", "none", "")], 0, [("PyTorchJob", "none", "")]),
+    "volcano-job-gpu-tasks.yaml": (0, [("Job", "none", "")], 0, [("Job", "none", "")]),
+}
+
+OUTSIDE_EXPECTED: dict[str, Expectation] = {
     "embl-bard-gpu-pod-malformed-cpu.yaml": ("unusable", "limits[cpu]: '1000,' is not a valid quantity"),
     "jear-gpu-pod-missing-apiversion.yaml": ("unusable", "apiVersion is missing"),
     "gardenlinux-gpu-debug-pod.yaml": (0, [POD_NO_PROFILE], 0, [HINTED_POD]),
@@ -121,20 +183,28 @@ def labelled_copy(source: Path, target: Path) -> None:
     target.write_text(yaml.safe_dump_all(docs))
 
 
-def manifests() -> list[Path]:
-    return sorted((require_fixtures() / "manifests").glob("*.yaml"))
+def test_every_project_manifest_has_an_expectation():
+    assert {p.name for p in PROJECT_MANIFESTS.glob("*.yaml")} == set(PROJECT_EXPECTED)
 
 
-def test_every_manifest_fixture_has_an_expectation():
-    assert {p.name for p in manifests()} == set(EXPECTED)
+def test_every_outside_manifest_has_an_expectation():
+    assert {p.name for p in (require_fixtures() / "manifests").glob("*.yaml")} == set(OUTSIDE_EXPECTED)
+
+
+MANIFESTS = [pytest.param("project", name, id=f"project/{name}") for name in sorted(PROJECT_EXPECTED)] + [
+    pytest.param("outside", name, id=f"outside/{name}") for name in sorted(OUTSIDE_EXPECTED)
+]
 
 
 @pytest.mark.parametrize("with_profile", [False, True], ids=["no-profile", "ready-profile"])
-@pytest.mark.parametrize("name", sorted(EXPECTED))
-def test_review_of_real_manifest(tmp_path: Path, name: str, with_profile: bool):
-    source = require_fixtures() / "manifests" / name
+@pytest.mark.parametrize(("source", "name"), MANIFESTS)
+def test_review_of_gpu_manifest(tmp_path: Path, source: str, name: str, with_profile: bool):
+    if source == "project":
+        source_path, expectation = PROJECT_MANIFESTS / name, PROJECT_EXPECTED[name]
+    else:
+        source_path, expectation = require_fixtures() / "manifests" / name, OUTSIDE_EXPECTED[name]
     manifest = tmp_path / name
-    labelled_copy(source, manifest)
+    labelled_copy(source_path, manifest)
     profiles = tmp_path / "profiles"
     profiles.mkdir()
     if with_profile:
@@ -154,7 +224,6 @@ def test_review_of_real_manifest(tmp_path: Path, name: str, with_profile: bool):
             "json",
         ]
     )
-    expectation = EXPECTED[name]
     if len(expectation) == 2:
         assert status == ExitStatus.UNUSABLE, err
         assert out == "" and "Traceback" not in err
@@ -398,7 +467,16 @@ def test_review_yaml_piped_into_kubectl_applies_only_the_allowed_objects(tmp_pat
     manifest.write_text(
         example("vector-add-job.yaml") + "---\n" + MIXED + "---\n" + example("new-workload-job.yaml")
     )
-    with double_in_thread(KubeDouble()) as url:
+    kube = KubeDouble()
+    # kubectl sends no bearer token over plain HTTP, so the reads apply makes are anonymous here
+    install_rbac(kube, [
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": {"name": "dry-run-reader"},
+         "rules": [{"apiGroups": ["", "batch"], "resources": ["jobs", "configmaps"], "verbs": ["get"]}]},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding", "metadata": {"name": "dry-run-reader"},
+         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "dry-run-reader"},
+         "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "system:anonymous"}]},
+    ])  # fmt: skip
+    with double_in_thread(kube) as url:
         kubeconfig = kubeconfig_for(url, tmp_path / "kubeconfig")
         review = subprocess.Popen(
             [sys.executable, "-m", "kratos_admit", "review", "-f", str(manifest), "--profiles", str(EXAMPLES / "profiles"),

@@ -14,8 +14,8 @@ import asyncio
 import contextlib
 import json
 import os
+import shutil
 import signal
-import socket
 import ssl
 import subprocess
 import sys
@@ -30,10 +30,17 @@ import pytest
 from kratos_admit.certs import generate
 from kratos_admit.cli import ExitStatus
 from tests.builders import make_job
-from tests.harness import EXAMPLES, REPO, free_port, review_of
-
-HOSTNAME = "kratos-webhook.kratos-system.svc"
-ENDPOINT_PERIOD = 0.2
+from tests.harness import (
+    EXAMPLES,
+    FAILURE_THRESHOLD,
+    HOSTNAME,
+    REPO,
+    Service,
+    free_port,
+    probe,
+    render,
+    review_of,
+)
 
 
 @pytest.fixture(scope="module")
@@ -68,82 +75,6 @@ def logs(certs: Path, port: int) -> list[dict[str, object]]:
 
 def tls(certs: Path) -> ssl.SSLContext:
     return ssl.create_default_context(cafile=str(certs / "ca.crt"))
-
-
-async def probe(session: aiohttp.ClientSession, port: int, path: str, context: ssl.SSLContext) -> bool:
-    with contextlib.suppress(aiohttp.ClientError, OSError, TimeoutError):
-        async with session.get(
-            f"https://127.0.0.1:{port}{path}",
-            ssl=context,
-            server_hostname=HOSTNAME,
-            timeout=aiohttp.ClientTimeout(total=0.5),
-        ) as response:
-            return response.status == 200
-    return False
-
-
-@dataclass
-class Service:
-    """A ClusterIP Service over the webhook pods' ports, as kube-proxy and the endpoints controller
-    make one (see the module docstring)."""
-
-    context: ssl.SSLContext
-    pods: list[int] = field(default_factory=list)
-    ready: list[int] = field(default_factory=list)
-    serving: list[int] = field(default_factory=list)
-    port: int = 0
-    picks: int = 0
-
-    def backend(self) -> int | None:
-        chosen = self.ready or self.serving
-        if not chosen:
-            return None
-        self.picks += 1
-        return chosen[self.picks % len(chosen)]
-
-    async def follow_endpoints(self) -> None:
-        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as session:
-            while True:
-                ready, serving = [], []
-                for port in list(self.pods):
-                    if await probe(session, port, "/readyz", self.context):
-                        ready.append(port)
-                    elif await probe(session, port, "/healthz", self.context):
-                        serving.append(port)
-                self.ready, self.serving = ready, serving
-                await asyncio.sleep(ENDPOINT_PERIOD)
-
-    async def _forward(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        port = self.backend()
-        if port is None:  # no endpoint at all: the client's connection is refused
-            writer.close()
-            return
-        try:
-            up_reader, up_writer = await asyncio.open_connection("127.0.0.1", port)
-        except OSError:
-            writer.close()
-            return
-
-        async def pipe(source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
-            with contextlib.suppress(OSError):
-                while chunk := await source.read(65536):
-                    sink.write(chunk)
-                    await sink.drain()
-            with contextlib.suppress(OSError):
-                sink.close()
-
-        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
-
-    @contextlib.asynccontextmanager
-    async def running(self) -> AsyncIterator[Service]:
-        server = await asyncio.start_server(self._forward, "127.0.0.1", 0)
-        self.port = server.sockets[0].getsockname()[1]
-        follower = asyncio.create_task(self.follow_endpoints())
-        try:
-            yield self
-        finally:
-            follower.cancel()
-            server.close()
 
 
 @dataclass
@@ -196,8 +127,9 @@ async def wait_for(check: object, timeout: float = 20.0) -> None:
 
 
 async def test_a_rollout_fails_no_admission(certs: Path):
-    """Pod A gets SIGTERM under load; pod B starts after A turned unready and takes the traffic.
-    A's grace (3 s) covers B's start-up; endpoints update every 0.2 s."""
+    """A rollout as the Deployment makes it (maxSurge 1, maxUnavailable 0): pod B starts and turns
+    ready, then pod A gets SIGTERM under load, turns unready but keeps serving (3 s) while endpoints
+    catch up, and drains. Endpoints update every 0.2 s."""
     old_port, new_port = free_port(), free_port()
     service = Service(tls(certs), pods=[old_port, new_port])
     old = start_webhook(certs, old_port, grace=3)
@@ -207,11 +139,11 @@ async def test_a_rollout_fails_no_admission(certs: Path):
             await wait_for(lambda: service.ready == [old_port])
             async with Load(service.port, tls(certs)).running() as load:
                 await wait_for(lambda: load.answered > 50)
-                old.send_signal(signal.SIGTERM)
-                await wait_for(lambda: old_port in service.serving)  # unready, still serving
                 before_new = load.answered
                 new = start_webhook(certs, new_port, grace=0.5)
-                await wait_for(lambda: service.ready == [new_port])
+                await wait_for(lambda: sorted(service.ready) == sorted([old_port, new_port]))
+                old.send_signal(signal.SIGTERM)
+                await wait_for(lambda: service.ready == [new_port])  # A left the endpoints
                 await wait_for(lambda: old.poll() is not None)
                 after_old = load.answered
                 await wait_for(lambda: load.answered > after_old + 50)
@@ -281,20 +213,23 @@ async def test_workers_answer_from_several_processes_sum_metrics_and_stop_cleanl
             proc.wait()
 
 
-def test_a_worker_that_cannot_start_is_logged_and_the_parent_fails(certs: Path):
-    with socket.socket() as taken:  # another program holds the port, without SO_REUSEPORT
-        taken.bind(("127.0.0.1", 0))
-        taken.listen()
-        port = taken.getsockname()[1]
-        proc = start_webhook(certs, port, "--workers", "2", grace=0)
-        try:
-            assert proc.wait(timeout=30) == ExitStatus.FAILED
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-        entries = logs(certs, port)
+def test_a_worker_that_cannot_start_is_logged_and_the_parent_fails(certs: Path, tmp_path: Path):
+    """A worker that dies at start (here: a serving key it cannot load) takes the others down and
+    the parent exits 3. A port already in use never gets that far: the parent tries it before
+    forking and says so in one line, exit 2 (tests/test_cli_inputs.py)."""
+    broken = tmp_path / "certs"
+    shutil.copytree(certs, broken)
+    (broken / "tls.key").write_text("not a key\n")
+    port = free_port()
+    proc = start_webhook(broken, port, "--workers", "2", grace=0)
+    try:
+        assert proc.wait(timeout=30) == ExitStatus.FAILED
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    entries = logs(broken, port)
     failed = [e for e in entries if e["msg"] == "worker failed"]
-    assert failed and "address" in str(failed[0]["error"]).lower(), entries
+    assert failed and "tls.key" in str(failed[0]["error"]), entries
     assert [e for e in entries if e["msg"] == "worker exited"], "the parent says which worker ended"
 
 
@@ -329,3 +264,20 @@ def alive(pid: int) -> bool:
     with contextlib.suppress(ChildProcessError):  # reap it if it became ours
         os.waitpid(pid, os.WNOHANG)
     return Path(f"/proc/{pid}").exists() and "zombie" not in Path(f"/proc/{pid}/status").read_text().lower()
+
+
+def test_the_webhook_deployment_rolls_as_the_rollout_test_plays_it():
+    """The order above (new Pod ready first, then the old one stopped) is the Deployment's own."""
+    [deployment] = [
+        o
+        for o in render(REPO / "webhook-config")
+        if o["kind"] == "Deployment" and o["metadata"]["name"] == "kratos-webhook"
+    ]
+    assert deployment["spec"]["strategy"] == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
+    }
+    probe_spec = deployment["spec"]["template"]["spec"]["containers"][0]["readinessProbe"]
+    assert probe_spec["failureThreshold"] == FAILURE_THRESHOLD, (
+        "the Service model drops endpoints as the kubelet does"
+    )

@@ -1,4 +1,5 @@
-"""The runner end to end with a stand-in ``ncu`` on PATH (a small script that plays back a real export)."""
+"""The runner end to end with a stand-in ``ncu`` on PATH (a small script that plays back a recorded export:
+the project's own --page raw CSV, and the real one from ../shared/fixtures when it sits beside the clone)."""
 
 from __future__ import annotations
 
@@ -13,8 +14,9 @@ from pathlib import Path
 import pytest
 
 from kratos_runner.cli import main
-from tests.harness import REPO, STAND_IN_NCU, require_fixtures
+from tests.harness import DATA, REPO, STAND_IN_NCU, T4_REPORT, require_fixtures
 
+RAW_EXPORT = DATA / "ncu" / "a100-two-rank-gemm-raw-page.csv"  # 8 kernels, compute-bound, A100 (CC 8.0)
 WORKLOAD = '#!/bin/sh\necho "workload ran with: $*"\nexit 3\n'
 
 
@@ -32,9 +34,7 @@ def bench(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     executable(tmp_path / "vectorAdd", WORKLOAD)
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}/usr/bin{os.pathsep}/bin")
     monkeypatch.setenv("FAKE_NCU_LOG", str(tmp_path / "ncu-calls.log"))
-    monkeypatch.setenv(
-        "FAKE_NCU_EXPORT", str(require_fixtures() / "ncu" / "deepbench-v100-gemm-raw-page.csv")
-    )
+    monkeypatch.setenv("FAKE_NCU_EXPORT", str(RAW_EXPORT))
     monkeypatch.setenv("KRATOS_TERMINATION_LOG", str(tmp_path / "termination-log"))
     return tmp_path
 
@@ -44,7 +44,22 @@ def run(argv: list[str]) -> tuple[int, str, str]:
     return main(argv, stdout=out, stderr=err), out.getvalue(), err.getvalue()
 
 
-def test_profiles_the_workload_writes_the_summary_and_keeps_its_exit_code(bench: Path):
+# the export played back (None: the project's own), and what its summary must say: (bound, kernels, gpu)
+PLAYED_BACK = [
+    pytest.param(None, ("compute", 8, {"product": "NVIDIA-A100-SXM4-80GB", "computeCapability": "8.0"}), id="project-a100-raw-page"),
+    pytest.param("deepbench-v100-gemm-raw-page.csv", ("latency", 18, {"product": "Tesla-V100-PCIE-32GB", "computeCapability": "7.0"}), id="outside-v100-raw-page"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("outside_export", "expected"), PLAYED_BACK)
+def test_profiles_the_workload_writes_the_summary_and_keeps_its_exit_code(
+    bench: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    outside_export: str | None,
+    expected: tuple[str, int, object],
+):
+    if outside_export is not None:
+        monkeypatch.setenv("FAKE_NCU_EXPORT", str(require_fixtures() / "ncu" / outside_export))
     status, out, _ = run(["--launch-count", "50", "--", str(bench / "vectorAdd"), "-n", "1024; touch pwned"])
     assert status == 3, "fewer kernels than asked for: the workload ended by itself, with its own status"
     assert "workload ran with: -n 1024; touch pwned" in out, (
@@ -53,13 +68,14 @@ def test_profiles_the_workload_writes_the_summary_and_keeps_its_exit_code(bench:
     assert not (bench / "pwned").exists()
     summary = json.loads((bench / "termination-log").read_text())
     assert json.loads(out.strip().splitlines()[-1]) == summary
-    assert summary["boundType"] == "latency" and summary["kernels"] == 18 and summary["exitCode"] == 3
+    bound, kernels, gpu = expected
+    assert (summary["boundType"], summary["kernels"], summary["exitCode"]) == (bound, kernels, 3)
     assert (
         summary["ncuVersion"] == "2024.3.2.0"
         and summary["killed"] is False
         and summary["kernelsSkipped"] == 0
     )
-    assert summary["gpu"] == {"product": "Tesla-V100-PCIE-32GB", "computeCapability": "7.0"}
+    assert summary["gpu"] == gpu
     assert len((bench / "termination-log").read_bytes()) <= 4096
     calls = [
         eval(line) for line in (bench / "ncu-calls.log").read_text().splitlines()
@@ -153,13 +169,12 @@ def test_unwritable_termination_log_still_prints_the_summary(bench: Path, monkey
     monkeypatch.setenv("KRATOS_TERMINATION_LOG", str(bench / "no-such-dir" / "log"))
     status, out, err = run(["--", str(bench / "vectorAdd")])
     assert status == 3 and "cannot write the summary" in err
-    assert json.loads(out.strip().splitlines()[-1])["kernels"] == 18
+    assert json.loads(out.strip().splitlines()[-1])["kernels"] == 8
 
 
 def test_parse_subcommand_as_a_process():
-    fixture = require_fixtures() / "ncu" / "mdinfo-t4-two-kernel-basic-text.txt"
     result = subprocess.run(
-        [sys.executable, "-m", "kratos_runner", "parse", str(fixture)],
+        [sys.executable, "-m", "kratos_runner", "parse", str(T4_REPORT)],
         cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO / "runner")}, capture_output=True, text=True, check=False,
     )  # fmt: skip
     assert result.returncode == 0

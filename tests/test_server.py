@@ -27,6 +27,7 @@ from kratos_admit.stores import StaticProfileStore
 from kratos_admit.tls import CertificateError, ServingCertificate
 from tests.builders import make_job, make_pod, make_profile
 from tests.harness import (
+    DATA,
     EXAMPLES,
     HOSTNAME,
     REPO,
@@ -268,22 +269,38 @@ def test_a_key_that_does_not_match_its_certificate_stops_start_up(tmp_path: Path
         ServingCertificate(certs / "tls.crt", other / "tls.key")
 
 
-# --- the real AdmissionReviews from ../shared/fixtures/admissionreviews ---------------------------
+# --- recorded AdmissionReviews: the project's own (tests/data/admissionreviews) and the real outside
+# ones (../shared/fixtures/admissionreviews, skipped when absent), as the API server or a policy engine
+# stores them -----------------------------------------------------------------------------------------
 
-FIXTURE_EXPECTATIONS = {
-    # file: (status, allowed when labelled for KRATOS, rules when labelled)
-    "salesforce-sidecar-injector-v1-pod-create.json": (200, False, {"no-gpu"}),
-    "r0haaaan-v1beta1-pod-create.json": (200, False, {"no-gpu"}),
-    "jpbetz-cel-webhook-v1-scale-update.json": (200, True, set()),  # a Scale subresource: not ours
-    "rtisma-v1-pod-create-no-uid-tabs.json": (400, None, None),
-    "kubewarden-pod-create-initcontainer-request-only.json": (200, False, {"no-gpu"}),
-    "kubewarden-pod-delete-oldobject-request-only.json": (200, True, set()),  # DELETE
-    "kubewarden-job-create-request-only.json": (200, False, {"no-gpu"}),
+# file: (status, allowed when labelled for KRATOS, rules when labelled, /mutate patches when labelled)
+ReviewExpectation = tuple[int, bool | None, set[str] | None, bool | None]
+PROJECT_REVIEWS: dict[str, ReviewExpectation] = {
+    # a ReplicaSet's Pod: generateName only, ownerReferences, two init containers, no GPU
+    "v1-pod-create-from-replicaset.json": (200, False, {"no-gpu"}, False),
+    # the old admission.k8s.io/v1beta1 wrapper (echoed in the answer), containers: []
+    "v1beta1-pod-create-no-containers.json": (200, False, {"no-gpu"}, False),
+    "v1-deployment-scale-update.json": (200, True, set(), False),  # a Scale subresource: not ours
+    "v1-pod-create-no-uid-tabs.json": (400, None, None, None),  # no request.uid, tab-indented
+    # bare AdmissionRequests, as policy engines store them (wrapped before sending)
+    "request-only-pod-create-privileged-init.json": (200, False, {"no-gpu"}, False),
+    "request-only-gpu-pod-delete-oldobject.json": (200, True, set(), False),  # DELETE: object null
+    "request-only-job-create-minimal.json": (200, False, {"no-gpu"}, False),  # no apiVersion/kind in object
+    "request-only-gpu-job-create-minimal.json": (200, True, set(), True),  # ... and with a GPU: hinted
+}
+OUTSIDE_REVIEWS: dict[str, ReviewExpectation] = {
+    "salesforce-sidecar-injector-v1-pod-create.json": (200, False, {"no-gpu"}, False),
+    "r0haaaan-v1beta1-pod-create.json": (200, False, {"no-gpu"}, False),
+    "jpbetz-cel-webhook-v1-scale-update.json": (200, True, set(), False),  # a Scale subresource: not ours
+    "rtisma-v1-pod-create-no-uid-tabs.json": (400, None, None, None),
+    "kubewarden-pod-create-initcontainer-request-only.json": (200, False, {"no-gpu"}, False),
+    "kubewarden-pod-delete-oldobject-request-only.json": (200, True, set(), False),  # DELETE
+    "kubewarden-job-create-request-only.json": (200, False, {"no-gpu"}, False),
 }
 
 
-def fixture_reviews() -> list[tuple[str, dict[str, Any]]]:
-    directory = require_fixtures() / "admissionreviews"
+def recorded_reviews(source: str) -> list[tuple[str, dict[str, Any]]]:
+    directory = DATA / "admissionreviews" if source == "project" else require_fixtures() / "admissionreviews"
     reviews = []
     for path in sorted(directory.glob("*.json")):
         data = json.loads(path.read_text())
@@ -293,14 +310,19 @@ def fixture_reviews() -> list[tuple[str, dict[str, Any]]]:
     return reviews
 
 
-def test_every_fixture_review_has_an_expectation():
-    assert {name for name, _ in fixture_reviews()} == set(FIXTURE_EXPECTATIONS)
+@pytest.mark.parametrize(("source", "expected"), [("project", PROJECT_REVIEWS), ("outside", OUTSIDE_REVIEWS)])
+def test_every_recorded_review_has_an_expectation(source: str, expected: dict[str, ReviewExpectation]):
+    assert {name for name, _ in recorded_reviews(source)} == set(expected)
 
 
-async def test_fixture_reviews_get_well_formed_answers_or_400(certs: Path):
+@pytest.mark.parametrize(("source", "expected"), [("project", PROJECT_REVIEWS), ("outside", OUTSIDE_REVIEWS)])
+async def test_recorded_reviews_get_well_formed_answers_or_400(
+    certs: Path, source: str, expected: dict[str, ReviewExpectation]
+):
+    reviews = recorded_reviews(source)
     async with serving(certs) as hook:
-        for name, review in fixture_reviews():
-            expected_status, labelled_allowed, labelled_rules = FIXTURE_EXPECTATIONS[name]
+        for name, review in reviews:
+            expected_status, labelled_allowed, labelled_rules, labelled_patched = expected[name]
             for path in ("/mutate", "/validate"):
                 status, body = await hook.post(path, review)
                 assert status == expected_status, (name, path, body)
@@ -310,6 +332,7 @@ async def test_fixture_reviews_get_well_formed_answers_or_400(certs: Path):
                 assert body["apiVersion"] == review["apiVersion"] and body["kind"] == "AdmissionReview"
                 assert body["response"]["uid"] == review["request"]["uid"]
                 assert body["response"]["allowed"] is True, (name, "unlabelled objects are never touched")
+                assert "patch" not in body["response"], (name, "unlabelled objects are never touched")
             if expected_status != 200:
                 continue
             labelled = json.loads(json.dumps(review))
@@ -320,6 +343,8 @@ async def test_fixture_reviews_get_well_formed_answers_or_400(certs: Path):
             assert status == 200 and body["response"]["allowed"] is labelled_allowed, (name, body)
             if labelled_rules:
                 assert all(f"({rule})" in body["response"]["status"]["message"] for rule in labelled_rules)
+            status, body = await hook.post("/mutate", labelled)
+            assert status == 200 and ("patch" in body["response"]) is labelled_patched, (name, body)
 
 
 # --- graceful shutdown: SIGTERM finishes the request in flight, then exit 0 -----------------------

@@ -30,7 +30,7 @@ from tests.harness import (
     profile,
     review_of,
 )
-from tests.kube_double import KubeDouble
+from tests.kube_double import WEBHOOK, KubeDouble
 
 
 def post(port: int, context: ssl.SSLContext, body: dict[str, Any]) -> dict[str, Any]:
@@ -72,7 +72,7 @@ def test_cluster_mode_serves_hints_from_the_watched_profiles(tmp_path: Path):
             [sys.executable, "-m", "kratos_admit", "webhook", "--listen", f"127.0.0.1:{port}",
              "--tls-cert", str(tmp_path / "certs" / "tls.crt"), "--tls-key", str(tmp_path / "certs" / "tls.key"),
              "--signing-key", str(tmp_path / "certs" / "signing.key"),
-             "--kubeconfig", str(kubeconfig_for(url, tmp_path / "kubeconfig"))],
+             "--kubeconfig", str(kubeconfig_for(url, tmp_path / "kubeconfig", WEBHOOK))],
             cwd=REPO, env={**os.environ, "KUBERNETES_SERVICE_HOST": ""}, stderr=subprocess.PIPE,
         )  # fmt: skip
         try:

@@ -12,18 +12,21 @@ import asyncio
 import contextlib
 import datetime as dt
 import logging
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Literal
 
 from kubernetes_asyncio import client
-from prometheus_client import CollectorRegistry, Counter
+from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from kratos_admit import vocabulary as v
 from kratos_admit.catalog import Catalog, load_catalog
 from kratos_admit.config import Config
+from kratos_admit.hints import recorded_ranking_source
 from kratos_admit.kube import Backoff, Informer
 from kratos_admit.profile import WorkloadProfile
-from kratos_admit.raw import as_mapping, string_map
+from kratos_admit.raw import as_list, as_mapping, string_map
 from kratos_admit.workload import Kind
+from kratos_controller.events import Reason, Regarding, event_body
 from kratos_controller.kube_io import KubeIO
 from kratos_controller.leader import LeaderElector
 from kratos_controller.reconcile import (
@@ -61,6 +64,66 @@ class ControllerMetrics:
         self.reconcile_errors = Counter(
             "kratos_reconcile_errors", "Reconciles that failed and were retried.", registry=self.registry
         )
+        self.hints = Counter(
+            "kratos_hints",
+            "Held followers released with hints, by what their preferred GPU products rest on "
+            "(model, observed; none: base hints only).",
+            ["source"],
+            registry=self.registry,
+        )
+        self.leader = Gauge(
+            "kratos_controller_leader",
+            "1 while this replica holds the Lease and acts, else 0.",
+            registry=self.registry,
+        )
+        self.held_objects = Gauge(
+            "kratos_held_objects",
+            "Opted-in Jobs and Pods KRATOS holds: followers awaiting a profile (suspended or gated) "
+            "and profiling Jobs and Pods under the release finalizer.",
+            registry=self.registry,
+        )
+        self.held_oldest_age = Gauge(
+            "kratos_held_oldest_age_seconds",
+            "Age since creation of the oldest object KRATOS holds; 0 when it holds none.",
+            registry=self.registry,
+        )
+        self.profiling_deadline = Gauge(
+            "kratos_profiling_deadline_seconds",
+            "The configured profilingDeadlineSeconds, for alerts on objects held longer.",
+            registry=self.registry,
+        )
+
+    def watch_held(
+        self,
+        objects: Callable[[], Iterable[Mapping[str, Any]]],
+        *,
+        clock: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC),
+    ) -> None:
+        """Count what ``objects`` holds at each scrape (the controller's caches: a leader's view)."""
+
+        def held() -> list[dt.datetime]:
+            return [since for obj in objects() if (since := held_since(obj)) is not None]
+
+        self.held_objects.set_function(lambda: float(len(held())))
+        self.held_oldest_age.set_function(
+            lambda: max(((clock() - since).total_seconds() for since in held()), default=0.0)
+        )
+
+
+def held_since(obj: Mapping[str, Any]) -> dt.datetime | None:
+    """When a held object was created: a follower awaiting a profile, or a profiling Job or Pod
+    under the release finalizer; None when KRATOS does not hold it."""
+    meta = as_mapping(obj.get("metadata"))
+    held = v.AWAITING_PROFILE_ANNOTATION in as_mapping(
+        meta.get("annotations")
+    ) or v.RELEASE_FINALIZER in as_list(meta.get("finalizers"))
+    created = meta.get("creationTimestamp")
+    if not held or not isinstance(created, str):
+        return None
+    try:
+        return dt.datetime.fromisoformat(created)
+    except ValueError:
+        return None
 
 
 def _meta(obj: dict[str, Any]) -> tuple[str, str, dict[str, str], dict[str, str]]:
@@ -84,8 +147,10 @@ class ProfilerController:
         watch_timeout: int = 300,
         config: Config | None = None,
         catalog: Catalog | None = None,
+        identity: str = "kratos-controller",
     ) -> None:
         self.io = KubeIO(api)
+        self.identity = identity  # reportingInstance of its Events
         self.signing_key = signing_key
         self.metrics = metrics
         self.resync_seconds = resync_seconds
@@ -104,6 +169,8 @@ class ProfilerController:
         self.pod_informer = self._informer(
             client.CoreV1Api(api).list_pod_for_all_namespaces, self.pods, "Pod", watch_timeout
         )
+        metrics.profiling_deadline.set(self.config.profiling_deadline_seconds)
+        metrics.watch_held(lambda: [*self.jobs.values(), *self.pods.values()])
 
     def _informer(
         self, list_all: Any, cache: dict[tuple[str, str], dict[str, Any]], kind: Kind, watch_timeout: int
@@ -155,6 +222,22 @@ class ProfilerController:
         cache[(namespace, name)] = obj
         self._work_for(obj, kind)
 
+    async def report(
+        self,
+        obj: dict[str, Any],
+        kind: Kind | Literal["WorkloadProfile"],
+        reason: Reason,
+        note: str,
+        detail: str = "",
+    ) -> None:
+        """An Event about ``obj`` (best effort: see ``KubeIO.record``)."""
+        api_version = {"Job": "batch/v1", "Pod": "v1"}.get(kind, v.API_VERSION)
+        regarding = Regarding.of(obj, api_version=api_version, kind=kind)
+        now = dt.datetime.now(dt.UTC)
+        await self.io.record(
+            event_body(regarding, reason, note, instance=self.identity, now=now, detail=detail)
+        )
+
     async def reconcile_key(self, key: Key) -> None:
         work, namespace, name = key
         if work == "run":
@@ -175,6 +258,7 @@ class ProfilerController:
         for action in actions:
             outcome = await self.io.apply(action)
             if isinstance(action, PublishProfile):
+                await self._report_published(job, action)
                 self.metrics.profiles_published.labels(action.status.phase.lower()).inc()
                 log.info(
                     "profile published",
@@ -189,6 +273,8 @@ class ProfilerController:
                     workload = str(action.spec.get("workload", ""))
                     self.enqueue(("release", namespace, workload))
             elif isinstance(action, CreateExecutionJob) and outcome == "created":
+                execution = action.manifest["metadata"]["name"]
+                await self.report(job, "Job", "ExecutionJobCreated", f"created execution Job {execution}")
                 self.metrics.execution_jobs_created.inc()
                 log.info(
                     "execution Job created",
@@ -198,6 +284,25 @@ class ProfilerController:
                         "executionJob": action.manifest["metadata"]["name"],
                     },
                 )
+
+    async def _report_published(self, job: dict[str, Any], action: PublishProfile) -> None:
+        status = action.status
+        workload = str(action.spec.get("workload", ""))
+        if status.phase == "Profiling":
+            await self.report(
+                job, "Job", "ProfilingStarted",
+                f"profiling workload {workload} under Nsight Compute; Jobs of {workload} created meanwhile wait for WorkloadProfile {action.name}",
+            )  # fmt: skip
+            return
+        profile = {"metadata": {"namespace": action.namespace, "name": action.name}}
+        if status.phase == "Ready":
+            note = f"WorkloadProfile {action.name} is Ready: {status.bound_type}-bound"
+            for obj, kind in ((job, "Job"), (profile, "WorkloadProfile")):
+                await self.report(obj, kind, "ProfileReady", note)  # type: ignore[arg-type]
+        elif status.phase == "Failed":
+            note = f"WorkloadProfile {action.name} is Failed: {status.message}"
+            for obj, kind in ((job, "Job"), (profile, "WorkloadProfile")):
+                await self.report(obj, kind, "ProfileFailed", note)  # type: ignore[arg-type]
 
     def _followers(self, namespace: str, workload: str) -> list[tuple[Kind, dict[str, Any]]]:
         found: list[tuple[Kind, dict[str, Any]]] = []
@@ -216,6 +321,12 @@ class ProfilerController:
         followers = self._followers(namespace, workload)
         if not followers:
             return
+        for kind, obj in followers:
+            await self.report(
+                obj, kind, "AwaitingProfile",
+                f"held ({'suspended' if kind == 'Job' else 'scheduling gate ' + v.PROFILE_SCHEDULING_GATE}) "
+                f"until the profiling run of workload {workload} ends",
+            )  # fmt: skip
         raw = await self.io.get_profile(namespace, v.profile_name(workload))
         if raw is None:
             running = any(
@@ -242,9 +353,19 @@ class ProfilerController:
             catalog=self.catalog,
             signing_key=self.signing_key,
         )
+        held = {(kind, _meta(obj)[1]): obj for kind, obj in followers}
         for action in actions:
             await self.io.apply(action)
             if isinstance(action, ReleaseFollower):
+                how = (
+                    f"ranked hints from WorkloadProfile {profile.metadata.name}"
+                    if profile.ready
+                    else f"base hints: WorkloadProfile {profile.metadata.name} is not Ready"
+                )
+                await self.report(
+                    held[(action.kind, action.name)], action.kind, "Released", f"released with {how}"
+                )
+                self.metrics.hints.labels(recorded_ranking_source(action.released)).inc()
                 log.info(
                     "follower released",
                     extra={
@@ -270,6 +391,9 @@ class ProfilerController:
         action = record_runs(profile, runs) if profile is not None else None
         if action is not None:
             await self.io.apply(action)
+            for run in runs:
+                note = f"run {run.uid} on {run.product} took {run.seconds:.1f} s"
+                await self.report(job, "Job", "Observed", note, detail=run.uid)
             log.info("runs observed", extra={"namespace": namespace, "job": name, "runs": len(runs)})
 
     async def _worker(self) -> None:
@@ -309,6 +433,14 @@ class ProfilerController:
                 for obj in list(cache.values()):
                     self._work_for(obj, kind)  # type: ignore[arg-type]
 
+    def unready_reason(self, tolerance: float) -> str:
+        """Why this controller cannot do its work ("" when it can): a list or watch of its Jobs or
+        Pods failing for longer than ``tolerance`` seconds (refused, or the API away)."""
+        for informer in (self.informer, self.pod_informer):
+            if informer.failing.longer_than(tolerance):
+                return f"{informer.name} list/watch failing: {informer.failing.reason}"
+        return ""
+
     async def run(self, workers: int = 2) -> None:
         tasks = [
             asyncio.create_task(self.informer.run()),
@@ -331,6 +463,7 @@ async def run_when_leading(controller: ProfilerController, elector: LeaderElecto
     election = asyncio.create_task(elector.run())
     try:
         await elector.leading.wait()
+        controller.metrics.leader.set(1)
         work = asyncio.create_task(controller.run())
         lost = asyncio.create_task(elector.lost.wait())
         await asyncio.wait({work, lost}, return_when=asyncio.FIRST_COMPLETED)
@@ -339,6 +472,7 @@ async def run_when_leading(controller: ProfilerController, elector: LeaderElecto
             await work
         lost.cancel()
     finally:
+        controller.metrics.leader.set(0)
         election.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await election

@@ -3,6 +3,7 @@ decision, and every word a profile says about a failure, is made in ``reconcile`
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -11,12 +12,14 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from kratos_admit import vocabulary as v
-from kratos_admit.kube import is_status, list_raw
+from kratos_admit.kube import is_status, list_raw, one_line
 from kratos_admit.raw import as_list, as_mapping
 from kratos_controller import reconcile as rc
 
 Obj = dict[str, Any]
 MERGE_PATCH = "application/merge-patch+json"
+RECORDED_LIMIT = 10_000  # Event names remembered; past that the memory starts again (a 409 still dedupes)
+log = logging.getLogger("kratos.controller")
 
 
 def _end(status: Mapping[str, Any]) -> rc.ContainerEnd | None:
@@ -57,11 +60,39 @@ def container_ends(pods: list[Obj]) -> tuple[rc.ContainerEnd | None, rc.Containe
 class KubeIO:
     api: client.ApiClient
     node_products: dict[str, str] = field(default_factory=dict)  # node name -> GPU product, cached
+    recorded: set[str] = field(default_factory=set)  # Events written (or found written): not again
+    refused: set[str] = field(default_factory=set)  # why Event writes failed, each logged once
 
     def __post_init__(self) -> None:
         self.core = client.CoreV1Api(self.api)
         self.batch = client.BatchV1Api(self.api)
         self.custom = client.CustomObjectsApi(self.api)
+        self.events = client.EventsV1Api(self.api)
+
+    async def record(self, event: Obj) -> None:
+        """Write an Event, best effort: it never raises, so a refused or failed write never fails a
+        reconcile; each kind of failure is logged once."""
+        name = str(event["metadata"]["name"])
+        if name in self.recorded:
+            return
+        try:
+            body: Any = event
+            await self.events.create_namespaced_event(str(event["metadata"]["namespace"]), body)
+        except ApiException as exc:
+            if exc.status != 409:  # 409: this very report was made before (the name says what it reports)
+                self._refused(one_line(exc))
+                return
+        except Exception as exc:  # the API away: the report is lost, the work goes on
+            self._refused(one_line(exc))
+            return
+        if len(self.recorded) > RECORDED_LIMIT:
+            self.recorded.clear()
+        self.recorded.add(name)
+
+    def _refused(self, reason: str) -> None:
+        if reason not in self.refused:
+            self.refused.add(reason)
+            log.warning("Event not written", extra={"reason": reason})
 
     async def _exists(self, call: Any, *args: Any) -> bool:
         # not _preload_content=False: kubernetes_asyncio then returns a 404 instead of raising it

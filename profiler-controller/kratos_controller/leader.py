@@ -7,31 +7,20 @@ its duration, and stop leading the moment a renewal fails or someone else holds 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import datetime as dt
-import json
 import logging
 from collections.abc import Callable
 
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
+from kratos_admit.kube import FailureStreak, one_line
+
 log = logging.getLogger("kratos.leader")
 
 
 def _now() -> dt.datetime:
     return dt.datetime.now(dt.UTC)
-
-
-def one_line(exc: BaseException) -> str:
-    """An API error as one line (status, reason and the server's message), not the client's
-    multi-line dump of headers and body."""
-    if isinstance(exc, ApiException):
-        message = ""
-        with contextlib.suppress(ValueError, TypeError, AttributeError):
-            message = str(json.loads(exc.body or "{}").get("message", ""))
-        return f"{exc.status} {exc.reason}" + (f": {message}" if message else "")
-    return " ".join(f"{type(exc).__name__}: {exc}".split())
 
 
 class LeaseNamespaceMissing(Exception):
@@ -56,6 +45,7 @@ class LeaderElector:
         self.clock = clock
         self.leading = asyncio.Event()
         self.lost = asyncio.Event()
+        self.failing = FailureStreak()  # Lease calls that fail (a lost race for the Lease is no failure)
 
     def _spec(self, transitions: int, acquired: dt.datetime | None = None) -> client.V1LeaseSpec:
         now = self.clock()
@@ -120,12 +110,15 @@ class LeaderElector:
                 if said != str(exc):
                     log.error(str(exc), extra={"lease": self.name})
                 said, ok = str(exc), False
+                self.failing.failed(said)
             except Exception as exc:  # the API away: keep trying until the renew deadline
                 if said != one_line(exc):
                     log.warning("lease call failed", extra={"lease": self.name, "reason": one_line(exc)})
                 said, ok = one_line(exc), False
+                self.failing.failed(said)
             else:
                 said = "" if ok else said
+                self.failing.succeeded()
             if ok:
                 last_renewed = loop.time()
                 if not self.leading.is_set():

@@ -26,11 +26,33 @@ def controller_identity() -> str:
     return os.environ.get("POD_NAME") or f"{socket.gethostname()}-{uuid.uuid4().hex[:6]}"
 
 
-def metrics_app(metrics: ControllerMetrics) -> web.Application:
+READY_TOLERANCE_SECONDS = 5.0  # a watch may fail and come back this long before the Pod turns unready
+
+
+def readiness(controller: ProfilerController, elector: LeaderElector) -> process.Handler:
+    """``/readyz``: 503 while the Lease calls, or (when leading) the Job and Pod watches, have failed
+    for longer than a few seconds; a standby that reaches its Lease is ready (it waits to lead)."""
+
+    async def readyz(_: web.Request) -> web.Response:
+        reason = (
+            f"lease {elector.namespace}/{elector.name} calls failing: {elector.failing.reason}"
+            if elector.failing.longer_than(READY_TOLERANCE_SECONDS)
+            else controller.unready_reason(READY_TOLERANCE_SECONDS)
+            if elector.leading.is_set()
+            else ""
+        )
+        if reason:
+            return web.Response(status=503, text=f"not ready: {reason}\n")
+        return web.Response(text="ok\n")
+
+    return readyz
+
+
+def metrics_app(metrics: ControllerMetrics, readyz: process.Handler) -> web.Application:
     app = web.Application()
     app.router.add_get("/metrics", process.metrics_handler(lambda _: metrics.registry))
     app.router.add_get("/healthz", process.ok)
-    app.router.add_get("/readyz", process.ok)  # a standby replica is ready too: it waits for the Lease
+    app.router.add_get("/readyz", readyz)
     return app
 
 
@@ -58,8 +80,9 @@ async def run_controller(config: Config, signing_key: bytes, kubeconfig: Path | 
         resync_seconds=config.resync_seconds,
         config=config,
         catalog=load_catalog(config.catalog_file),
+        identity=identity,
     )
-    runner = web.AppRunner(metrics_app(metrics), access_log=None)
+    runner = web.AppRunner(metrics_app(metrics, readiness(controller, elector)), access_log=None)
     await runner.setup()
     host, port = split_host_port(config.controller_metrics_listen)
     try:

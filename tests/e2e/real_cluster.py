@@ -1,0 +1,387 @@
+"""What the end-to-end suite needs of a real cluster: kubectl as the admin, KRATOS installed from the
+rendered ``webhook-config/`` with the webhook and controller running here under the tokens of their
+own ServiceAccounts, fake GPU Nodes, and a stand-in for the kubelet.
+
+The cluster is any Kubernetes API server whose admin kubeconfig ``KRATOS_E2E_KUBECONFIG`` names
+(a control plane without kubelets is enough: Nodes here are objects the suite creates). The
+webhook answers the API server at ``https://127.0.0.1:PORT`` (its certificate carries that IP),
+behind a kube-proxy-like forwarder so a rollout can replace it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import datetime as dt
+import json
+import os
+import signal
+import ssl
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import AsyncIterator, Callable, Generator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from kubernetes_asyncio import client
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from kratos_admit import vocabulary as v
+from kratos_admit.certs import generate
+from kratos_admit.kube import api_client
+from tests.harness import REPO, Service, free_port, render, runner_summary
+
+KUBECONFIG_VARIABLE = "KRATOS_E2E_KUBECONFIG"
+NAMESPACE = "kratos-system"
+A100, L40S, L4 = "NVIDIA-A100-SXM4-80GB", "NVIDIA-L40S", "NVIDIA-L4"
+# (node, product, tainted nvidia.com/gpu=present:NoSchedule as the GPU operator's nodes often are)
+GPU_NODES = (("e2e-a100-0", A100, False), ("e2e-l40s-0", L40S, True), ("e2e-l4-0", L4, True))
+Obj = dict[str, Any]
+
+
+def admin_kubeconfig() -> Path | None:
+    value = os.environ.get(KUBECONFIG_VARIABLE, "")
+    return Path(value) if value else None
+
+
+def kubectl(*args: str, stdin: str | None = None, check: bool = True, timeout: float = 60) -> str:
+    """kubectl as the cluster admin; a failure shows its stderr."""
+    kubeconfig = admin_kubeconfig()
+    assert kubeconfig is not None
+    result = subprocess.run(
+        ["kubectl", "--kubeconfig", str(kubeconfig), *args],
+        input=stdin, capture_output=True, text=True, timeout=timeout, check=False,
+    )  # fmt: skip
+    if check and result.returncode != 0:
+        raise AssertionError(f"kubectl {' '.join(args)}: {result.stderr.strip()}")
+    return result.stdout
+
+
+def apply(objects: list[Obj]) -> None:
+    kubectl("apply", "-f", "-", stdin=yaml.safe_dump_all(objects))
+
+
+def service_account_kubeconfig(name: str, out: Path) -> Path:
+    """A kubeconfig holding a token of ServiceAccount ``name`` (TokenRequest API), nothing more."""
+    token = kubectl("create", "token", name, "-n", NAMESPACE, "--duration", "2h").strip()
+    admin = yaml.safe_load(admin_kubeconfig().read_text())  # type: ignore[union-attr]
+    context = next(c for c in admin["contexts"] if c["name"] == admin["current-context"])["context"]
+    cluster = next(c for c in admin["clusters"] if c["name"] == context["cluster"])
+    out.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": name,
+        "clusters": [cluster],
+        "users": [{"name": name, "user": {"token": token}}],
+        "contexts": [{"name": name, "context": {"cluster": cluster["name"], "user": name}}],
+    }))  # fmt: skip
+    out.chmod(0o600)
+    return out
+
+
+@dataclass
+class Process:
+    """A KRATOS process started here, its log in a file (a pipe nobody reads would stall it)."""
+
+    name: str
+    popen: subprocess.Popen[bytes]
+    log: Path
+
+    def stop(self, timeout: float = 30) -> int:
+        if self.popen.poll() is None:
+            self.popen.send_signal(signal.SIGTERM)
+        return self.popen.wait(timeout=timeout)
+
+    def tail(self, lines: int = 20) -> str:
+        return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+
+
+@dataclass
+class Installed:
+    """KRATOS on the cluster: where its files are, its processes and the webhook's front port."""
+
+    directory: Path
+    front_port: int
+    webhook_kubeconfig: Path
+    controller_kubeconfig: Path
+    processes: list[Process] = field(default_factory=list)
+
+    def start(self, command: str, port: int, metrics_port: int, **env: str) -> Process:
+        certs = self.directory / "certs"
+        log = self.directory / f"{command}-{port or metrics_port}.log"
+        if command == "webhook":
+            args = ["--listen", f"127.0.0.1:{port}", "--tls-cert", str(certs / "tls.crt"),
+                    "--tls-key", str(certs / "tls.key"), "--kubeconfig", str(self.webhook_kubeconfig)]  # fmt: skip
+            env = {"KRATOS_METRICS_LISTEN": f"127.0.0.1:{metrics_port}", **env}
+        else:
+            args = ["--kubeconfig", str(self.controller_kubeconfig)]
+            env = {"KRATOS_CONTROLLER_METRICS_LISTEN": f"127.0.0.1:{metrics_port}", **env}
+        popen = subprocess.Popen(
+            [sys.executable, "-m", "kratos_admit", command, *args, "--signing-key", str(certs / "signing.key")],
+            cwd=REPO, env={**os.environ, "PYTHONUNBUFFERED": "1", **env},
+            stdout=subprocess.DEVNULL, stderr=log.open("wb"),
+        )  # fmt: skip
+        process = Process(f"{command}:{port or metrics_port}", popen, log)
+        self.processes.append(process)
+        return process
+
+
+def wait_ready(process: Process, url: str, *, context: Any = None, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        assert process.popen.poll() is None, f"{process.name} exited:\n{process.tail()}"
+        with (
+            contextlib.suppress(OSError),
+            urllib.request.urlopen(url, timeout=2, context=context) as response,
+        ):
+            if response.status == 200:
+                return
+        assert time.monotonic() < deadline, f"{process.name} not ready at {url}:\n{process.tail()}"
+        time.sleep(0.2)
+
+
+def install_objects(front_port: int, ca: bytes) -> tuple[list[Obj], list[Obj]]:
+    """The rendered install, split: what is applied as it is (Namespace, CRD, ServiceAccounts, RBAC,
+    PriorityClass), and the two webhook configurations pointed at the local webhook."""
+    plain, webhooks = [], []
+    for obj in render(REPO / "webhook-config"):
+        kind = obj["kind"]
+        if kind in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):
+            for hook in obj["webhooks"]:
+                path = hook["clientConfig"]["service"]["path"]
+                hook["clientConfig"] = {
+                    "url": f"https://127.0.0.1:{front_port}{path}",
+                    "caBundle": base64.b64encode(ca).decode(),
+                }
+            webhooks.append(obj)
+        elif kind not in ("Deployment", "Service", "PodDisruptionBudget", "ConfigMap", "Secret"):
+            plain.append(obj)
+    return plain, webhooks
+
+
+def gpu_node(name: str, product: str, tainted: bool) -> Obj:
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": name,
+            "labels": {
+                "kubernetes.io/hostname": name,
+                "kratos-e2e": "true",
+                v.GPU_PRESENT_LABEL: "true",
+                v.GPU_PRODUCT_LABEL: product,
+            },
+        },
+        "spec": {"taints": [{"key": v.GPU_TAINT_KEY, "value": "present", "effect": "NoSchedule"}]}
+        if tainted
+        else {},
+    }
+
+
+def make_nodes_ready() -> None:
+    """No kubelet posts their status: the suite does, once, with room for many Pods and GPUs."""
+    now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    status = {
+        "status": {
+            "capacity": {"cpu": "64", "memory": "512Gi", "pods": "110", "nvidia.com/gpu": "8"},
+            "allocatable": {"cpu": "64", "memory": "512Gi", "pods": "110", "nvidia.com/gpu": "8"},
+            "conditions": [
+                {
+                    "type": "Ready",
+                    "status": "True",
+                    "reason": "KubeletReady",
+                    "message": "e2e",
+                    "lastHeartbeatTime": now,
+                    "lastTransitionTime": now,
+                }
+            ],
+        }
+    }
+    for name, _, _ in GPU_NODES:
+        kubectl("patch", "node", name, "--subresource=status", "--type=merge", "-p", json.dumps(status))
+
+
+# --- in the tests' event loop ------------------------------------------------------------------------
+
+
+@contextlib.asynccontextmanager
+async def admin_api() -> AsyncIterator[client.ApiClient]:
+    api = await api_client(admin_kubeconfig())
+    try:
+        yield api
+    finally:
+        await api.close()
+
+
+Outcome = Callable[[Obj], tuple[int, str | None]]  # a Pod -> (its exit code, the runner's message)
+
+
+def succeed_with_summary(pod: Obj) -> tuple[int, str | None]:
+    """Every Pod succeeds; a profiling run's runner leaves its summary, as the real one does."""
+    containers = [c["name"] for c in pod["spec"]["containers"]]
+    return 0, runner_summary() if v.RUNNER_CONTAINER in containers else None
+
+
+def profiling_fails(pod: Obj) -> tuple[int, str | None]:
+    containers = [c["name"] for c in pod["spec"]["containers"]]
+    return (1, None) if v.RUNNER_CONTAINER in containers else (0, None)
+
+
+def _container_statuses(pod: Obj, key: str, state: Obj) -> list[Obj]:
+    return [
+        {
+            "name": c["name"],
+            "image": c.get("image", ""),
+            "imageID": "",
+            "ready": "running" in state,
+            "restartCount": 0,
+            "started": "running" in state,
+            "state": state,
+        }
+        for c in pod["spec"].get(key) or []
+    ]
+
+
+@contextlib.asynccontextmanager
+async def kubelet(api: client.ApiClient, namespace: str, outcome: Outcome = succeed_with_summary,
+                  *, seconds: float = 1.0) -> AsyncIterator[list[str]]:  # fmt: skip
+    """The kubelet of every fake Node, for one namespace: a Pod the scheduler bound is marked Running,
+    then, ``seconds`` later, Succeeded or Failed with its containers terminated (the runner's
+    termination message included). Yields the names of the Pods it finished."""
+    core = client.CoreV1Api(api)
+    finished: list[str] = []
+    running: dict[str, float] = {}
+
+    async def loop() -> None:
+        while True:
+            pods: Any = await core.list_namespaced_pod(namespace, _preload_content=False)
+            body = json.loads(await pods.read())
+            pods.release()
+            for pod in body.get("items") or []:
+                name, phase = pod["metadata"]["name"], (pod.get("status") or {}).get("phase")
+                if pod["metadata"].get("deletionTimestamp"):
+                    # the kubelet stops the containers, then confirms the deletion (grace 0)
+                    with contextlib.suppress(ApiException):
+                        await core.delete_namespaced_pod(name, namespace, grace_period_seconds=0)
+                    continue
+                if not pod["spec"].get("nodeName") or phase not in ("Pending", "Running"):
+                    continue
+                now = dt.datetime.now(dt.UTC)
+                stamp = now.strftime("%Y-%m-%dT%H:%M:%SZ")
+                if name not in running:
+                    running[name] = time.monotonic()
+                    status = {"phase": "Running", "startTime": stamp, "conditions": [
+                        {"type": "Ready", "status": "True", "lastTransitionTime": stamp}],
+                        "initContainerStatuses": _container_statuses(pod, "initContainers", {"terminated": {
+                            "exitCode": 0, "reason": "Completed", "startedAt": stamp, "finishedAt": stamp}}),
+                        "containerStatuses": _container_statuses(pod, "containers", {"running": {"startedAt": stamp}})}  # fmt: skip
+                elif time.monotonic() - running[name] >= seconds:
+                    code, message = outcome(pod)
+                    started = (pod.get("status") or {}).get("startTime", stamp)
+                    terminated: Obj = {"exitCode": code, "reason": "Completed" if code == 0 else "Error",
+                                       "startedAt": started, "finishedAt": stamp}  # fmt: skip
+                    statuses = _container_statuses(pod, "containers", {"terminated": terminated})
+                    for status_of in statuses:
+                        if message is not None and status_of["name"] == v.RUNNER_CONTAINER:
+                            status_of["state"]["terminated"]["message"] = message
+                    status = {"phase": "Succeeded" if code == 0 else "Failed", "containerStatuses": statuses,
+                              "conditions": [{"type": "Ready", "status": "False", "lastTransitionTime": stamp}]}  # fmt: skip
+                    finished.append(name)
+                else:
+                    continue
+                with contextlib.suppress(ApiException):  # gone meanwhile
+                    await core.patch_namespaced_pod_status(name, namespace, {"status": status})
+            await asyncio.sleep(0.3)
+
+    task = asyncio.create_task(loop())
+    try:
+        yield finished
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+async def until(check: Callable[[], Any], *, timeout: float = 60.0, what: str = "condition") -> Any:
+    """Poll an async or plain check until it returns something true."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = check()
+        if asyncio.iscoroutine(result):
+            result = await result
+        if result:
+            return result
+        assert time.monotonic() < deadline, f"{what}: not met within {timeout} s"
+        await asyncio.sleep(0.25)
+
+
+def install(directory: Path) -> Generator[Installed, None, None]:
+    """Install KRATOS (the session fixture's body): applied objects, the two processes, the Nodes."""
+    kubectl("delete", "namespaces", "-l", "kratos-e2e=true", "--wait=false")  # an earlier run's, if any
+    certs = directory / "certs"
+    generate(service="kratos-webhook", namespace=NAMESPACE, out=certs, extra_names=("127.0.0.1",))
+    front = free_port()
+    plain, webhooks = install_objects(front, (certs / "ca.crt").read_bytes())
+    apply(plain)
+    kubectl("wait", "--for=condition=Established", "crd/workloadprofiles.gpu.scheduler.io", "--timeout=60s")
+    apply([{"apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass", "metadata": {"name": "nvidia"},
+            "handler": "nvidia"}])  # fmt: skip
+    apply([gpu_node(*node) for node in GPU_NODES])
+    make_nodes_ready()
+    installed = Installed(
+        directory, front, service_account_kubeconfig("kratos-webhook", directory / "webhook.kubeconfig"),
+        service_account_kubeconfig("kratos-controller", directory / "controller.kubeconfig"),
+    )  # fmt: skip
+    try:
+        apply(webhooks)
+        yield installed
+    finally:
+        for process in installed.processes:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                process.stop(timeout=20)
+        for kind in ("mutatingwebhookconfiguration", "validatingwebhookconfiguration"):
+            kubectl("delete", kind, "kratos-admit", "--ignore-not-found", check=False)
+        kubectl("delete", "nodes", "-l", "kratos-e2e=true", "--ignore-not-found", check=False)
+
+
+class Front:
+    """The Service in front of the webhook pods (the harness's kube-proxy-like forwarder) on the port
+    the webhook configurations name, served by an event loop of its own in a thread."""
+
+    def __init__(self, port: int, context: ssl.SSLContext, pods: list[int]) -> None:
+        self.service = Service(context, pods=list(pods), port=port)
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.stop: asyncio.Event | None = None
+
+    def __enter__(self) -> Front:
+        self.thread.start()
+        asyncio.run_coroutine_threadsafe(self._started(), self.loop).result(10)
+        return self
+
+    async def _started(self) -> None:
+        self.stop = asyncio.Event()
+        started = asyncio.Event()
+
+        async def serve() -> None:
+            async with self.service.running():
+                started.set()
+                assert self.stop is not None
+                await self.stop.wait()
+
+        self.task = asyncio.create_task(serve())
+        await started.wait()
+
+    def __exit__(self, *_: object) -> None:
+        assert self.stop is not None
+        self.loop.call_soon_threadsafe(self.stop.set)
+        asyncio.run_coroutine_threadsafe(asyncio.wait_for(self._finished(), 10), self.loop).result(15)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+
+    async def _finished(self) -> None:
+        await self.task
