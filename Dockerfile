@@ -6,6 +6,7 @@ WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY kratos_admit ./kratos_admit
 COPY profiler-controller ./profiler-controller
+COPY runner/kratos_runner ./runner/kratos_runner
 RUN python -m pip install --no-cache-dir --upgrade pip \
  && python -m pip wheel --no-cache-dir --wheel-dir /wheels .
 

@@ -310,6 +310,16 @@ def machine() -> dict[str, Any]:
     }
 
 
+KEPT = "<!-- kept: sections below are written by other benchmarks (bench/review_bench.py) -->"
+
+
+def write_docs(path: Path, text: str) -> None:
+    """The page, keeping what other benchmarks recorded below the KEPT marker."""
+    old = path.read_text() if path.exists() else ""
+    kept = old[old.index(KEPT) :] if KEPT in old else ""
+    path.write_text(text + ("\n" + kept if kept else ""))
+
+
 def markdown(report: Report) -> str:
     lines = [
         "# Admission benchmark",
@@ -417,7 +427,7 @@ def main(argv: list[str] | None = None) -> int:
         report.load = [LoadResult(**r) for r in data["load"]]
         report.paced = [LoadResult(**r) for r in data["paced"]]
         report.targets = targets(report)
-        (args.out_dir / "docs" / "benchmarks.md").write_text(markdown(report))
+        write_docs(args.out_dir / "docs" / "benchmarks.md", markdown(report))
         return 0
     client = args.client if args.client != "auto" else ("wrk" if shutil.which("wrk") else "python")
     if client == "wrk" and not shutil.which("wrk"):
@@ -500,7 +510,7 @@ def main(argv: list[str] | None = None) -> int:
     (results / "latest.json").write_text(json.dumps(asdict(report), indent=2) + "\n")
     docs = args.out_dir / "docs"
     docs.mkdir(parents=True, exist_ok=True)
-    (docs / "benchmarks.md").write_text(markdown(report))
+    write_docs(docs / "benchmarks.md", markdown(report))
     print(f"wrote {docs / 'benchmarks.md'} and {results / 'latest.json'}")
     errors = sum(r.errors for r in report.load + report.paced)
     return 1 if errors else 0

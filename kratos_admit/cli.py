@@ -4,19 +4,19 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import dataclasses
 import enum
+import gc
 import json
 import logging
 import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, TextIO
-
-import aiohttp
-import yaml
-from kubernetes_asyncio.client.exceptions import ApiException
+from typing import TYPE_CHECKING, Any, TextIO
 
 from kratos_admit import __version__
+from kratos_admit import vocabulary as v
 from kratos_admit.admission import AdmissionEngine, build_engine
 from kratos_admit.calibration import NO_CALIBRATION
 from kratos_admit.catalog import Catalog, CatalogError, load_catalog
@@ -29,30 +29,25 @@ from kratos_admit.certs import (
     generate,
     rotate,
 )
-from kratos_admit.cluster import ClusterCalibrationStore, ClusterNodeStore, ClusterProfileStore
 from kratos_admit.config import Config, ConfigError, load_config
-from kratos_admit.inject import WEBHOOK_CONFIGURATION, Injected, InjectError, inject_ca, read_ca
-from kratos_admit.kube import KubeConfigError, api_client
 from kratos_admit.logs import configure_logging
-from kratos_admit.manifests import ManifestError, load_objects
+from kratos_admit.manifests import Document, ManifestError, read_manifests
 from kratos_admit.placement import format_table, placement_header, placement_rows
-from kratos_admit.release import Release, ReleaseError, Releaser
-from kratos_admit.review import review_document
+from kratos_admit.review import Batch, as_json, review_batches, review_body_size, review_namespace
 from kratos_admit.scheduling import SimNode
-from kratos_admit.server import serve, serve_processes
 from kratos_admit.signing import DEVELOPMENT_KEY, SigningKeyError, load_signing_key
-from kratos_admit.simcluster import simulate_on_cluster
 from kratos_admit.simfiles import SimFileError, load_cluster, load_trace, load_truth
 from kratos_admit.simplot import PlotError, format_results, load_plotter
 from kratos_admit.simulation import SimulationError, SimulationResult, Trace, Truth, simulate
-from kratos_admit.stores import (
-    FileNodeStore,
-    FileProfileStore,
-    StoreError,
-    load_calibration,
-    load_profiles,
-)
-from kratos_admit.tls import CertificateError
+from kratos_admit.stores import FileNodeStore, FileProfileStore, StoreError, load_calibration, load_profiles
+from kratos_admit.suite import SuiteError, find_suites, format_rows, run_suite
+
+if TYPE_CHECKING:
+    from kratos_admit.inject import Injected
+    from kratos_admit.release import Release
+
+# The commands that serve or talk to a cluster import aiohttp and kubernetes_asyncio when they run
+# (a third of a second that review, test and placement never need): see LAZY_ERRORS.
 
 log = logging.getLogger("kratos")
 
@@ -76,6 +71,37 @@ class ArgumentsError(UsageError):
         self.usage = usage
 
 
+# Every error that means "unusable input or start-up configuration": exit 2 and the message as one
+# line on stderr, from ``main`` alone. A subcommand reports such a problem by raising one of these
+# (UsageError when no module-specific one fits); it never prints an error or exits by itself.
+INPUT_ERRORS: tuple[type[Exception], ...] = (
+    UsageError,
+    ConfigError,
+    CatalogError,
+    StoreError,
+    SigningKeyError,
+    ManifestError,
+    SuiteError,
+    CertsError,
+    SimFileError,
+    PlotError,
+)
+# ... and these, from the modules only the cluster and server commands import (a module not
+# imported cannot have raised its error)
+LAZY_ERRORS = (
+    ("kratos_admit.kube", "KubeConfigError"),  # ApiUnreachable too
+    ("kratos_admit.inject", "InjectError"),
+    ("kratos_admit.process", "ListenError"),
+    ("kratos_admit.tls", "CertificateError"),
+    ("kratos_admit.release", "ReleaseError"),
+)
+
+
+def input_errors() -> tuple[type[Exception], ...]:
+    loaded = [getattr(sys.modules[module], name) for module, name in LAZY_ERRORS if module in sys.modules]
+    return INPUT_ERRORS + tuple(loaded)
+
+
 class _HelpFormatter(argparse.HelpFormatter):
     """Every flag's help ends with its default, where it has one (argparse's own formatter would
     also print "(default: None)" for flags whose default comes from the config file)."""
@@ -95,6 +121,13 @@ class _Parser(argparse.ArgumentParser):
         raise ArgumentsError(f"{self.prog}: error: {message}", self.format_usage())
 
 
+def _command(commands: Any, name: str, **kwargs: Any) -> argparse.ArgumentParser:
+    """A subcommand whose own usage is shown when its arguments are wrong."""
+    parser: argparse.ArgumentParser = commands.add_parser(name, **kwargs)
+    parser.set_defaults(usage_of=parser)
+    return parser
+
+
 def _path(parser: argparse.ArgumentParser, flag: str, metavar: str, help_text: str) -> None:
     """A flag naming a file or directory."""
     parser.add_argument(flag, type=Path, metavar=metavar, help=help_text)
@@ -104,11 +137,12 @@ def build_parser() -> argparse.ArgumentParser:
     defaults = Config()
     parser = _Parser(prog="kratos-admit", description="Application-aware GPU admission for Kubernetes.")
     parser.add_argument("--version", action="version", version=f"kratos-admit {__version__}")
+    parser.set_defaults(usage_of=parser)
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
 
     config_help = "YAML configuration file (KRATOS_* environment variables override it; see README)"
     kubeconfig_help = "kubeconfig file (default: in-cluster account, else $KUBECONFIG, else ~/.kube/config)"
-    webhook = commands.add_parser("webhook", help="serve the HTTPS admission webhooks")
+    webhook = _command(commands, "webhook", help="serve the HTTPS admission webhooks")
     _path(webhook, "--config", "FILE", config_help)
     webhook.add_argument(
         "--listen", metavar="HOST:PORT", help=f"where to serve HTTPS (default: {defaults.listen})"
@@ -131,19 +165,26 @@ def build_parser() -> argparse.ArgumentParser:
         "--workers", type=int, default=1, metavar="N", help="serving processes sharing the port"
     )
 
-    review = commands.add_parser("review", help="run both webhooks offline on a manifest")
+    review = _command(commands, "review", help="run both webhooks offline on a manifest")
     review.add_argument(
         "-f",
         "--filename",
         required=True,
+        action="append",
         metavar="FILE",
-        help="manifest (Job, Pod, List, multi-document), or -",
+        help="manifest (Job, Pod, List, multi-document), a directory of them, or - for stdin; repeatable",
+    )
+    review.add_argument(
+        "-R", "--recursive", action="store_true", help="with -f DIR, also the files in its subdirectories"
     )
     _path(review, "--config", "FILE", config_help)
     _path(review, "--profiles", "DIR", "WorkloadProfile YAML files (default: none)")
     _path(review, "--nodes", "FILE", "Node YAML of the cluster (default: none)")
     review.add_argument(
-        "--namespace", metavar="NS", help="namespace to review in (default: the object's, else default)"
+        "-n",
+        "--namespace",
+        metavar="NS",
+        help="namespace to review in (default: the object's, else default)",
     )
     review.add_argument("--user", default="kratos-review", metavar="NAME", help="requesting user")
     _path(review, "--signing-key", "FILE", "signing key (default: the fixed development key)")
@@ -152,11 +193,18 @@ def build_parser() -> argparse.ArgumentParser:
         "--output",
         choices=("yaml", "json", "patch"),
         default="yaml",
-        help="the mutated objects, the full decisions, or the JSON patches",
+        help="the allowed objects as mutated, the full decisions, or the JSON patches",
     )
 
-    placement = commands.add_parser(
-        "placement", help="show how a profile ranks the cluster's GPU products, and from what figures"
+    test = _command(commands, "test", help="run declarative review suites (kratos-test.yaml) under DIR")
+    test.add_argument(
+        "directory", nargs="?", default=".", type=Path, metavar="DIR", help="where to look for suites"
+    )
+
+    placement = _command(
+        commands,
+        "placement",
+        help="show how a profile ranks the cluster's GPU products, and from what figures",
     )
     placement.add_argument(
         "-p", "--profile", type=Path, required=True, metavar="FILE", help="a WorkloadProfile YAML file"
@@ -173,8 +221,8 @@ def build_parser() -> argparse.ArgumentParser:
         "-o", "--output", choices=("table", "json"), default="table", help="a table for people, or JSON rows"
     )
 
-    simulate = commands.add_parser(
-        "simulate", help="replay a trace of Jobs on a modelled cluster under each placement policy"
+    simulate = _command(
+        commands, "simulate", help="replay a trace of Jobs on a modelled cluster under each placement policy"
     )
     _path(simulate, "--cluster", "FILE", "Node YAML of the cluster (product labels, nvidia.com/gpu capacity)")
     _path(simulate, "--trace", "FILE", "the trace: {jobs: [{name, workload, arrival, gpus, ...}]}")
@@ -204,16 +252,17 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --kubeconfig: real seconds per simulated second",
     )
 
-    controller = commands.add_parser("controller", help="run the profiler controller (leader-elected)")
+    controller = _command(commands, "controller", help="run the profiler controller (leader-elected)")
     _path(controller, "--config", "FILE", config_help)
     _path(controller, "--kubeconfig", "FILE", kubeconfig_help)
     _path(controller, "--signing-key", "FILE", "the key shared with the webhook; required")
 
-    certs = commands.add_parser("certs", help="certificates for the webhook")
+    certs = _command(commands, "certs", help="certificates for the webhook")
     certs_commands = certs.add_subparsers(
         dest="certs_command", required=True, metavar="COMMAND", parser_class=_Parser
     )
-    gen = certs_commands.add_parser(
+    gen = _command(
+        certs_commands,
         "generate",
         help="serving certificate, plus the CA and signing key where DIR has none (never replaced unless asked)",
     )
@@ -242,8 +291,10 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="accepted where DIR holds no CA or signing key; it no longer replaces them (use --new-ca, --new-signing-key)",
     )
-    rot = certs_commands.add_parser(
-        "rotate", help="a new serving certificate from the CA in DIR; the CA and signing key stay"
+    rot = _command(
+        certs_commands,
+        "rotate",
+        help="a new serving certificate from the CA in DIR; the CA and signing key stay",
     )
     rot.add_argument("--dir", type=Path, required=True, metavar="DIR", help="what certs generate wrote")
     rot.add_argument(
@@ -253,19 +304,17 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="validity of the serving certificate (365)",
     )
-    inject = certs_commands.add_parser(
-        "inject", help="write the CA into the webhook configurations' caBundle"
-    )
+    inject = _command(certs_commands, "inject", help="write the CA into the webhook configurations' caBundle")
     inject.add_argument("--ca", type=Path, required=True, metavar="FILE", help="the CA certificate (PEM)")
     inject.add_argument(
         "--append", action="store_true", help="keep the CAs already in each caBundle (a CA roll)"
     )
     _path(inject, "--kubeconfig", "FILE", kubeconfig_help)
     inject.add_argument(
-        "--name", default=WEBHOOK_CONFIGURATION, metavar="NAME", help="the webhook configurations' name"
+        "--name", default=v.WEBHOOK_CONFIGURATION, metavar="NAME", help="the webhook configurations' name"
     )
-    release = commands.add_parser(
-        "release", help="let go of everything KRATOS holds (finalizers, suspended Jobs, gated Pods)"
+    release = _command(
+        commands, "release", help="let go of everything KRATOS holds (finalizers, suspended Jobs, gated Pods)"
     )
     scope = release.add_mutually_exclusive_group(required=True)
     scope.add_argument("-n", "--namespace", metavar="NS", help="only this namespace")
@@ -277,20 +326,33 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# the flag that sets each configuration key, so that a bad value names the flag the user typed
+FLAGS = {
+    "listen": "--listen",
+    "metricsListen": "--metrics-listen",
+    "tlsCertFile": "--tls-cert",
+    "tlsKeyFile": "--tls-key",
+    "signingKeyFile": "--signing-key",
+    "profilesDir": "--profiles",
+    "nodesFile": "--nodes",
+}
+
+
 def _config(args: argparse.Namespace, **overrides: Any) -> Config:
-    return load_config(args.config, overrides=overrides)
+    return load_config(args.config, overrides=overrides, flags=FLAGS)
 
 
-def _signing_key(path: Path | None, *, allow_development: bool, stderr: TextIO) -> bytes:
+def _signing_key(path: Path | None, *, allow_development: bool) -> tuple[bytes, str]:
+    """The key, and a warning to print once everything else has loaded (so that an input error
+    stays the one line on stderr)."""
     if path is not None:
-        return load_signing_key(path)
+        return load_signing_key(path), ""
     if not allow_development:
         raise UsageError("no signing key: pass --signing-key FILE (kratos-admit certs generate writes one)")
-    print(
+    return (
+        DEVELOPMENT_KEY,
         "warning: no --signing-key given; using the fixed development key (never in a cluster)",
-        file=stderr,
     )
-    return DEVELOPMENT_KEY
 
 
 def _file_engine(config: Config, key: bytes) -> AdmissionEngine:
@@ -302,35 +364,82 @@ def _file_engine(config: Config, key: bytes) -> AdmissionEngine:
     )
 
 
-def cmd_review(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> ExitStatus:
-    config = _config(args, profilesDir=args.profiles, nodesFile=args.nodes, source="files")
-    key = _signing_key(args.signing_key or config.signing_key_file, allow_development=True, stderr=stderr)
-    engine = _file_engine(config, key)
+def _check_body_sizes(documents: list[Document], *, config: Config, namespace: str | None, user: str) -> None:
+    """A document whose AdmissionReview the webhook would refuse (413) is refused here too."""
+    for document in documents:
+        ns = review_namespace(document.object, namespace)
+        size = review_body_size(document.object, namespace=ns, user=user)
+        if size > config.max_body_bytes:
+            raise UsageError(
+                f"{document.where}: its AdmissionReview would be {size} bytes, over maxBodyBytes "
+                f"({config.max_body_bytes}): the webhook answers 413 and the API server refuses the object"
+            )
+
+
+def _write_batches(
+    batches: Iterator[Batch], form: str, *, several: bool, stdout: TextIO, stderr: TextIO
+) -> bool:
+    """The batches' output in order (YAML documents separated by ``---``; JSON as one value, or an
+    array when there are several documents) and their notes on stderr; True when all were allowed."""
+    allowed, written = True, 0
+    for batch in batches:
+        for note in batch.notes:
+            print(note, file=stderr)
+        allowed = allowed and batch.allowed
+        if batch.entries:
+            if form == "yaml":
+                stdout.write(("---\n" if written else "") + batch.text)
+            else:
+                stdout.write(("[\n  " if several else "") if not written else ",\n  ")
+                stdout.write(batch.text)
+            written += batch.entries
+    if form != "yaml" and written:
+        stdout.write("\n]\n" if several else "\n")
+    return allowed
+
+
+@contextlib.contextmanager
+def _without_cycle_collection() -> Iterator[None]:
+    """The cyclic collector paused for a review: parsed manifests and the review's objects hold no
+    cycles (plain JSON values; the decision code keeps none), yet with a 12,000-Job file loaded
+    the collector's passes cost a third of the review's time and find nothing (docs/benchmarks.md,
+    "Offline review"); forked review workers also share the loaded pages instead of copying them."""
+    gc.disable()
     try:
-        text = sys.stdin.read() if args.filename == "-" else Path(args.filename).read_text("utf-8")
-    except OSError as exc:
-        raise UsageError(f"{args.filename}: {exc.strerror}") from None
-    except UnicodeDecodeError:
-        raise UsageError(f"{args.filename}: not UTF-8 text") from None
-    docs = load_objects(text, "<stdin>" if args.filename == "-" else args.filename)
-    results = [
-        review_document(doc, index=i, engine=engine, namespace=args.namespace, user=args.user)
-        for i, doc in enumerate(docs)
-    ]
-    for r in results:
-        for warning in r.warnings:
-            print(f"warning: {r.kind}/{r.name}: {warning}", file=stderr)
-        for error in r.violations:
-            print(f"denied: {r.kind}/{r.name}: {error}", file=stderr)
-    if args.output == "yaml":
-        stdout.write(yaml.safe_dump_all([r.object for r in results], sort_keys=False))
-    else:
-        items: list[Any] = [r.as_dict() if args.output == "json" else r.patch for r in results]
-        stdout.write(json.dumps(items[0] if len(items) == 1 else items, indent=2) + "\n")
-    return ExitStatus.OK if all(r.allowed for r in results) else ExitStatus.DENIED
+        yield
+    finally:
+        gc.enable()
 
 
-def cmd_webhook(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> ExitStatus:
+def cmd_review(args: argparse.Namespace, stdout: TextIO, stderr: TextIO, stdin: TextIO) -> ExitStatus:
+    config = _config(args, profilesDir=args.profiles, nodesFile=args.nodes, source="files")
+    with _without_cycle_collection():
+        documents = read_manifests(args.filename, recursive=args.recursive, stdin=stdin)
+        key, warning = _signing_key(args.signing_key or config.signing_key_file, allow_development=True)
+        engine = _file_engine(config, key)
+        _check_body_sizes(documents, config=config, namespace=args.namespace, user=args.user)
+        if warning:
+            print(warning, file=stderr)
+        batches = review_batches(
+            [d.object for d in documents],
+            engine=engine,
+            namespace=args.namespace,
+            user=args.user,
+            form=args.output,
+        )
+        allowed = _write_batches(
+            batches, args.output, several=len(documents) > 1, stdout=stdout, stderr=stderr
+        )
+    return ExitStatus.OK if allowed else ExitStatus.DENIED
+
+
+def cmd_test(args: argparse.Namespace, stdout: TextIO, stderr: TextIO, stdin: TextIO) -> ExitStatus:
+    rows = [row for path in find_suites(args.directory) for row in run_suite(path)]
+    stdout.write(format_rows(rows))
+    return ExitStatus.OK if all(row.passed for row in rows) else ExitStatus.DENIED
+
+
+def cmd_webhook(args: argparse.Namespace, stdout: TextIO, stderr: TextIO, stdin: TextIO) -> ExitStatus:
     files = args.profiles is not None or args.nodes is not None
     config = _config(
         args,
@@ -350,12 +459,16 @@ def cmd_webhook(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> Exi
     if not 1 <= args.workers <= 64:
         raise UsageError("--workers must be between 1 and 64")
     configure_logging(config.log_level, stderr)
+    from kratos_admit.server import serve_processes  # noqa: PLC0415 (see LAZY_ERRORS)
+
     if config.source == "files":
-        key = _signing_key(config.signing_key_file, allow_development=True, stderr=stderr)
+        key, warning = _signing_key(config.signing_key_file, allow_development=True)
         engine = _file_engine(config, key)  # loaded once, shared by forks
+        if warning:
+            print(warning, file=stderr)
         status = serve_processes(lambda: engine, config=config, workers=args.workers)
         return ExitStatus.OK if status == 0 else ExitStatus.FAILED
-    key = _signing_key(config.signing_key_file, allow_development=False, stderr=stderr)
+    key, _ = _signing_key(config.signing_key_file, allow_development=False)
     if args.workers == 1:
         asyncio.run(_serve_cluster(config, key, args.kubeconfig))
         return ExitStatus.OK
@@ -365,8 +478,17 @@ def cmd_webhook(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> Exi
 
 
 async def _serve_cluster(config: Config, key: bytes, kubeconfig: Path | None) -> None:
+    from kratos_admit.cluster import (  # noqa: PLC0415
+        ClusterCalibrationStore,
+        ClusterNodeStore,
+        ClusterProfileStore,
+    )
+    from kratos_admit.kube import api_client, check_reachable  # noqa: PLC0415
+    from kratos_admit.server import serve  # noqa: PLC0415
+
     api = await api_client(kubeconfig)
     try:
+        await check_reachable(api)
         engine = build_engine(
             config,
             signing_key=key,
@@ -379,9 +501,9 @@ async def _serve_cluster(config: Config, key: bytes, kubeconfig: Path | None) ->
         await api.close()
 
 
-def cmd_placement(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> ExitStatus:
+def cmd_placement(args: argparse.Namespace, stdout: TextIO, stderr: TextIO, stdin: TextIO) -> ExitStatus:
     config = _config(args)
-    profiles = load_profiles([args.profile])
+    profiles = load_profiles([args.profile], expected=f"-p expects a file holding one {v.PROFILE_KIND}")
     if len(profiles) != 1:
         raise UsageError(f"{args.profile}: must hold exactly one WorkloadProfile, holds {len(profiles)}")
     [profile] = profiles
@@ -391,14 +513,14 @@ def cmd_placement(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> E
         profile, nodes, catalog=load_catalog(config.catalog_file), config=config, calibration=calibration
     )
     if args.output == "json":
-        stdout.write(json.dumps([dataclasses.asdict(r) for r in rows], indent=2) + "\n")
+        stdout.write(as_json([dataclasses.asdict(r) for r in rows]) + "\n")
     else:
-        stdout.write("\n".join(placement_header(profile, config)) + "\n\n")
+        stdout.write("\n".join(placement_header(profile, config, rows)) + "\n\n")
         stdout.write(format_table(rows) if rows else "no product to rank: the profile has no figures\n")
     return ExitStatus.OK
 
 
-def cmd_simulate(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> ExitStatus:
+def cmd_simulate(args: argparse.Namespace, stdout: TextIO, stderr: TextIO, stdin: TextIO) -> ExitStatus:
     for flag, value in (("--cluster", args.cluster), ("--trace", args.trace)):
         if value is None:
             raise UsageError(f"simulate needs {flag} FILE")
@@ -456,8 +578,15 @@ async def _simulate_on_cluster(
     noise: float,
     time_scale: float,
 ) -> SimulationResult:
+    from aiohttp import ClientError  # noqa: PLC0415 (see LAZY_ERRORS)
+    from kubernetes_asyncio.client.exceptions import ApiException  # noqa: PLC0415
+
+    from kratos_admit.kube import api_client, check_reachable  # noqa: PLC0415
+    from kratos_admit.simcluster import simulate_on_cluster  # noqa: PLC0415
+
     api = await api_client(kubeconfig)
     try:
+        await check_reachable(api)
         return await simulate_on_cluster(
             api,
             trace,
@@ -473,13 +602,13 @@ async def _simulate_on_cluster(
         raise UsageError(
             f"--kubeconfig {kubeconfig}: the API server refused: {exc.status} {exc.reason}"
         ) from None
-    except aiohttp.ClientError as exc:
+    except ClientError as exc:
         raise UsageError(f"--kubeconfig {kubeconfig}: cannot reach the API server: {exc}") from None
     finally:
         await api.close()
 
 
-def cmd_controller(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> ExitStatus:
+def cmd_controller(args: argparse.Namespace, stdout: TextIO, stderr: TextIO, stdin: TextIO) -> ExitStatus:
     config = _config(args, signingKeyFile=args.signing_key)
     if config.signing_key_file is None:
         raise UsageError("the controller needs --signing-key FILE, the secret it shares with the webhook")
@@ -492,8 +621,10 @@ def cmd_controller(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> 
     return ExitStatus.OK if status == 0 else ExitStatus.FAILED
 
 
-def cmd_certs(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> ExitStatus:
+def cmd_certs(args: argparse.Namespace, stdout: TextIO, stderr: TextIO, stdin: TextIO) -> ExitStatus:
     if args.certs_command == "inject":
+        from kratos_admit.inject import read_ca  # noqa: PLC0415 (see LAZY_ERRORS)
+
         ca = read_ca(args.ca)
         for done in asyncio.run(_inject(ca, args.kubeconfig, args.name, append=args.append)):
             held = f" ({done.certificates} CA certificate(s) in the bundle)" if args.append else ""
@@ -538,14 +669,18 @@ def _say_written(result: GeneratedCerts, stdout: TextIO) -> None:
 
 
 async def _inject(ca: bytes, kubeconfig: Path | None, name: str, *, append: bool) -> list[Injected]:
+    from kratos_admit.inject import inject_ca  # noqa: PLC0415 (see LAZY_ERRORS)
+    from kratos_admit.kube import api_client, check_reachable  # noqa: PLC0415
+
     api = await api_client(kubeconfig)
     try:
+        await check_reachable(api)
         return await inject_ca(api, ca, name=name, append=append)
     finally:
         await api.close()
 
 
-def cmd_release(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> ExitStatus:
+def cmd_release(args: argparse.Namespace, stdout: TextIO, stderr: TextIO, stdin: TextIO) -> ExitStatus:
     released = asyncio.run(_release(args.kubeconfig, args.namespace, dry_run=args.dry_run))
     for release in released:
         print(release.line(dry_run=args.dry_run), file=stdout)
@@ -556,15 +691,21 @@ def cmd_release(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> Exi
 
 
 async def _release(kubeconfig: Path | None, namespace: str | None, *, dry_run: bool) -> list[Release]:
+    from kratos_admit.kube import api_client, check_reachable  # noqa: PLC0415 (see LAZY_ERRORS)
+    from kratos_admit.release import Releaser  # noqa: PLC0415
+
     api = await api_client(kubeconfig)
     try:
+        await check_reachable(api)
         return await Releaser(api, namespace=namespace, dry_run=dry_run).run()
     finally:
         await api.close()
 
 
-COMMANDS = {
+Command = Callable[[argparse.Namespace, TextIO, TextIO, TextIO], ExitStatus]
+COMMANDS: dict[str, Command] = {
     "review": cmd_review,
+    "test": cmd_test,
     "webhook": cmd_webhook,
     "placement": cmd_placement,
     "simulate": cmd_simulate,
@@ -575,32 +716,26 @@ COMMANDS = {
 
 
 def main(
-    argv: list[str] | None = None, *, stdout: TextIO | None = None, stderr: TextIO | None = None
+    argv: list[str] | None = None,
+    *,
+    stdout: TextIO | None = None,
+    stderr: TextIO | None = None,
+    stdin: TextIO | None = None,
 ) -> ExitStatus:
     stdout = stdout or sys.stdout
     stderr = stderr or sys.stderr
     try:
-        args = build_parser().parse_args(argv)
-        return COMMANDS[args.command](args, stdout, stderr)
+        args, unknown = build_parser().parse_known_args(argv)
+        if unknown:  # said by the subcommand's parser, so its usage is the one shown
+            args.usage_of.error(f"unrecognized arguments: {' '.join(unknown)}")
+        return COMMANDS[args.command](args, stdout, stderr, stdin or sys.stdin)
     except ArgumentsError as exc:
         stderr.write(exc.usage)
         print(exc, file=stderr)
         return ExitStatus.UNUSABLE
-    except (
-        UsageError,
-        ConfigError,
-        CatalogError,
-        StoreError,
-        SigningKeyError,
-        CertificateError,
-        CertsError,
-        KubeConfigError,
-        InjectError,
-        ManifestError,
-        SimFileError,
-        PlotError,
-        ReleaseError,
-    ) as exc:
+    except Exception as exc:
+        if not isinstance(exc, input_errors()):
+            raise
         print(f"kratos-admit: {exc}", file=stderr)
         return ExitStatus.UNUSABLE
 

@@ -244,6 +244,11 @@ def _apply_priority(
 ) -> list[str]:
     priority = annotations.get(v.PRIORITY_ANNOTATION)
     priority_class = next((c for p, c in config.priority_classes.items() if p == priority), None)
+    if priority is not None and not priority_class:
+        warnings.append(
+            f"{v.PRIORITY_ANNOTATION}: {priority} has no effect: the configuration's priorityClasses "
+            f"maps {priority!r} to no PriorityClass (set priorityClasses.{priority} to use it)"
+        )
     if not priority_class:
         return []
     if kind == "Pod":

@@ -16,7 +16,7 @@ from cryptography.hazmat.primitives import serialization
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
-WEBHOOK_CONFIGURATION = "kratos-admit"
+from kratos_admit.vocabulary import WEBHOOK_CONFIGURATION
 
 
 class InjectError(ValueError):

@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 from kubernetes_asyncio import client, config, watch
 from kubernetes_asyncio.client.exceptions import ApiException
 
@@ -26,6 +27,33 @@ ListFunc = Callable[..., Awaitable[Any]]
 
 class KubeConfigError(ValueError):
     """No usable cluster credentials; the message says what was tried."""
+
+
+class ApiUnreachable(KubeConfigError):
+    """The API server the credentials name does not answer: said once at start, not retried."""
+
+
+async def check_reachable(api: client.ApiClient, *, timeout: float = 5.0) -> None:
+    """One ``GET /version`` before a command starts work, so an API server that is down or a wrong
+    address is said in one line at once instead of as a retry loop or a traceback. Any HTTP answer
+    counts (even 401 or 404: that is for the calls that follow to report); only no answer does not."""
+    host = api.configuration.host
+    try:
+        response = await client.VersionApi(api).get_code(_preload_content=False, _request_timeout=timeout)
+        response.release()  # type: ignore[attr-defined]  # the raw aiohttp response (no preloading)
+    except (aiohttp.ClientError, OSError) as exc:
+        reason = getattr(exc, "os_error", None) or exc
+        raise ApiUnreachable(
+            f"cannot reach the API server at {host}: {_connection_problem(reason)}"
+        ) from None
+    except TimeoutError:
+        raise ApiUnreachable(f"cannot reach the API server at {host}: no answer in {timeout:g} s") from None
+
+
+def _connection_problem(exc: BaseException) -> str:
+    if isinstance(exc, OSError) and exc.errno:
+        return os.strerror(exc.errno).lower()  # "connection refused", not "Connect call failed (...)"
+    return " ".join((str(exc) or type(exc).__name__).split())
 
 
 async def api_client(kubeconfig: Path | None = None) -> client.ApiClient:

@@ -81,27 +81,42 @@ def placement_rows(
     return rows
 
 
-def placement_header(profile: WorkloadProfile, config: Config) -> list[str]:
-    """What the rows rest on: the profile's figures, the reference GPU and the strategy."""
+def placement_header(profile: WorkloadProfile, config: Config, rows: list[PlacementRow]) -> list[str]:
+    """What the rows rest on: the profile's figures, the reference GPU, the strategy, and which
+    observations were used (a product's runs count once there are ``minObservedRuns`` of them)."""
     status = profile.status
     shares = throughput_shares(profile)
     lines = [
         f"profile {profile.metadata.namespace}/{profile.metadata.name} (workload {profile.spec.workload}), "
         f"phase {status.phase if status else 'none'}, bound {status.bound_type if status else 'unknown'}",
     ]
+    used = {label for r in rows if r.time_from == "observed" for label in r.labels.split(",")}
+    ranked = {label for r in rows for label in r.labels.split(",")}
     if shares is not None:
         lines.append(
             f"SM {shares[0]:.1%} and memory {shares[1]:.1%} of peak on "
             f"{(status.gpu.product if status else None) or config.reference_product}; "
-            f"strategy {config.hint_strategy}; observed runtimes used from {config.min_observed_runs} runs"
+            f"strategy {config.hint_strategy}; observed runtimes used for "
+            f"{sum(r.time_from == 'observed' for r in rows)} of {len(rows)} products (they replace the "
+            f"model once 2 products have {config.min_observed_runs} successful runs each)"
         )
     for o in status.observations if status else []:
-        lines.append(f"observed on {o.product}: {o.runs} runs, mean {o.mean_seconds} s")
+        why = (
+            "used" if o.product in used
+            else "not in this cluster" if o.product not in ranked
+            else f"not used: fewer than {config.min_observed_runs} runs" if o.runs < config.min_observed_runs
+            else f"not used: no second product has {config.min_observed_runs} runs"
+        )  # fmt: skip
+        lines.append(f"observed on {o.product}: {o.runs} runs, mean {o.mean_seconds} s ({why})")
     return lines
 
 
 def format_table(rows: list[PlacementRow]) -> str:
-    columns = list(asdict(rows[0]).keys()) if rows else list(PlacementRow.__dataclass_fields__)
+    """The rows as columns; LABELS (the node label values read as the product) only where some
+    differ from the product itself (a -SHARED or MIG variant), else it would repeat PRODUCT."""
+    columns = list(PlacementRow.__dataclass_fields__)
+    if all(r.labels == r.product for r in rows):
+        columns.remove("labels")
     cells = [[str(asdict(r)[c]) for c in columns] for r in rows]
     widths = [max([len(c), *(len(row[i]) for row in cells)]) for i, c in enumerate(columns)]
     header = [c.upper().replace("_", " ") for c in columns]

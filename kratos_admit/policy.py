@@ -194,31 +194,29 @@ def mutate(
     if kind == "Pod":
         return hinted(
             obj,
-            reason=f"no WorkloadProfile for workload {name}",
-            warning=f"no WorkloadProfile for workload {name}: Pod admitted with base hints only "
+            reason=f"no WorkloadProfile for workload {name} in namespace {namespace}",
+            warning=f"no WorkloadProfile for workload {name} in namespace {namespace}: Pod admitted with base hints only "
             "(Pods are never rewritten for profiling; submit a Job to profile it)",
         )
     if role == "execution":
         return hinted(
             obj,
-            reason=f"no WorkloadProfile for workload {name}",
-            warning=f"no WorkloadProfile for workload {name}: execution Job admitted with base hints only",
+            reason=f"no WorkloadProfile for workload {name} in namespace {namespace}",
+            warning=f"no WorkloadProfile for workload {name} in namespace {namespace}: execution Job admitted with base hints only",
         )
     if not profiling_wanted(workload.metadata.annotations, ctx.config):
         return hinted(
             obj,
             reason="profiling is off",
-            warning=f"no WorkloadProfile for workload {name} and profiling is off: admitted with base hints only",
+            warning=f"no WorkloadProfile for workload {name} in namespace {namespace} and profiling is off: admitted with base hints only",
         )
     found = profiling_target(workload, gpus)
     if found is None:
         return hinted(
             obj,
             reason="cannot be profiled",
-            warning=f"no WorkloadProfile for workload {name}, and this Job cannot be profiled "
-            f"({unprofilable_reason(workload, gpus)}): admitted with base hints only; to profile it, "
-            f"give its GPU container an absolute command[0] or set the {v.EXECUTABLE_ANNOTATION} annotation "
-            "to the executable's absolute path",
+            warning=f"no WorkloadProfile for workload {name} in namespace {namespace}, and this Job cannot be "
+            f"profiled: admitted with base hints only ({unprofilable_reason(workload, gpus)})",
         )
     target, executable = found
     rewritten: dict[str, Any] = clone(obj)
@@ -233,7 +231,7 @@ def mutate(
     decision = hinted(rewritten, reason="profiling run", owned=True)  # rewritten is our own copy
     decision.action = "profiling"
     decision.warnings = [
-        f"no WorkloadProfile for workload {name} yet: this Job runs once under Nsight Compute, which ends "
+        f"no WorkloadProfile for workload {name} in namespace {namespace} yet: this Job runs once under Nsight Compute, which ends "
         "it after the profiled kernels; the controller then creates the execution Job with hints",
         *capability_warnings(ctx.config),
         *decision.warnings,

@@ -102,11 +102,23 @@ def profiling_demanded(
 
 
 def unprofilable_reason(workload: Workload, gpus: PodGpus) -> str:
-    """Why ``profiling_target`` found nothing, for a warning (a Job profiled only by default)."""
+    """Why ``profiling_target`` found nothing and what would change that, for a warning (a Job
+    profiled only by default): the remedy follows the cause."""
     if len(gpus.gpu_containers) != 1:
-        return f"it has {len(gpus.gpu_containers)} containers that use a GPU; profiling needs exactly one"
+        return (
+            f"it has {len(gpus.gpu_containers)} containers that use a GPU and profiling needs exactly one; "
+            "to profile it, run the GPU work in a single container"
+        )
+    command = gpus.gpu_containers[0].container.command
+    remedy = (
+        f"to profile it, give its GPU container an absolute command[0] or set the "
+        f"{v.EXECUTABLE_ANNOTATION} annotation to the executable's absolute path"
+    )
+    if command:
+        return f"its GPU container's command[0] {command[0]!r} is not an absolute path; {remedy}"
     return (
-        "its GPU container runs its image's entrypoint, so KRATOS does not know which executable to profile"
+        "its GPU container runs its image's entrypoint, so KRATOS does not know which executable to "
+        f"profile; {remedy}"
     )
 
 

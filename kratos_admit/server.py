@@ -209,7 +209,11 @@ async def running_site(
         ssl_context=certificate.context if certificate else None,
         reuse_port=reuse_port or None,
     )
-    await site.start()
+    try:
+        await process.start_site(site, f"{host}:{port}")
+    except process.ListenError:
+        await runner.cleanup()
+        raise
     try:
         yield runner
     finally:
@@ -306,6 +310,9 @@ def serve_processes(make_engine: Callable[[], AdmissionEngine], *, config: Confi
     if workers == 1:
         asyncio.run(serve(make_engine(), config=config))
         return 0
+    process.check_can_listen(*split_host_port(config.listen), reuse_port=True)
+    if config.metrics_listen:
+        process.check_can_listen(*split_host_port(config.metrics_listen), reuse_port=False)
     shared = Path(tempfile.mkdtemp(prefix="kratos-metrics-"))
     share_between_processes(shared)
     try:

@@ -20,6 +20,7 @@ from kratos_admit.calibration import (
     CalibrationError,
     parse_calibration,
 )
+from kratos_admit.config import in_our_words
 from kratos_admit.manifests import ManifestError, split_documents
 from kratos_admit.profile import WorkloadProfile
 
@@ -135,41 +136,74 @@ def gpu_products_of(nodes: Iterable[Mapping[str, Any]]) -> frozenset[str]:
     return frozenset(products)
 
 
-def _documents(path: Path) -> Iterator[tuple[int, Any]]:
+def read_text(path: Path, *, expected: str) -> str:
+    """A file's text, or StoreError naming it: missing, a directory, unreadable, or not UTF-8."""
     try:
-        text = path.read_text("utf-8")
+        return path.read_text("utf-8")
+    except IsADirectoryError:
+        raise StoreError(f"{path}: is a directory; {expected}") from None
     except OSError as exc:
         raise StoreError(f"{path}: cannot read: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:
+        raise StoreError(f"{path}: not UTF-8 text (byte {exc.start}); {expected}") from None
+
+
+def _documents(path: Path, *, kind: str, expected: str) -> Iterator[tuple[int, dict[str, Any]]]:
+    """Every document of a file, each of which must be a ``kind``: a file holding anything else was
+    named by mistake, and reading it as holding none would silently change every decision."""
     try:
-        yield from enumerate(split_documents(text, str(path)))
+        documents = split_documents(read_text(path, expected=expected), str(path))
     except ManifestError as exc:
         raise StoreError(str(exc)) from None
+    for i, doc in enumerate(documents):
+        found = doc.get("kind") if isinstance(doc, dict) else None
+        if found != kind:
+            what = f"a {found}" if isinstance(found, str) and found else "not a Kubernetes object"
+            raise StoreError(f"{path}: document {i + 1} is {what}; {expected}")
+        assert isinstance(doc, dict)
+        yield i, doc
 
 
-def load_profiles(paths: Iterable[Path]) -> list[WorkloadProfile]:
+PROFILES_EXPECTED = f"--profiles expects a directory of {v.PROFILE_KIND} YAML files"
+NODES_EXPECTED = "--nodes expects a file of Node objects (kubectl get nodes -o yaml)"
+
+
+def load_profiles(paths: Iterable[Path], *, expected: str = PROFILES_EXPECTED) -> list[WorkloadProfile]:
+    """Every WorkloadProfile in ``paths``; two for one workload (namespace and spec.workload) are an
+    error naming both files, as the webhook could only pick one of them at random."""
     profiles = []
+    seen: dict[tuple[str, str], str] = {}
     for path in paths:
-        for i, doc in _documents(path):
-            if not isinstance(doc, dict) or doc.get("kind") != v.PROFILE_KIND:
-                continue
+        for i, doc in _documents(path, kind=v.PROFILE_KIND, expected=expected):
+            where = f"{path} (document {i + 1})"
             try:
-                profiles.append(WorkloadProfile.model_validate(doc))
+                profile = WorkloadProfile.model_validate(doc)
             except ValidationError as exc:
-                err = exc.errors()[0]
-                where = ".".join(str(p) for p in err["loc"])
-                raise StoreError(f"{path} (document {i + 1}): {where}: {err['msg']}") from None
+                problem = in_our_words(exc.errors()[0], doc, model=WorkloadProfile, noun="field")
+                raise StoreError(f"{where}: {problem}") from None
+            key = (profile.metadata.namespace, profile.spec.workload)
+            if key in seen:
+                raise StoreError(
+                    f"{where}: a second {v.PROFILE_KIND} for workload {key[1]} in namespace {key[0]}; "
+                    f"the first is in {seen[key]} (keep one)"
+                )
+            seen[key] = where
+            profiles.append(profile)
     return profiles
 
 
 def load_nodes(path: Path) -> list[dict[str, Any]]:
-    return [doc for _, doc in _documents(path) if isinstance(doc, dict) and doc.get("kind") == "Node"]
+    nodes = [doc for _, doc in _documents(path, kind="Node", expected=NODES_EXPECTED)]
+    if not nodes:
+        raise StoreError(f"{path}: holds no Node; {NODES_EXPECTED}")
+    return nodes
 
 
 def profile_files(directory: Path) -> list[Path]:
     if directory.is_file():
-        return [directory]
+        raise StoreError(f"{directory}: is a file; {PROFILES_EXPECTED}")
     if not directory.is_dir():
-        raise StoreError(f"{directory}: no such profile directory")
+        raise StoreError(f"{directory}: no such profile directory; {PROFILES_EXPECTED}")
     return sorted(p for p in directory.iterdir() if p.suffix in (".yaml", ".yml", ".json") and p.is_file())
 
 

@@ -11,6 +11,7 @@ from kratos_admit.fields import FieldError, Path
 from kratos_admit.gpu_requests import PodGpus, mig_profile, read_pod_gpus, resource_maps
 from kratos_admit.profiling import profiling_target_errors
 from kratos_admit.quantity import parse_positive_integer, parse_quantity
+from kratos_admit.raw import as_mapping
 from kratos_admit.signing import has_reserved_keys, reserved_keys, signature_valid
 from kratos_admit.workload import MetadataBlock, Workload
 
@@ -49,15 +50,23 @@ def validate_workload(
 
 def _workload_name(workload: Workload) -> Iterator[FieldError]:
     for block in workload.blocks:
-        value = block.labels.get(v.WORKLOAD_LABEL)
-        if value is not None and not v.is_dns1123_label(value):
-            yield FieldError(
-                "workload-name",
-                block.path.child("labels").key(v.WORKLOAD_LABEL),
-                f"{value!r} must be a DNS-1123 label: lowercase letters, digits and '-', "
-                f"starting and ending alphanumeric, at most {v.DNS1123_LABEL_MAX} characters",
-                value,
-            )
+        value = as_mapping(block.raw.get("labels")).get(v.WORKLOAD_LABEL)  # raw: a 5 is not a name
+        if value is None or (isinstance(value, str) and v.is_dns1123_label(value)):
+            continue
+        found = repr(value) if isinstance(value, str) else f"{value!r} (a {_json_type(value)}, not a string)"
+        yield FieldError(
+            "workload-name",
+            block.path.child("labels").key(v.WORKLOAD_LABEL),
+            f"{found} must be a DNS-1123 label: lowercase letters, digits and '-', "
+            f"starting and ending alphanumeric, at most {v.DNS1123_LABEL_MAX} characters"
+            + (", quoted in YAML" if not isinstance(value, str) else ""),
+            value,
+        )
+
+
+def _json_type(value: object) -> str:
+    kinds = ((bool, "boolean"), (int, "number"), (float, "number"), (dict, "mapping"), (list, "list"))
+    return next((name for kind, name in kinds if isinstance(value, kind)), type(value).__name__)
 
 
 def _reserved_keys(workload: Workload, ctx: ValidationContext) -> Iterator[FieldError]:

@@ -96,3 +96,7 @@ def profile_name(workload: str) -> str:
 
 def summary_configmap_name(workload: str) -> str:
     return f"{workload}-profile-summary"
+
+
+# the name of both webhook configurations webhook-config/ installs (certs inject writes their caBundle)
+WEBHOOK_CONFIGURATION: Final = "kratos-admit"

@@ -22,6 +22,7 @@ named after what it imitates (Kubernetes 1.28):
 | ``expire_ttls(now)``: finished Jobs past ``ttlSecondsAfterFinished`` are deleted with Foreground propagation (their Pods first) | ``pkg/controller/ttlafterfinished`` | a clock of its own: tests step it |
 | ``namespace_lifecycle = True``: creating a namespaced object in a namespace that does not exist is refused with 404 ``namespaces "X" not found`` | the ``NamespaceLifecycle`` admission plugin | terminating namespaces; off by default, as most tests never create namespaces |
 | list and watch with ``fieldSelector`` on ``metadata.name`` / ``metadata.namespace`` (``=``, ``==``, ``!=``, comma-ANDed) | the generic registry's field selectors, which every resource supports for these two fields | other fields (``spec.nodeName``, ``status.phase``) |
+| discovery: ``GET /api``, ``/apis``, ``/api/v1``, ``/apis/<group>/<version>`` list the resources above (legacy, unaggregated form), so ``kubectl apply --dry-run=client`` can map kinds to resources | the discovery handlers of ``staging/src/k8s.io/apiserver/pkg/endpoints/discovery`` | verbs, short names, categories, aggregated discovery (kubectl falls back) |
 | an events.k8s.io/v1 Event is created only with ``eventTime``, ``reportingController``, ``reportingInstance``, ``action``, ``reason`` (at most 128 characters), a ``note`` of at most 1 KiB and ``type`` Normal or Warning (422 otherwise) | ``pkg/apis/events/validation.ValidateEventCreate`` | series, related |
 | authentication by bearer token (``tokens``: token -> ``Identity``; none is ``system:anonymous``, an unknown one 401) and RBAC authorisation of every request against the Roles, ClusterRoles, RoleBindings and ClusterRoleBindings stored in the double: verb (``get``/``list``/``watch``, a ``fieldSelector=metadata.name=X`` list or watch naming X, ``create``, ``update``, ``patch``, ``delete``, ``deletecollection``), API group, resource and subresource, namespace, ``resourceNames``; ``system:masters`` may do anything; a refusal is 403 with the real Status body and message | ``staging/src/k8s.io/apiserver/pkg/endpoints/request/requestinfo.go``, ``plugin/pkg/auth/authorizer/rbac``, ``endpoints/handlers/responsewriters.forbiddenMessage`` | aggregation of ClusterRoles, non-resource URLs, impersonation, the default system roles |
 | ``run_jobs()`` / ``finish_pod()``: one Pod per unsuspended, unfinished Job, created through admission like the Job controller's, owned by the Job; a finished Pod completes or fails its Job | ``pkg/controller/job`` in miniature | parallelism, retries, indexes |
@@ -90,6 +91,48 @@ ADMITTED: dict[tuple[str, str], tuple[str, str, str, str]] = {
 MUTATING = ("apis/admissionregistration.k8s.io/v1", "mutatingwebhookconfigurations")
 VALIDATING = ("apis/admissionregistration.k8s.io/v1", "validatingwebhookconfigurations")
 NOW = "2026-11-22T10:00:00Z"
+
+
+def _discovery(path: str) -> Obj | None:
+    """The legacy discovery documents for the resources the double serves (None: not discovery)."""
+    path = path.rstrip("/")
+    groups = sorted({prefix for prefix, _ in RESOURCES if prefix.startswith("apis/")})
+    if path == "/api":
+        return {"kind": "APIVersions", "versions": ["v1"], "serverAddressByClientCIDRs": []}
+    if path == "/apis":
+        return {"kind": "APIGroupList", "apiVersion": "v1", "groups": [
+            {"name": g.split("/")[1], "versions": [{"groupVersion": g[5:], "version": g.split("/")[2]}],
+             "preferredVersion": {"groupVersion": g[5:], "version": g.split("/")[2]}}
+            for g in groups
+        ]}  # fmt: skip
+    prefix = path.lstrip("/")
+    if prefix != "api/v1" and prefix not in groups:
+        return None
+    resources = []
+    for (res_prefix, plural), (kind, namespaced, has_status) in RESOURCES.items():
+        if res_prefix != prefix:
+            continue
+        verbs = ["create", "delete", "get", "list", "patch", "update", "watch"]
+        resources.append(
+            {
+                "name": plural,
+                "singularName": kind.lower(),
+                "namespaced": namespaced,
+                "kind": kind,
+                "verbs": verbs,
+            }
+        )
+        if has_status:
+            resources.append({"name": f"{plural}/status", "singularName": "", "namespaced": namespaced, "kind": kind,
+                              "verbs": ["get", "patch", "update"]})  # fmt: skip
+    return {
+        "kind": "APIResourceList",
+        "apiVersion": "v1",
+        "groupVersion": prefix.removeprefix("apis/").removeprefix("api/"),
+        "resources": resources,
+    }
+
+
 _PATH = re.compile(
     r"^/(?P<prefix>api/v1|apis/[^/]+/[^/]+)(?:/namespaces/(?P<ns>[^/]+))?/(?P<plural>[a-z]+)(?:/(?P<name>[^/]+))?(?:/(?P<sub>status))?$"
 )
@@ -270,6 +313,8 @@ class KubeDouble:
             if method == request.method and re.search(pattern, request.path):
                 del self.failures[i]
                 return _status(status, "InternalError", "injected failure")
+        if request.method == "GET" and (found := _discovery(request.path)) is not None:
+            return web.json_response(found)
         match = _PATH.match(request.path)
         if not match or (match["prefix"], match["plural"]) not in RESOURCES:
             return _status(404, "NotFound", f"no route {request.path}")

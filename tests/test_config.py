@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from kratos_admit.config import ConfigError, env_name, load_config
+from kratos_admit.config import NOT_SETTINGS, Config, ConfigError, env_name, load_config, setting_names
 
 
 def test_defaults_match_design():
@@ -44,23 +44,45 @@ def test_env_names_follow_the_yaml_keys():
 @pytest.mark.parametrize(
     ("text", "environ", "message"),
     [
-        ("maxGpusPerPods: 4\n", {}, "maxGpusPerPods: Extra inputs are not permitted"),
-        ("maxGpusPerPod: 0\n", {}, "maxGpusPerPod: Input should be greater than or equal to 1"),
-        ("scheduler: slurm\n", {}, "scheduler: Input should be 'default', 'kai' or 'volcano'"),
-        ("priorityClasses: {urgent: x}\n", {}, "priorityClasses.urgent"),
-        ("profilingCapabilities: [perfmon]\n", {}, "profilingCapabilities"),
-        ("listen: nowhere\n", {}, "listen"),
-        ("", {"KRATOS_MAX_GPUS_PER_POD": "lots"}, "KRATOS_MAX_GPUS_PER_POD: maxGpusPerPod"),
-        ("- a list\n", {}, "must be a mapping"),
-        ("key: [\n", {}, "not valid YAML"),
+        pytest.param("maxGpusPerPods: 4\n", {}, "maxGpusPerPods: no such setting (did you mean maxGpusPerPod?)", id="unknown-key"),
+        pytest.param("maxGpusPerPod: 0\n", {}, "maxGpusPerPod: 0 given, must be at least 1", id="below-minimum"),
+        pytest.param("scheduler: slurm\n", {}, "scheduler: 'slurm' given, must be one of default, kai, volcano", id="not-a-choice"),
+        pytest.param("priorityClasses: {urgent: x}\n", {}, "priorityClasses: key 'urgent' given, must be one of high, normal, low", id="bad-map-key"),
+        pytest.param("profilingCapabilities: PERFMON\n", {}, "profilingCapabilities: 'PERFMON' given, must be a list, such as [PERFMON]", id="not-a-list"),
+        pytest.param("profilingCapabilities: [perfmon]\n", {}, "profilingCapabilities: 'perfmon' is not a capability name", id="bad-capability"),
+        pytest.param("profilingResources: {request: {}}\n", {}, "profilingResources.request: no such setting (did you mean requests?)", id="unknown-nested-key"),
+        pytest.param("listen: nowhere\n", {}, "listen: 'nowhere' is not HOST:PORT", id="bad-address"),
+        pytest.param("followerReleaseSeconds: 5\n", {}, "followerReleaseSeconds: 5 given, must be at least 60", id="release-too-soon"),
+        pytest.param("", {"KRATOS_MAX_GPUS_PER_POD": "lots"}, "KRATOS_MAX_GPUS_PER_POD: maxGpusPerPod: 'lots' given, must be a whole number", id="env-not-a-number"),
+        pytest.param("", {"KRATOS_PROFILING_CAPABILITIES": "[PERFMON"}, "KRATOS_PROFILING_CAPABILITIES: '[PERFMON' is not valid YAML", id="env-not-yaml"),
+        pytest.param("", {"KRATOS_BOGUS_KEY": "1"}, "KRATOS_BOGUS_KEY: no such setting", id="env-unknown"),
+        pytest.param("", {"KRATOS_SCHEDULR": "kai"}, "KRATOS_SCHEDULR: no such setting (did you mean KRATOS_SCHEDULER?)", id="env-typo"),
+        pytest.param("- a list\n", {}, "must be a mapping", id="not-a-mapping"),
+        pytest.param("key: [\n", {}, "not valid YAML", id="not-yaml"),
     ],
-)
+)  # fmt: skip
 def test_bad_configuration_is_one_line_naming_the_key(tmp_path: Path, text, environ, message):
     path = tmp_path / "config.yaml"
     path.write_text(text)
     with pytest.raises(ConfigError) as err:
         load_config(path, environ=environ)
     assert message in str(err.value) and "\n" not in str(err.value)
+    assert "Input should" not in str(err.value) and "Extra inputs" not in str(err.value)
+
+
+@pytest.mark.parametrize("variable", sorted(NOT_SETTINGS))
+def test_kratos_variables_read_by_something_else_are_not_settings_and_pass(variable: str):
+    assert load_config(environ={variable: "/some/path"}) == load_config(environ={})
+
+
+def test_every_setting_has_its_variable_and_no_variable_is_both():
+    assert set(setting_names().values()) == {f.alias for f in Config.model_fields.values()}
+    assert NOT_SETTINGS.isdisjoint(setting_names())
+
+
+def test_follower_release_delay_defaults_to_three_minutes():
+    assert load_config(environ={}).follower_release_seconds == 180
+    assert load_config(environ={"KRATOS_FOLLOWER_RELEASE_SECONDS": "600"}).follower_release_seconds == 600
 
 
 def test_text_settings_from_the_environment_are_taken_as_written():

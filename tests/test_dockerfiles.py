@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import tomllib
 
 from tests.harness import REPO
 
@@ -30,6 +31,10 @@ def test_main_image_is_multi_stage_non_root_and_runs_kratos_admit():
     assert not any(op == "RUN" and ("gcc" in arg or "build-essential" in arg) for op, arg in runtime)
     copied = " ".join(arg for op, arg in steps if op == "COPY")
     assert "kratos_admit" in copied and "profiler-controller" in copied
+    mapped = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
+    sources = [arg.split()[0] for op, arg in steps if op == "COPY" and not arg.startswith("--from")]
+    missing = [d for d in mapped.values() if not any(d == s or d.startswith(s + "/") for s in sources)]
+    assert missing == [], "the wheel build needs every package pyproject.toml maps"
 
 
 def test_the_deployments_user_matches_the_image_user():

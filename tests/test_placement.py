@@ -6,6 +6,7 @@ import io
 import json
 from pathlib import Path
 
+import pytest
 import yaml
 
 from kratos_admit.cli import ExitStatus, main
@@ -43,7 +44,9 @@ def test_the_report_shows_each_products_figures_time_and_weight():
     header, table = out.split("\n\n", 1)
     assert "bound memory" in header and "memory 81.4% of peak" in header
     lines = table.splitlines()
-    assert lines[0].split()[:2] == ["PRODUCT", "LABELS"] and "WEIGHT" in lines[0]
+    assert (
+        lines[0].split()[:2] == ["PRODUCT", "SHARE"] and "WEIGHT" in lines[0]
+    )  # LABELS would repeat PRODUCT
     first = lines[1].split()
     assert first[0] == "NVIDIA-H100-80GB-HBM3" and first[-1] == "100" and first[-2] == "model"
 
@@ -67,4 +70,41 @@ def test_a_file_without_a_profile_is_refused_with_a_reason(tmp_path: Path):
     empty.write_text("apiVersion: v1\nkind: ConfigMap\nmetadata: {name: x}\n")
     status, out, err = run("placement", "-p", str(empty))
     assert status == ExitStatus.UNUSABLE and out == ""
-    assert err.strip() == f"kratos-admit: {empty}: must hold exactly one WorkloadProfile, holds 0"
+    assert (
+        err.strip()
+        == f"kratos-admit: {empty}: document 1 is a ConfigMap; -p expects a file holding one WorkloadProfile"
+    )
+
+
+L40S = "NVIDIA-L40S"
+
+
+def observed(product: str, runs: int, seconds: str = "40.0") -> dict[str, object]:
+    return {"product": product, "runs": runs, "meanSeconds": seconds}
+
+
+@pytest.mark.parametrize(
+    ("observations", "used", "said"),
+    [
+        pytest.param([], 0, [], id="none"),
+        pytest.param([observed(A100, 3), observed(L40S, 4, "90.0")], 2,
+                     [f"observed on {A100}: 3 runs, mean 40.0 s (used)", f"observed on {L40S}: 4 runs, mean 90.0 s (used)"], id="two-products"),
+        pytest.param([observed(A100, 3)], 0, [f"observed on {A100}: 3 runs, mean 40.0 s (not used: no second product has 3 runs)"], id="one-product"),
+        pytest.param([observed(A100, 3), observed(L40S, 2)], 0,
+                     [f"observed on {A100}: 3 runs, mean 40.0 s (not used: no second product has 3 runs)",
+                      f"observed on {L40S}: 2 runs, mean 40.0 s (not used: fewer than 3 runs)"], id="too-few-runs"),
+        pytest.param([observed("NVIDIA-B200", 9)], 0, ["observed on NVIDIA-B200: 9 runs, mean 40.0 s (not in this cluster)"], id="elsewhere"),
+    ],
+)  # fmt: skip
+def test_the_header_counts_the_observations_actually_used(tmp_path: Path, observations, used, said):
+    profile = yaml.safe_load((EXAMPLES / "profiles" / "vector-add-profile.yaml").read_text())
+    profile["status"]["observations"] = observations
+    path = tmp_path / "profile.yaml"
+    path.write_text(yaml.safe_dump(profile))
+    status, out, err = run("placement", "-p", str(path), "--nodes", str(nodes_file(tmp_path, A100, L40S)))
+    assert status == ExitStatus.OK, err
+    header, table = out.split("\n\n", 1)
+    lines = header.splitlines()
+    assert f"observed runtimes used for {used} of 2 products" in lines[1]
+    assert lines[2:] == said
+    assert table.count(" observed ") == used

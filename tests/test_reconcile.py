@@ -490,7 +490,15 @@ def test_followers_of_a_run_that_never_started_are_released_with_base_hints():
     job = held(make_job("sweep-1"))
     job["metadata"]["creationTimestamp"] = "2026-11-22T10:00:00Z"
     late = dt.datetime(2026, 11, 22, 10, 5, tzinfo=dt.UTC)
-    assert orphaned(job, now=late) and not orphaned(job, now=late - dt.timedelta(minutes=4))
+    grace = make_ctx().config.follower_release_seconds  # 180 s by default
+    assert orphaned(job, now=late, grace=grace) and not orphaned(
+        job, now=late - dt.timedelta(minutes=4), grace=grace
+    )
+    two_minutes = late - dt.timedelta(minutes=3)  # held two minutes: released only under a shorter delay
+    assert not orphaned(job, now=two_minutes, grace=grace)
+    assert orphaned(
+        job, now=two_minutes, grace=make_ctx(followerReleaseSeconds=60).config.follower_release_seconds
+    )
     [action] = release_followers(
         orphan_profile("team-a", "vector-add"), [("Job", job)], node_products=frozenset(),
         config=make_ctx().config, catalog=CATALOG, signing_key=TEST_KEY,

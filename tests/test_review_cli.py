@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import io
 import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -15,8 +17,25 @@ import pytest
 import yaml
 
 from kratos_admit import vocabulary as v
+from kratos_admit.admission import build_engine
 from kratos_admit.cli import ExitStatus, main
-from tests.harness import DATA, EXAMPLES, apply_patch, assert_valid_kubernetes, require_fixtures
+from kratos_admit.config import Config
+from kratos_admit.review import OutputForm, review_batches
+from kratos_admit.stores import FileNodeStore, FileProfileStore
+from tests.harness import (
+    DATA,
+    EXAMPLES,
+    REPO,
+    TEST_KEY,
+    apply_patch,
+    assert_valid_kubernetes,
+    double_in_thread,
+    install_rbac,
+    kubeconfig_for,
+    kubectl,
+    require_fixtures,
+)
+from tests.kube_double import KubeDouble
 
 # file -> (exit status and per-document (kind, action) without a profile, the same with a Ready profile).
 # Every manifest, labelled for KRATOS, with the decision a user would agree with and why:
@@ -24,6 +43,7 @@ from tests.harness import DATA, EXAMPLES, apply_patch, assert_valid_kubernetes, 
 # profile. Unusable input exits 2 with its reason; no Job is denied because it cannot be profiled.
 POD_NO_PROFILE = ("Pod", "hints", "Pods are never rewritten for profiling")
 ENTRYPOINT_JOB = ("Job", "hints", "runs its image's entrypoint")
+RELATIVE_COMMAND_JOB = ("Job", "hints", "command[0] 'sh' is not an absolute path")
 HINTED_POD, HINTED_JOB = ("Pod", "hints", ""), ("Job", "hints", "")
 Decision = tuple[str, str, str]
 Expectation = tuple[int, list[Decision], int, list[Decision]] | tuple[str, str]
@@ -70,7 +90,7 @@ PROJECT_EXPECTED: dict[str, Expectation] = {
     ),
     # MIG slices; the user's own scheduling gate and finalizer are left alone
     "pod-mig-slice-with-gates.yaml": (0, [POD_NO_PROFILE], 0, [HINTED_POD]),
-    "job-mig-slice-restricted.yaml": (0, [ENTRYPOINT_JOB], 0, [HINTED_JOB]),
+    "job-mig-slice-restricted.yaml": (0, [RELATIVE_COMMAND_JOB], 0, [HINTED_JOB]),
     "pod-mig-with-service-multidoc.yaml": (
         0,
         [POD_NO_PROFILE, ("Service", "none", "")],
@@ -86,7 +106,7 @@ OUTSIDE_EXPECTED: dict[str, Expectation] = {
     "embl-bard-gpu-pod-malformed-cpu.yaml": ("unusable", "limits[cpu]: '1000,' is not a valid quantity"),
     "jear-gpu-pod-missing-apiversion.yaml": ("unusable", "apiVersion is missing"),
     "gardenlinux-gpu-debug-pod.yaml": (0, [POD_NO_PROFILE], 0, [HINTED_POD]),
-    "instaslice-kueue-mig-job.yaml": (0, [ENTRYPOINT_JOB], 0, [HINTED_JOB]),
+    "instaslice-kueue-mig-job.yaml": (0, [RELATIVE_COMMAND_JOB], 0, [HINTED_JOB]),
     "instaslice-mig-test-pod.yaml": (0, [POD_NO_PROFILE], 0, [HINTED_POD]),
     "instaslice-vllm-mig-pod-multidoc.yaml": (
         0,
@@ -231,6 +251,13 @@ def test_review_of_gpu_manifest(tmp_path: Path, source: str, name: str, with_pro
             "patch",
             "object",
         }
+        if result["kind"] in ("Job", "Pod") and (doc["apiVersion"], doc["kind"]) in (
+            ("batch/v1", "Job"),
+            ("v1", "Pod"),
+        ):
+            # reviewed in team-a: the API server sets the request's namespace before webhooks run
+            doc["metadata"]["namespace"] = "team-a"
+            assert result["object"]["metadata"]["namespace"] == "team-a"
         if result["allowed"]:
             assert apply_patch(doc, result["patch"]) == result["object"]
         if result["action"] != "none":
@@ -288,27 +315,26 @@ def test_compute_and_memory_bound_examples_rank_a100_and_l40s_the_other_way_roun
     assert compute.index("NVIDIA-L40S") < compute.index("NVIDIA-A100-SXM4-80GB")
 
 
-def test_output_patch_and_multi_document_json_array(tmp_path: Path):
+def test_output_patch_names_each_document_and_json_is_an_array_of_several(tmp_path: Path):
     manifest = tmp_path / "two.yaml"
     manifest.write_text(
         (EXAMPLES / "vector-add-job.yaml").read_text()
         + "\n---\n"
         + (EXAMPLES / "new-workload-job.yaml").read_text()
     )
-    status, out, _ = run(
-        ["review", "-f", str(manifest), "--profiles", str(EXAMPLES / "profiles"), "-o", "patch"]
-    )
+    profiles = ["--profiles", str(EXAMPLES / "profiles")]
+    status, out, _ = run(["review", "-f", str(manifest), *profiles, "-o", "patch"])
     patches = json.loads(out)
-    assert (
-        status == 0
-        and len(patches) == 2
-        and all(op["op"] in ("add", "replace", "remove") for op in patches[0])
-    )
-    status, out, _ = run(
-        ["review", "-f", str(manifest), "--profiles", str(EXAMPLES / "profiles"), "-o", "json"]
-    )
+    assert status == 0 and [(p["kind"], p["name"]) for p in patches] == [
+        ("Job", "vector-add"),
+        ("Job", "matrix-mul"),
+    ]
+    assert all(op["op"] in ("add", "replace", "remove") for p in patches for op in p["patch"])
+    status, out, _ = run(["review", "-f", str(EXAMPLES / "vector-add-job.yaml"), *profiles, "-o", "patch"])
+    assert set(json.loads(out)) == {"kind", "name", "patch"}  # one document: one entry, no array
+    status, out, _ = run(["review", "-f", str(manifest), *profiles, "-o", "json"])
     assert [r["action"] for r in json.loads(out)] == ["hints", "profiling"]
-    status, out, _ = run(["review", "-f", str(manifest), "--profiles", str(EXAMPLES / "profiles")])
+    status, out, _ = run(["review", "-f", str(manifest), *profiles])
     assert len(list(yaml.safe_load_all(out))) == 2
 
 
@@ -372,3 +398,141 @@ def test_signing_key_flag_is_used(tmp_path: Path):
     short.write_text("short")
     status, _, err = run(["review", "-f", str(EXAMPLES / "vector-add-job.yaml"), "--signing-key", str(short)])
     assert status == 2 and "at least 32 bytes" in err
+
+
+def example(name: str) -> str:
+    return (EXAMPLES / name).read_text()
+
+
+@pytest.fixture
+def manifests_tree(tmp_path: Path) -> Path:
+    """a.yaml at the top, b.yaml one level down, c.yaml two levels down, and a note that is no manifest."""
+    (tmp_path / "sub" / "deeper").mkdir(parents=True)
+    (tmp_path / "a.yaml").write_text(example("vector-add-job.yaml"))
+    (tmp_path / "sub" / "b.yml").write_text(example("nbody-job.yaml"))
+    (tmp_path / "sub" / "deeper" / "c.json").write_text(
+        json.dumps(yaml.safe_load(example("new-workload-job.yaml")))
+    )
+    (tmp_path / "README.txt").write_text("not a manifest")
+    return tmp_path
+
+
+@pytest.mark.parametrize(
+    ("args", "stdin", "names"),
+    [
+        pytest.param(["-f", "{d}"], "", ["vector-add"], id="directory"),
+        pytest.param(["-f", "{d}", "-R"], "", ["vector-add", "nbody", "matrix-mul"], id="directory-recursive"),
+        pytest.param(["-f", "{d}/a.yaml", "-f", "{d}/sub/b.yml"], "", ["vector-add", "nbody"], id="repeated"),
+        pytest.param(["-f", "{d}", "-R", "-f", "{d}/a.yaml"], "", ["vector-add", "nbody", "matrix-mul"], id="file-inside-directory-once"),
+        pytest.param(["-f", "-"], example("nbody-job.yaml") + "---\n" + example("vector-add-job.yaml"), ["nbody", "vector-add"], id="stdin"),
+        pytest.param(["-f", "-", "-f", "{d}/a.yaml"], example("nbody-job.yaml"), ["nbody", "vector-add"], id="stdin-and-file"),
+    ],
+)  # fmt: skip
+def test_every_document_of_every_f_is_reviewed_once(
+    manifests_tree: Path, args: list[str], stdin: str, names: list[str]
+):
+    argv = [
+        "review",
+        *(a.format(d=manifests_tree) for a in args),
+        "--profiles",
+        str(EXAMPLES / "profiles"),
+        "-o",
+        "json",
+    ]
+    out, err = io.StringIO(), io.StringIO()
+    status = main(argv, stdout=out, stderr=err, stdin=io.StringIO(stdin))
+    assert status == ExitStatus.OK, err.getvalue()
+    results = json.loads(out.getvalue())
+    results = results if isinstance(results, list) else [results]
+    assert [r["name"] for r in results] == names
+
+
+MIXED = """apiVersion: v1
+kind: Pod
+metadata: {name: half-a-gpu, namespace: team-a, labels: {gpu.scheduler.io/workload: vector-add}}
+spec: {containers: [{name: c, image: i, resources: {limits: {nvidia.com/gpu: "1.5"}}}]}
+---
+apiVersion: v1
+kind: ConfigMap
+metadata: {name: untouched, namespace: team-a}
+data: {note: "not KRATOS's: passes as written"}
+"""
+
+
+def test_review_yaml_piped_into_kubectl_applies_only_the_allowed_objects(tmp_path: Path):
+    """`review -o yaml | kubectl apply --dry-run=client -f -` as a user runs it: kubectl (mapping
+    kinds through the API double's discovery) would apply the hinted Job, the profiling Job and the
+    ConfigMap, never the denied Pod."""
+    manifest = tmp_path / "mixed.yaml"
+    manifest.write_text(
+        example("vector-add-job.yaml") + "---\n" + MIXED + "---\n" + example("new-workload-job.yaml")
+    )
+    kube = KubeDouble()
+    # kubectl sends no bearer token over plain HTTP, so the reads apply makes are anonymous here
+    install_rbac(kube, [
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": {"name": "dry-run-reader"},
+         "rules": [{"apiGroups": ["", "batch"], "resources": ["jobs", "configmaps"], "verbs": ["get"]}]},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding", "metadata": {"name": "dry-run-reader"},
+         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "dry-run-reader"},
+         "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "system:anonymous"}]},
+    ])  # fmt: skip
+    with double_in_thread(kube) as url:
+        kubeconfig = kubeconfig_for(url, tmp_path / "kubeconfig")
+        review = subprocess.Popen(
+            [sys.executable, "-m", "kratos_admit", "review", "-f", str(manifest), "--profiles", str(EXAMPLES / "profiles"),
+             "--nodes", str(EXAMPLES / "nodes.yaml")], stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=REPO,
+        )  # fmt: skip
+        applied = subprocess.run(
+            [kubectl(), "--kubeconfig", str(kubeconfig), "--cache-dir", str(tmp_path / "kube-cache"), "apply", "--dry-run=client", "--validate=false", "-f", "-", "-o", "name"],
+            stdin=review.stdout, capture_output=True, text=True, timeout=60, check=False,
+        )  # fmt: skip
+        assert review.stdout is not None and review.stderr is not None
+        review.stdout.close()
+        denials = review.stderr.read().decode()
+        assert review.wait(60) == ExitStatus.DENIED
+    assert applied.returncode == 0, applied.stderr
+    assert applied.stdout.split() == ["job.batch/vector-add", "configmap/untouched", "job.batch/matrix-mul"]
+    assert "denied: Pod/half-a-gpu:" in denials and "(gpu-count)" in denials
+
+
+def test_the_printed_object_carries_the_namespace_it_was_reviewed_in():
+    status, out, err = review_example("vector-add-job.yaml", "-n", "other")
+    assert status == ExitStatus.OK
+    assert yaml.safe_load(out)["metadata"]["namespace"] == "other"
+    # the profile is in team-a: in other there is none, and the warning says where it looked
+    assert "no WorkloadProfile for workload vector-add in namespace other yet" in err
+    status, out, err = review_example("vector-add-job.yaml", "--namespace", "team-a")
+    assert yaml.safe_load(out)["metadata"]["annotations"][v.PROFILE_ANNOTATION] == "vector-add-profile@4711"
+
+
+def test_a_pod_without_a_namespace_is_reviewed_in_default_and_says_so(tmp_path: Path):
+    pod = tmp_path / "pod.yaml"
+    pod.write_text(
+        "apiVersion: v1\nkind: Pod\nmetadata: {name: p, labels: {gpu.scheduler.io/workload: vector-add}}\n"
+        "spec: {containers: [{name: c, image: i, resources: {limits: {nvidia.com/gpu: 1}}}]}\n"
+    )
+    status, out, err = run(["review", "-f", str(pod), "--profiles", str(EXAMPLES / "profiles")])
+    assert status == ExitStatus.OK and yaml.safe_load(out)["metadata"]["namespace"] == "default"
+    assert "no WorkloadProfile for workload vector-add in namespace default" in err
+
+
+@pytest.mark.parametrize("form", ["yaml", "json", "patch"])
+def test_forked_review_workers_give_exactly_what_one_process_gives(form: OutputForm):
+    """A big input is reviewed by forked workers in batches (yaml output): same batches, same order."""
+    jobs = [
+        yaml.safe_load(example(name))
+        for name in ("vector-add-job.yaml", "nbody-job.yaml", "new-workload-job.yaml")
+    ]
+    denied = yaml.safe_load(MIXED.split("---", maxsplit=1)[0])
+    docs = [jobs[0], denied, jobs[1], jobs[2], denied, jobs[0], jobs[1]]
+    engine = build_engine(Config(), signing_key=TEST_KEY, profiles=FileProfileStore(EXAMPLES / "profiles"),
+                          nodes=FileNodeStore(EXAMPLES / "nodes.yaml"))  # fmt: skip
+    one = list(
+        review_batches(docs, engine=engine, namespace=None, user="u", form=form, batch_size=2, workers=1)
+    )
+    forked = list(
+        review_batches(docs, engine=engine, namespace=None, user="u", form=form, batch_size=2, workers=2)
+    )
+    assert forked == one and len(one) == 4
+    assert [b.allowed for b in one] == [False, True, False, True]
+    assert sum(b.entries for b in one) == (5 if form == "yaml" else 7)  # yaml: the allowed only

@@ -14,8 +14,8 @@ import asyncio
 import contextlib
 import json
 import os
+import shutil
 import signal
-import socket
 import ssl
 import subprocess
 import sys
@@ -213,20 +213,23 @@ async def test_workers_answer_from_several_processes_sum_metrics_and_stop_cleanl
             proc.wait()
 
 
-def test_a_worker_that_cannot_start_is_logged_and_the_parent_fails(certs: Path):
-    with socket.socket() as taken:  # another program holds the port, without SO_REUSEPORT
-        taken.bind(("127.0.0.1", 0))
-        taken.listen()
-        port = taken.getsockname()[1]
-        proc = start_webhook(certs, port, "--workers", "2", grace=0)
-        try:
-            assert proc.wait(timeout=30) == ExitStatus.FAILED
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-        entries = logs(certs, port)
+def test_a_worker_that_cannot_start_is_logged_and_the_parent_fails(certs: Path, tmp_path: Path):
+    """A worker that dies at start (here: a serving key it cannot load) takes the others down and
+    the parent exits 3. A port already in use never gets that far: the parent tries it before
+    forking and says so in one line, exit 2 (tests/test_cli_inputs.py)."""
+    broken = tmp_path / "certs"
+    shutil.copytree(certs, broken)
+    (broken / "tls.key").write_text("not a key\n")
+    port = free_port()
+    proc = start_webhook(broken, port, "--workers", "2", grace=0)
+    try:
+        assert proc.wait(timeout=30) == ExitStatus.FAILED
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    entries = logs(broken, port)
     failed = [e for e in entries if e["msg"] == "worker failed"]
-    assert failed and "address" in str(failed[0]["error"]).lower(), entries
+    assert failed and "tls.key" in str(failed[0]["error"]), entries
     assert [e for e in entries if e["msg"] == "worker exited"], "the parent says which worker ended"
 
 

@@ -191,3 +191,18 @@ def test_ncu_args_may_start_with_a_dash_and_the_workload_args_are_left_alone():
 
     argv = ["--ncu-arg", "--kill", "--ncu-arg", "yes", "--", "/x", "--ncu-arg", "-v"]
     assert join_ncu_args(argv) == ["--ncu-arg=--kill", "--ncu-arg=yes", "--", "/x", "--ncu-arg", "-v"]
+
+
+@pytest.mark.parametrize("cwd", [REPO, REPO / "runner"], ids=["repository-root", "runner-dir"])
+def test_python_m_kratos_runner_works_from_the_repository_root_and_from_runner(cwd: Path, tmp_path: Path):
+    """Issue 17: the installed distribution carries kratos_runner, so no PYTHONPATH is needed at the
+    root; inside runner/ (as in the Nsight Compute image) the package is found beside it."""
+    env = {k: val for k, val in os.environ.items() if k != "PYTHONPATH"}
+    helped = subprocess.run([sys.executable, "-m", "kratos_runner", "--help"], cwd=cwd, env=env,
+                            capture_output=True, text=True, check=False)  # fmt: skip
+    assert helped.returncode == 0 and "--launch-count" in helped.stdout, helped.stderr
+    empty = tmp_path / "empty.csv"
+    empty.write_text("")
+    parsed = subprocess.run([sys.executable, "-m", "kratos_runner", "parse", str(empty)], cwd=cwd, env=env,
+                            capture_output=True, text=True, check=False)  # fmt: skip
+    assert "Traceback" not in parsed.stderr and json.loads(parsed.stdout)["boundType"] == "unknown"

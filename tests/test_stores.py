@@ -69,6 +69,43 @@ def test_missing_profile_directory_is_a_clear_error(tmp_path: Path):
         FileProfileStore(tmp_path / "nope")
 
 
-def test_documents_with_a_non_string_kind_are_skipped_not_a_crash(tmp_path: Path):
-    (tmp_path / "odd.yaml").write_text("kind: 5\nitems: [1]\n---\n{kind: 7}\n")
-    assert len(FileProfileStore(tmp_path)) == 0
+PROFILE = "{apiVersion: gpu.scheduler.io/v1alpha1, kind: WorkloadProfile, metadata: {name: %s, namespace: team-a}, spec: {workload: vector-add}}\n"
+
+
+@pytest.mark.parametrize(
+    ("files", "message"),
+    [
+        pytest.param({"odd.yaml": "kind: 5\nitems: [1]\n"}, "odd.yaml: document 1 is not a Kubernetes object", id="non-string-kind"),
+        pytest.param({"job.yaml": (EXAMPLES / "vector-add-job.yaml").read_text()}, "job.yaml: document 1 is a Job; --profiles expects", id="a-job"),
+        pytest.param({"a.yaml": PROFILE % "one", "b.yaml": PROFILE % "two"},
+                     "b.yaml (document 1): a second WorkloadProfile for workload vector-add in namespace team-a; the first is in", id="two-for-one-workload"),
+        pytest.param({"bin.yaml": b"\xff\xfe"}, "bin.yaml: not UTF-8 text", id="not-utf-8"),
+    ],
+)  # fmt: skip
+def test_a_profile_directory_holding_anything_but_profiles_is_refused(tmp_path: Path, files, message):
+    for name, text in files.items():
+        (tmp_path / name).write_bytes(text if isinstance(text, bytes) else text.encode())
+    with pytest.raises(StoreError) as err:
+        FileProfileStore(tmp_path)
+    assert message in str(err.value)
+    if len(files) == 2:
+        assert "a.yaml (document 1)" in str(err.value)  # both files named
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        pytest.param((EXAMPLES / "vector-add-job.yaml").read_text(), "document 1 is a Job; --nodes expects a file of Node objects", id="a-job"),
+        pytest.param("", "holds no Node", id="empty"),
+        pytest.param("kind: Node\n---\n- a list\n", "document 2 is not a Kubernetes object", id="a-list"),
+    ],
+)  # fmt: skip
+def test_a_nodes_file_holding_anything_but_nodes_is_refused(tmp_path: Path, text, message):
+    (tmp_path / "nodes.yaml").write_text(text)
+    with pytest.raises(StoreError, match=message):
+        FileNodeStore(tmp_path / "nodes.yaml")
+
+
+def test_profiles_must_be_a_directory_not_a_file():
+    with pytest.raises(StoreError, match=r"nodes\.yaml: is a file; --profiles expects a directory"):
+        FileProfileStore(EXAMPLES / "nodes.yaml")

@@ -342,7 +342,10 @@ class ProfilerController:
                 if ns == namespace
             )
             now = dt.datetime.now(dt.UTC)
-            followers = [(kind, obj) for kind, obj in followers if not running and orphaned(obj, now=now)]
+            grace = self.config.follower_release_seconds
+            followers = [
+                (kind, obj) for kind, obj in followers if not running and orphaned(obj, now=now, grace=grace)
+            ]
             if not followers:
                 return
             profile = orphan_profile(namespace, workload)

@@ -15,7 +15,7 @@ from aiohttp import web
 from kratos_admit import process
 from kratos_admit.catalog import load_catalog
 from kratos_admit.config import Config, split_host_port
-from kratos_admit.kube import api_client
+from kratos_admit.kube import ApiUnreachable, api_client, check_reachable
 from kratos_controller.controller import ControllerMetrics, ProfilerController, run_when_leading
 from kratos_controller.leader import LeaderElector
 
@@ -59,6 +59,11 @@ def metrics_app(metrics: ControllerMetrics, readyz: process.Handler) -> web.Appl
 async def run_controller(config: Config, signing_key: bytes, kubeconfig: Path | None) -> int:
     """0 after SIGTERM; 1 when leadership is lost (the Pod restarts and campaigns again)."""
     api = await api_client(kubeconfig)
+    try:
+        await check_reachable(api)
+    except ApiUnreachable:
+        await api.close()
+        raise
     metrics = ControllerMetrics()
     identity = controller_identity()
     elector = LeaderElector(
@@ -80,7 +85,12 @@ async def run_controller(config: Config, signing_key: bytes, kubeconfig: Path | 
     runner = web.AppRunner(metrics_app(metrics, readiness(controller, elector)), access_log=None)
     await runner.setup()
     host, port = split_host_port(config.controller_metrics_listen)
-    await web.TCPSite(runner, host, port).start()
+    try:
+        await process.start_site(web.TCPSite(runner, host, port), config.controller_metrics_listen)
+    except process.ListenError:
+        await runner.cleanup()
+        await api.close()
+        raise
     log.info(
         "controller started",
         extra={"identity": identity, "lease": f"{config.lease_namespace}/{config.lease_name}"},

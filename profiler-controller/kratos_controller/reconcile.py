@@ -534,9 +534,6 @@ def release_followers(
     return actions
 
 
-ORPHAN_GRACE_SECONDS = 180.0  # longer than the webhook remembers a run it admitted (60 s)
-
-
 def orphan_profile(namespace: str, workload: str) -> WorkloadProfile:
     """Stands in for a run that never started (the API server refused the Job the webhook had just
     rewritten, say): its followers are released with base hints rather than held for ever."""
@@ -552,7 +549,9 @@ def orphan_profile(namespace: str, workload: str) -> WorkloadProfile:
     )
 
 
-def orphaned(obj: Mapping[str, Any], *, now: dt.datetime, grace: float = ORPHAN_GRACE_SECONDS) -> bool:
+def orphaned(obj: Mapping[str, Any], *, now: dt.datetime, grace: float) -> bool:
+    """A follower held longer than ``grace`` (config ``followerReleaseSeconds``) for a run that never
+    appeared."""
     created = _timestamp(as_mapping(obj.get("metadata")).get("creationTimestamp"))
     return created is not None and (now - created).total_seconds() > grace
 
