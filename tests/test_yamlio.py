@@ -56,8 +56,10 @@ def test_a_bad_document_is_refused_as_pyyaml_refuses_it(text: str):
 
 def reviewed_objects() -> list[object]:
     out = io.StringIO()
-    main(["review", "-f", str(EXAMPLES), "-R", "--profiles", str(EXAMPLES / "profiles"), "--nodes",
-          str(EXAMPLES / "nodes.yaml"), "-o", "json"], stdout=out, stderr=io.StringIO())  # fmt: skip
+    # the manifests under examples/ (not -R: examples/simulation/ holds the simulator's trace and
+    # truth files, which are no Kubernetes objects)
+    main(["review", "-f", str(EXAMPLES), "-f", str(EXAMPLES / "profiles"), "--profiles", str(EXAMPLES / "profiles"),
+          "--nodes", str(EXAMPLES / "nodes.yaml"), "-o", "json"], stdout=out, stderr=io.StringIO())  # fmt: skip
     return [r["object"] for r in json.loads(out.getvalue())]
 
 
