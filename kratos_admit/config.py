@@ -213,6 +213,14 @@ def _given(data: Any, loc: tuple[int | str, ...]) -> object:
     return data
 
 
+def field_path(loc: tuple[int | str, ...]) -> str:
+    """A pydantic location as the user reads it: ``jobs[0].metrics``."""
+    text = ""
+    for part in loc:
+        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
+    return text
+
+
 def in_our_words(
     err: Mapping[str, Any], data: Any, *, model: type[BaseModel] | None = None, noun: str = "setting"
 ) -> str:
@@ -222,11 +230,11 @@ def in_our_words(
     if loc and loc[-1] == "[key]":  # a mapping key, such as a priorityClasses entry
         loc = loc[:-1]
         given: object = loc[-1]
-        prefix = ".".join(str(p) for p in loc[:-1])
+        prefix = field_path(loc[:-1])
         what = f"key {given!r}"
     else:
         given = _given(data, loc)
-        prefix = ".".join(str(p) for p in loc)
+        prefix = field_path(loc)
         what = f"{given!r}"
     if kind == "extra_forbidden":
         known = _known_keys(model or Config, loc[:-1])
@@ -247,6 +255,10 @@ def in_our_words(
         )
     if kind == "value_error":
         return f"{prefix}: {ctx.get('error', err['msg'])}"
+    if kind == "too_short":
+        return f"{prefix}: {what} given, must have at least {ctx.get('min_length')} item(s)"
+    if kind == "string_pattern_mismatch":
+        return f"{prefix}: {what} given, must match {ctx.get('pattern')}"
     expected = _EXPECTED.get(kind)
     if expected is not None:
         return f"{prefix}: {what} given, must be {expected}"

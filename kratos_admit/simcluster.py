@@ -39,7 +39,7 @@ from kratos_admit.simulation import (
     SimulationResult,
     Trace,
     Truth,
-    prediction_errors,
+    simulation_result,
 )
 
 log = logging.getLogger("kratos.simulate")
@@ -301,12 +301,4 @@ async def simulate_on_cluster(
             await _delete(core.delete_node, name)
         if made_runtime_class:
             await _delete(node_api.delete_runtime_class, config.runtime_class_name)
-    products = frozenset(n.product for n in nodes if n.product)
-    errors = (
-        prediction_errors(
-            learned, trace.jobs, truth=truth, node_products=products, config=config, catalog=catalog
-        )
-        if "kratos" in policies
-        else {}
-    )
-    return SimulationResult(results, errors, learned)
+    return simulation_result(results, learned, trace, nodes, truth=truth, config=config, catalog=catalog)

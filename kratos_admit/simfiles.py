@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from kratos_admit import vocabulary as v
 from kratos_admit.catalog import Catalog
+from kratos_admit.config import in_our_words
 from kratos_admit.manifests import ManifestError, parse_yaml
 from kratos_admit.quantity import parse_positive_integer, parse_quantity
 from kratos_admit.raw import as_mapping, string_map
@@ -74,13 +75,6 @@ class _Truth(_Strict):
     products: list[_TruthProduct]
 
 
-def _where(loc: tuple[int | str, ...]) -> str:
-    text = ""
-    for part in loc:
-        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
-    return text
-
-
 def _read(path: Path) -> Any:
     try:
         text = path.read_text("utf-8")
@@ -100,9 +94,9 @@ def _validated(model: type[_Strict], data: Any, path: Path) -> Any:
     try:
         return model.model_validate(data)
     except ValidationError as exc:
-        err = exc.errors()[0]
-        message = str(err["msg"]).removeprefix("Value error, ")
-        raise SimFileError(f"{path}: {_where(tuple(err['loc']))}: {message}") from None
+        raise SimFileError(
+            f"{path}: {in_our_words(exc.errors()[0], data, model=model, noun='field')}"
+        ) from None
 
 
 def load_trace(path: Path, catalog: Catalog) -> Trace:

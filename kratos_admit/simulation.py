@@ -557,12 +557,27 @@ def simulate(
         results[policy] = run.run()
         if policy == "kratos":
             learned = Learned(run.profiles, run.calibration)
+    return simulation_result(results, learned, trace, nodes, truth=truth, config=config, catalog=catalog)
+
+
+def simulation_result(
+    results: dict[Policy, PolicyResult],
+    learned: Learned,
+    trace: Trace,
+    nodes: Sequence[SimNode],
+    *,
+    truth: Truth,
+    config: Config,
+    catalog: Catalog,
+) -> SimulationResult:
+    """The policies' results with the prediction error of what ``kratos`` learned (none without it),
+    for a modelled run and for one on a real cluster alike."""
     products = frozenset(n.product for n in nodes if n.product)
     errors = (
         prediction_errors(
             learned, trace.jobs, truth=truth, node_products=products, config=config, catalog=catalog
         )
-        if "kratos" in policies
+        if "kratos" in results
         else {}
     )
     return SimulationResult(results, errors, learned)

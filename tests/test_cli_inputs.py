@@ -168,7 +168,7 @@ ROWS = {
         "kratos-test.yaml: profile: no such field (did you mean profiles?)"),
     "test-expectation-unknown-action": Row(
         lambda p: ["test", p.file("s/kratos-test.yaml", SUITE + "manifests: [a.yaml]\nresults: [{kind: Job, name: a, action: hint}]\n")],
-        "kratos-test.yaml: results.0.action: 'hint' given, must be one of hints, profiling, none"),
+        "kratos-test.yaml: results[0].action: 'hint' given, must be one of hints, profiling, none"),
     "test-missing-manifest": Row(
         lambda p: ["test", p.file("s/kratos-test.yaml", SUITE + "manifests: [gone.yaml]\nresults: [{kind: Job, name: a}]\n")],
         "s/gone.yaml: cannot read: No such file"),
