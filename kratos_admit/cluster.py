@@ -26,7 +26,7 @@ from kratos_admit.calibration import (
     CalibrationError,
     parse_calibration,
 )
-from kratos_admit.kube import Informer, is_status
+from kratos_admit.kube import Informer, is_status, one_line
 from kratos_admit.profile import WorkloadProfile
 from kratos_admit.stores import ProfileIndex
 
@@ -113,7 +113,7 @@ class ClusterProfileStore:
                     extra={
                         "namespace": namespace,
                         "workload": workload,
-                        "reason": f"{type(exc).__name__}: {exc}",
+                        "reason": one_line(exc),
                     },
                 )
             self._absent[key] = time.monotonic() + self.negative_ttl

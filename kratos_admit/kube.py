@@ -191,9 +191,9 @@ class Informer:
                 if exc.status == 410:
                     log.info("watch expired, relisting", extra={"informer": self.name})
                     continue
-                await self._pause(f"API error {exc.status}: {exc.reason}")
+                await self._pause(f"API error {one_line(exc)}")
             except Exception as exc:  # network errors of every kind: keep serving from the cache
-                await self._pause(f"{type(exc).__name__}: {exc}")
+                await self._pause(one_line(exc))
 
     async def _pause(self, reason: str) -> None:
         self.failing.failed(reason)

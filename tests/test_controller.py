@@ -264,3 +264,17 @@ async def test_readyz_answers_503_within_10_s_of_the_pod_watch_being_refused_and
             with contextlib.suppress(asyncio.CancelledError):
                 await leading
             await api.close()
+
+
+async def test_a_failed_reconcile_is_logged_on_one_line(caplog: pytest.LogCaptureFixture):
+    """An API error (the client's exception carries headers and body over many lines) is logged as
+    one line with the server's message, then retried."""
+    kube = KubeDouble()
+    async with api_server(kube) as server:
+        seed_finished(kube, "vector-add", runner_summary())
+        kube.fail("POST", r"/apis/batch/v1/namespaces/team-a/jobs$", 500)
+        async with controller_running(server):
+            await eventually(lambda: execution_jobs(kube))
+    [failed] = [r for r in caplog.records if r.getMessage() == "reconcile failed, retrying"][:1]
+    reason = str(failed.__dict__["reason"])
+    assert "\n" not in reason and reason.startswith("500") and reason.endswith("injected failure"), reason

@@ -23,7 +23,7 @@ from kratos_admit.calibration import CONFIGMAP_NAME, NO_CALIBRATION, Calibration
 from kratos_admit.catalog import Catalog, load_catalog
 from kratos_admit.config import Config
 from kratos_admit.hints import recorded_ranking_source
-from kratos_admit.kube import Backoff, Informer
+from kratos_admit.kube import Backoff, Informer, one_line
 from kratos_admit.profile import WorkloadProfile
 from kratos_admit.raw import as_list, as_mapping, string_map
 from kratos_admit.workload import Kind
@@ -445,7 +445,7 @@ class ProfilerController:
                         "work": key[0],
                         "namespace": key[1],
                         "job": key[2],
-                        "reason": f"{type(exc).__name__}: {exc}",
+                        "reason": one_line(exc),
                         "retryIn": round(delay, 2),
                     },
                 )
