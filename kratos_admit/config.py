@@ -20,7 +20,7 @@ import types
 import typing
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -211,6 +211,22 @@ def _given(data: Any, loc: tuple[int | str, ...]) -> object:
             return ...
         data = data[part]
     return data
+
+
+ModelT = TypeVar("ModelT", bound=BaseModel)
+
+
+def validated_document(
+    model: type[ModelT], data: Any, path: Path, error: type[ValueError], top: str
+) -> ModelT:
+    """A YAML document of ours (a suite, a trace, a truth file) as ``model``, or ``error`` with one
+    line in KRATOS's words: the file, then the field, what was given and what is allowed."""
+    if not isinstance(data, dict):
+        raise error(f"{path}: {top}, found {type(data).__name__}")
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise error(f"{path}: {in_our_words(exc.errors()[0], data, model=model, noun='field')}") from None
 
 
 def field_path(loc: tuple[int | str, ...]) -> str:

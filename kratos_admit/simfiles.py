@@ -10,11 +10,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from kratos_admit import vocabulary as v
 from kratos_admit.catalog import Catalog
-from kratos_admit.config import in_our_words
+from kratos_admit.config import validated_document
 from kratos_admit.manifests import ManifestError, parse_yaml
 from kratos_admit.quantity import parse_positive_integer, parse_quantity
 from kratos_admit.raw import as_mapping, string_map
@@ -88,19 +88,8 @@ def _read(path: Path) -> Any:
         raise SimFileError(str(exc)) from None
 
 
-def _validated(model: type[_Strict], data: Any, path: Path) -> Any:
-    if not isinstance(data, dict):
-        raise SimFileError(f"{path}: expected a mapping at the top, found {type(data).__name__}")
-    try:
-        return model.model_validate(data)
-    except ValidationError as exc:
-        raise SimFileError(
-            f"{path}: {in_our_words(exc.errors()[0], data, model=model, noun='field')}"
-        ) from None
-
-
 def load_trace(path: Path, catalog: Catalog) -> Trace:
-    parsed: _Trace = _validated(_Trace, _read(path), path)
+    parsed = validated_document(_Trace, _read(path), path, SimFileError, "expected a mapping at the top")
     names: set[str] = set()
     jobs = []
     for i, job in enumerate(parsed.jobs):
@@ -178,7 +167,7 @@ def load_truth(path: Path | None, catalog: Catalog) -> Truth:
     """The truth file's figures by catalog product; without a file, the catalog is the truth."""
     if path is None:
         return Truth(catalog, {})
-    parsed: _Truth = _validated(_Truth, _read(path), path)
+    parsed = validated_document(_Truth, _read(path), path, SimFileError, "expected a mapping at the top")
     figures: dict[str, Figures] = {}
     for i, entry in enumerate(parsed.products):
         known = catalog.lookup(entry.product)

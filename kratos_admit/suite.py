@@ -14,11 +14,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
 from kratos_admit.admission import build_engine
 from kratos_admit.catalog import CatalogError
-from kratos_admit.config import ConfigError, in_our_words, load_config
+from kratos_admit.config import ConfigError, load_config, validated_document
 from kratos_admit.manifests import ManifestError, parse_yaml, read_manifests
 from kratos_admit.policy import Action
 from kratos_admit.review import Reviewed, review_document
@@ -87,14 +87,9 @@ def load_suite(path: Path) -> Suite:
         data = parse_yaml(read_text(path, expected=f"a suite is a {SUITE_FILE} file"), str(path))
     except (StoreError, ManifestError) as exc:
         raise SuiteError(str(exc)) from None
-    if not isinstance(data, dict):
-        raise SuiteError(f"{path}: must be a mapping (apiVersion, kind: Test, name, manifests, results)")
-    try:
-        return Suite.model_validate(data)
-    except ValidationError as exc:
-        raise SuiteError(
-            f"{path}: {in_our_words(exc.errors()[0], data, model=Suite, noun='field')}"
-        ) from None
+    return validated_document(
+        Suite, data, path, SuiteError, "must be a mapping (apiVersion, kind: Test, name, manifests, results)"
+    )
 
 
 def run_suite(path: Path) -> list[Row]:
