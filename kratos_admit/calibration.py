@@ -6,12 +6,13 @@ model and the estimator. In short: a product P's calibrated sustained figures ar
 divided by its factors (``memoryTimeFactor`` 1.25: memory-bound work takes 25 % longer there than
 the catalog says). Each (workload, product) observation is one sample: its mean seconds, its run
 count, and the workload's profile (SM and memory shares on the product it was profiled on). The fit
-alternates two robust steps: each workload's runtime scale is the weighted median of its samples'
-observed/modelled times, and each product's factor is the weighted median of what its samples
-imply for the term that bounds them (memory or compute). A median ignores a minority of bad
-samples (a run on a throttled node or beside a noisy neighbour inflates one sample's mean), where a
-least-squares fit would be pulled by all of them. Observations fix only ratios between products,
-so the factors are anchored to a geometric mean of 1.
+alternates two robust steps: each workload's runtime scale is a robust mean (Huber's, in log-time)
+of its samples' observed/modelled times, and each product's factor is the robust mean of what its
+samples imply for the term that bounds them (memory or compute). A run on a throttled node or
+beside a noisy neighbour inflates one sample's mean; the Huber weights let it move a factor by only
+a few percent, where a least-squares fit would be pulled by its whole share. Observations fix only
+ratios between products, so the factors are anchored to a geometric mean of 1; a factor that
+nothing measured stays at 1, the catalog's figure.
 """
 
 from __future__ import annotations
@@ -254,14 +255,23 @@ def _terms(
     return memory_term, compute_term, 1 - max(s.sm, s.mem)
 
 
-def _anchor(factors: dict[str, float], voted: set[str]) -> None:
-    """Divide every factor by the geometric mean of those the samples voted on: the same divisor for
-    all, so no ratio changes, and the calibrated products keep the catalog's figures on average."""
-    if not voted:
-        return
-    mean = math.exp(sum(math.log(factors[p]) for p in voted) / len(voted))
-    for p in factors:
-        factors[p] /= mean
+def _references(votes: Mapping[str, list[tuple[float, Sample]]], used: Sequence[Sample]) -> set[str]:
+    """The products whose factor the votes are ratios to: the profiled product of each voting
+    workload that also ran there (that run set the workload's scale). A workload that never ran on
+    the product it was profiled on measures nothing there."""
+    ran = {(s.workload, s.product) for s in used}
+    return {s.profiled for cast in votes.values() for _, s in cast if (s.workload, s.profiled) in ran}
+
+
+def _anchor(factors: dict[str, float], voted: set[str], known: set[str]) -> None:
+    """Divide the known factors by the geometric mean of those the samples voted on: the same divisor
+    for all, so no ratio between them changes, and the calibrated products keep the catalog's figures
+    on average. A factor nothing measured (neither voted on nor the reference of a workload's votes)
+    is unknown: it stays at the catalog's figure, 1. Rescaling it with the others would let it drift
+    without bound, and drag with it the votes of the workloads profiled on its product."""
+    mean = math.exp(sum(math.log(factors[p]) for p in voted) / len(voted)) if voted else 1.0
+    for p, value in factors.items():
+        factors[p] = value / mean if p in known else 1.0
 
 
 def fit_calibration(samples: Sequence[Sample], catalog: Catalog, *, updated_at: str = "") -> Calibration:
@@ -275,6 +285,8 @@ def fit_calibration(samples: Sequence[Sample], catalog: Catalog, *, updated_at: 
     memory = dict.fromkeys(names, 1.0)
     compute = dict.fromkeys(names, 1.0)
     votes: dict[str, dict[str, list[tuple[float, Sample]]]] = {}
+    # the factors some round measured (voted on, or the reference of votes): the others stay 1
+    known: dict[str, set[str]] = {"memory": set(), "compute": set()}
     for round_ in range(ROUNDS):
         # least squares first (a unique fit, near which the Huber steps then converge), then Huber
         delta = math.inf if round_ < ROUNDS // 2 else HUBER_DELTA
@@ -313,7 +325,8 @@ def fit_calibration(samples: Sequence[Sample], catalog: Catalog, *, updated_at: 
                 )
                 moved = max(moved, abs(math.log(new / factors[product])))
                 factors[product] = new
-            _anchor(factors, set(votes[kind]))
+            known[kind] |= set(votes[kind]) | _references(votes[kind], used)
+            _anchor(factors, set(votes[kind]), known[kind])
         if moved < 1e-7 and delta != math.inf:
             break
     result: dict[str, ProductCalibration] = {}

@@ -131,6 +131,60 @@ def test_one_outlier_run_barely_moves_a_factor(inflated):
         assert a.compute.factor == pytest.approx(b.compute.factor, rel=0.03)
 
 
+def profiled_elsewhere(
+    truth: Truth,
+    name: str,
+    shape: tuple[float, float],
+    profiled: str,
+    products: tuple[str, ...],
+    *,
+    runs: int = 5,
+) -> list[Sample]:
+    """Exact runs of a workload whose profiling run landed on ``profiled``: its shares are what Nsight
+    Compute measured there, and it never ran there again."""
+    job = trace_job(name, sm=shape[0], mem=shape[1], seconds=1000.0)
+    measured = truth.measured_on(job, profiled)
+    sm_there, mem_there = float(measured["smThroughput"]) / 100, float(measured["memoryThroughput"]) / 100
+    return [
+        Sample(
+            name,
+            p,
+            runs,
+            1000.0 * truth.relative_time(job.shares, reference=A100, product=p),
+            sm_there,
+            mem_there,
+            profiled,
+        )
+        for p in products
+    ]
+
+
+def test_a_factor_no_run_voted_for_stays_the_catalogs_and_does_not_drag_the_others():
+    """Found with the example trace and a +-40 % truth: two compute-bound workloads were profiled on
+    the T4 and never ran there again, and no compute-bound run ever reached the T4, so nothing
+    says anything about the T4's compute factor. The anchoring used to rescale that factor with
+    the voted ones each round; through the workloads profiled on the T4 it fed back into their
+    votes until it reached 0.085, and the L40S qualified with a compute factor 2.2 times the
+    truth's (a never-seen workload predicted 98 % off). A factor without votes is unknown: it stays
+    at the catalog's figure."""
+    truth = drawn_truth(7)
+    others = (A100, L40S, L4)
+    samples = (
+        exact_samples(truth, {"stream": PRODUCTS, "spmv": PRODUCTS, "decode": PRODUCTS, "bfs": PRODUCTS})
+        + exact_samples(truth, {"nbody": others, "raytrace": others})
+        + profiled_elsewhere(truth, "md", (94, 44), T4, others)
+        + profiled_elsewhere(truth, "pricing-t4", (96, 7), T4, others)
+    )
+    calibration = fit_calibration(samples, CATALOG)
+    t4 = calibration.products[T4]
+    assert t4.compute.factor == 1.0 and not t4.compute.qualifies(5), t4.as_dict()
+    fitted = {
+        p: (c.memory.factor, c.compute.factor) for p, c in calibration.products.items() if c.qualifies(5)
+    }
+    assert A100 in fitted and len(fitted) >= 2, {p: c.as_dict() for p, c in calibration.products.items()}
+    assert max(ratio_errors(fitted, truth)) < 0.10, fitted
+
+
 def test_workloads_seen_on_one_product_say_nothing_and_a_factor_needs_two_workloads():
     truth = drawn_truth(4)
     only_one = exact_samples(truth, {"stream": (L4,), "nbody": (L40S,)})
