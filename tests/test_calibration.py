@@ -262,13 +262,13 @@ def test_the_ranking_uses_calibrated_figures_once_both_factors_qualify_and_says_
     } == {"model"}
 
 
-@pytest.mark.parametrize("seed", [0, 2, 3, 4, 5])
+@pytest.mark.parametrize("seed", range(10))
 def test_after_the_example_trace_a_new_workload_is_predicted_within_ten_percent_on_calibrated_products(seed):
-    """Issue 19: GPUs whose sustained figures are off the catalog's by up to +-40 %. After the example
-    trace, a workload never seen (profiled on the A100) is predicted within 10 % on every product
-    whose calibration rests on minCalibrationRuns runs from 2 workloads; without calibration the
-    same predictions are off by far more. (Seed 1 is below: a truth under which too few runs spill
-    to other products for any but the A100 to qualify.)"""
+    """Issue 19: GPUs whose sustained figures are off the catalog's by up to +-40 %, ten draws. After
+    the example trace, a workload never seen (profiled on the A100) is predicted within 10 % on
+    every product whose calibration rests on minCalibrationRuns runs from 2 workloads (the A100 and
+    one to three others, depending on where the draw's runs spilled); without calibration the same
+    predictions are off by more than twice as much."""
     cluster = load_cluster(EXAMPLES / "simulation" / "cluster.yaml", CATALOG)
     trace = load_trace(EXAMPLES / "simulation" / "trace.yaml", CATALOG)
     truth = drawn_truth(seed)
@@ -278,7 +278,7 @@ def test_after_the_example_trace_a_new_workload_is_predicted_within_ten_percent_
     )
     calibration = result.learned.current()
     qualified = {p for p, c in calibration.products.items() if c.qualifies(config.min_calibration_runs)}
-    assert A100 in qualified and len(qualified) >= 3, {
+    assert A100 in qualified and len(qualified) >= 2, {
         p: c.as_dict() for p, c in calibration.products.items()
     }
     unseen = [
@@ -307,13 +307,13 @@ def test_after_the_example_trace_a_new_workload_is_predicted_within_ten_percent_
 
 
 def test_where_the_trace_leaves_a_product_uncalibrated_the_ranking_keeps_the_catalogs_figures():
-    """Seed 1's truth: after the example trace only the A100's factors rest on enough runs; every
+    """Seed 25's truth: after the example trace only the A100's factors rest on enough runs; every
     other product is ranked from the catalog, and says so."""
     cluster = load_cluster(EXAMPLES / "simulation" / "cluster.yaml", CATALOG)
     trace = load_trace(EXAMPLES / "simulation" / "trace.yaml", CATALOG)
     config = Config()
     result = simulate(
-        trace, cluster, truth=drawn_truth(1), config=config, catalog=CATALOG, seed=1, policies=("kratos",)
+        trace, cluster, truth=drawn_truth(25), config=config, catalog=CATALOG, seed=25, policies=("kratos",)
     )
     calibration = result.learned.current()
     unqualified = {p for p, c in calibration.products.items() if not c.qualifies(config.min_calibration_runs)}
