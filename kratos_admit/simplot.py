@@ -19,12 +19,21 @@ class PlotError(ValueError):
     """No plot can be drawn (the extra is not installed, or the file cannot be written)."""
 
 
+def _versus(default_jct: float, jct: float) -> str:
+    """How a policy's mean JCT compares with the default's, in words a reader cannot misread."""
+    if not jct or not default_jct:
+        return "-"
+    if default_jct >= jct:
+        return f"{default_jct / jct:.2f}x faster"
+    return f"{jct / default_jct:.2f}x slower"
+
+
 def format_results(result: SimulationResult) -> str:
     header = ["POLICY", "MEAN JCT s", "P95 JCT s", "MAKESPAN s", "GPU-HOURS", "MEAN JCT VS DEFAULT"]
     default = result.policies.get("default")
     rows = []
     for name, r in result.policies.items():
-        ratio = f"{default.mean_jct / r.mean_jct:.2f}x faster" if default and r.mean_jct else "-"
+        ratio = _versus(default.mean_jct, r.mean_jct) if default and name != "default" else "-"
         rows.append(
             [
                 name,

@@ -17,7 +17,18 @@ import yaml
 from kratos_admit.cli import main
 from kratos_admit.config import Config
 from kratos_admit.simfiles import load_truth
-from kratos_admit.simulation import POLICIES, Figures, Trace, Truth, simulate
+from kratos_admit.simplot import format_results
+from kratos_admit.simulation import (
+    POLICIES,
+    Figures,
+    Learned,
+    PolicyResult,
+    SimulatedProfiles,
+    SimulationResult,
+    Trace,
+    Truth,
+    simulate,
+)
 from tests.builders import A100, L4, L40S, T4, sim_node, trace_job
 from tests.harness import CATALOG, EXAMPLES
 
@@ -282,3 +293,18 @@ def test_plot_draws_each_policys_jct_distribution(tmp_path: Path):
     assert status == 0, err
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "kratos-static" in out and "MEAN JCT" in out
+
+
+def test_the_table_compares_each_policy_with_the_default_in_words_that_cannot_be_misread():
+    def ran(policy: str, jct: float) -> PolicyResult:
+        return PolicyResult(policy, (jct, jct), makespan=jct, gpu_seconds=jct)  # type: ignore[arg-type]
+
+    result = SimulationResult(
+        {"default": ran("default", 3000.0), "kratos": ran("kratos", 2000.0), "oracle": ran("oracle", 3300.0)},
+        {},
+        Learned(SimulatedProfiles()),
+    )
+    rows = {
+        line.split()[0]: line.split("  ")[-1].strip() for line in format_results(result).splitlines()[1:4]
+    }
+    assert rows == {"default": "-", "kratos": "1.50x faster", "oracle": "1.10x slower"}
