@@ -107,12 +107,20 @@ async def everything_kratos_does(kube: KubeDouble, tmp_path: Path) -> None:
                 for i, started in enumerate(await kube.run_jobs()):
                     kube.finish_pod("team-a", started, node=f"gpu-{i % 2}", seconds=50.0)
                 await eventually(lambda: profile_status(kube).get("observedRuns") == 2)
+                # the Observed Events follow the status write (best effort): told, or refused
+                await eventually(lambda: observed_told(kube))
                 await eventually(lambda: renewed(kube))
             finally:
                 leading.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await leading
                 await asyncio.gather(admin.close(), api.close())
+
+
+def observed_told(kube: KubeDouble) -> bool:
+    """Both observed runs have their Event, or the controller may not write Events at all."""
+    told = [e for e in kube.items("apis/events.k8s.io/v1", "events") if e["reason"] == "Observed"]
+    return len(told) == 2 or any(a.resource == "events" and a.verb == "create" for a in refusals(kube))
 
 
 def renewed(kube: KubeDouble) -> bool:
