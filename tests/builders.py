@@ -219,6 +219,18 @@ def make_profile(
 # --- simulation ------------------------------------------------------------------------------------
 
 A100, L40S, L4, T4 = "NVIDIA-A100-SXM4-80GB", "NVIDIA-L40S", "NVIDIA-L4", "Tesla-T4"
+# (SM %, memory %) on the A100 of workloads the calibration tests observe: memory-, compute-,
+# latency-bound and in between
+WORKLOAD_SHAPES: dict[str, tuple[float, float]] = {
+    "stream": (8, 92),
+    "spmv": (15, 84),
+    "decode": (20, 88),
+    "nbody": (90, 8),
+    "pricing": (88, 5),
+    "raytrace": (85, 25),
+    "bfs": (25, 35),
+    "infer": (30, 20),
+}
 
 
 def trace_job(

@@ -30,21 +30,11 @@ from kratos_admit.profile import Observation
 from kratos_admit.simfiles import load_cluster, load_trace
 from kratos_admit.simulation import Figures, Learned, Truth, prediction_errors, simulate
 from kratos_controller.reconcile import calibrate
-from tests.builders import A100, L4, L40S, T4, make_profile, trace_job
+from tests.builders import A100, L4, L40S, T4, WORKLOAD_SHAPES, make_profile, trace_job
 from tests.harness import CATALOG, EXAMPLES
 
 PRODUCTS = (A100, L40S, L4, T4)
-# (SM %, memory %) on the A100: memory-, compute-, latency-bound and in between
-SHAPES = {
-    "stream": (8, 92),
-    "spmv": (15, 84),
-    "decode": (20, 88),
-    "nbody": (90, 8),
-    "pricing": (88, 5),
-    "raytrace": (85, 25),
-    "bfs": (25, 35),
-    "infer": (30, 20),
-}
+SHAPES = WORKLOAD_SHAPES
 
 
 def drawn_truth(seed: int, spread: float = 0.4) -> Truth:
