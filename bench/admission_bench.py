@@ -42,12 +42,12 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from kratos_admit.admission import AdmissionEngine, Webhook, build_engine, review  # noqa: E402
-from kratos_admit.certs import generate  # noqa: E402
-from kratos_admit.config import Config  # noqa: E402
-from kratos_admit.request import admission_review  # noqa: E402
-from kratos_admit.review import review_document  # noqa: E402
-from kratos_admit.stores import FileNodeStore, FileProfileStore  # noqa: E402
+from kratos_admit.admission.engine import AdmissionEngine, Webhook, build_engine, review  # noqa: E402
+from kratos_admit.admission.request import admission_review  # noqa: E402
+from kratos_admit.admission.review import review_document  # noqa: E402
+from kratos_admit.domain.config import Config  # noqa: E402
+from kratos_admit.edge.files import FileNodeStore, FileProfileStore  # noqa: E402
+from kratos_admit.webhook.certs import generate  # noqa: E402
 
 EXAMPLES = REPO / "examples"
 HOST = "kratos-webhook.kratos-system.svc"

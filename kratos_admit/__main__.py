@@ -1,3 +1,3 @@
-from kratos_admit.cli import run
+from kratos_admit.cli.main import run
 
 run()

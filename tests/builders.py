@@ -5,10 +5,10 @@ from __future__ import annotations
 import copy
 from typing import Any, Self
 
-from kratos_admit import vocabulary as v
-from kratos_admit.profile import WorkloadProfile
-from kratos_admit.scheduling import SimNode
-from kratos_admit.simulation import TraceJob
+from kratos_admit.domain import vocabulary as v
+from kratos_admit.domain.profile import WorkloadProfile
+from kratos_admit.simulation.replay import TraceJob
+from kratos_admit.simulation.scheduling import SimNode
 
 NAMESPACE = "team-a"
 

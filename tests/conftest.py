@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from kratos_admit.policy import PolicyContext
+from kratos_admit.decisions.policy import PolicyContext
 from tests.harness import make_ctx
 
 

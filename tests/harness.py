@@ -32,20 +32,20 @@ import yaml
 from aiohttp.test_utils import TestServer
 from kubernetes_asyncio import client
 
-from kratos_admit import vocabulary as v
-from kratos_admit.admission import AdmissionEngine, ReviewResult, Webhook, answer, build_engine
-from kratos_admit.catalog import load_catalog
-from kratos_admit.certs import generate
-from kratos_admit.cluster import ClusterCalibrationStore, ClusterNodeStore, ClusterProfileStore
-from kratos_admit.config import Config
-from kratos_admit.metrics import AdmissionMetrics
-from kratos_admit.policy import PolicyContext
-from kratos_admit.profile import WorkloadProfile
-from kratos_admit.raw import clone
-from kratos_admit.request import Operation, admission_review, parse_review
-from kratos_admit.server import create_app, running_site
-from kratos_admit.stores import StaticNodeStore, StaticProfileStore
-from kratos_admit.tls import ServingCertificate
+from kratos_admit.admission.engine import AdmissionEngine, ReviewResult, Webhook, answer, build_engine
+from kratos_admit.admission.request import Operation, admission_review, parse_review
+from kratos_admit.decisions.policy import PolicyContext
+from kratos_admit.decisions.stores import StaticNodeStore, StaticProfileStore
+from kratos_admit.domain import vocabulary as v
+from kratos_admit.domain.catalog import load_catalog
+from kratos_admit.domain.config import Config
+from kratos_admit.domain.profile import WorkloadProfile
+from kratos_admit.domain.raw import clone
+from kratos_admit.edge.cluster import ClusterCalibrationStore, ClusterNodeStore, ClusterProfileStore
+from kratos_admit.webhook.certs import generate
+from kratos_admit.webhook.metrics import AdmissionMetrics
+from kratos_admit.webhook.server import create_app, running_site
+from kratos_admit.webhook.tls import ServingCertificate
 from kratos_controller.controller import ControllerMetrics, ProfilerController
 from kratos_runner.parse import parse_report
 from kratos_runner.summary import encode_summary, summarise

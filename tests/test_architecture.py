@@ -14,21 +14,21 @@ import kratos_admit
 from tests.harness import REPO
 
 PURE = [
-    "kratos_admit.policy",
-    "kratos_admit.validation",
-    "kratos_admit.hints",
-    "kratos_admit.ranking",
-    "kratos_admit.profiling",
-    "kratos_admit.workload",
-    "kratos_admit.catalog",
-    "kratos_admit.profile",
-    "kratos_admit.request",
-    "kratos_admit.responses",
-    "kratos_admit.admission",
-    "kratos_admit.review",
-    "kratos_admit.calibration",
-    "kratos_admit.scheduling",
-    "kratos_admit.simulation",
+    "kratos_admit.decisions.policy",
+    "kratos_admit.decisions.validation",
+    "kratos_admit.decisions.hints",
+    "kratos_admit.decisions.ranking",
+    "kratos_admit.decisions.profiling",
+    "kratos_admit.domain.workload",
+    "kratos_admit.domain.catalog",
+    "kratos_admit.domain.profile",
+    "kratos_admit.admission.request",
+    "kratos_admit.admission.responses",
+    "kratos_admit.admission.engine",
+    "kratos_admit.admission.review",
+    "kratos_admit.decisions.calibration",
+    "kratos_admit.simulation.scheduling",
+    "kratos_admit.simulation.replay",
     "kratos_controller.reconcile",
 ]
 PACKAGES = {
@@ -55,11 +55,11 @@ def test_pure_modules_import_neither_aiohttp_nor_kubernetes_asyncio(framework):
 
 def test_the_controller_does_not_import_the_webhook_server():
     loaded = loaded_after_importing(["kratos_controller.main", "kratos_controller.controller"])
-    assert "kratos_admit.server" not in loaded
+    assert "kratos_admit.webhook.server" not in loaded
 
 
 def test_the_webhook_commands_do_not_import_the_controller():
-    loaded = loaded_after_importing(["kratos_admit.cli", "kratos_admit.server"])
+    loaded = loaded_after_importing(["kratos_admit.cli.main", "kratos_admit.webhook.server"])
     assert not {m for m in loaded if m.startswith("kratos_controller")}
 
 

@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 import yaml
 
-from kratos_admit.calibration import (
+from kratos_admit.cli.main import main
+from kratos_admit.decisions.calibration import (
     NO_CALIBRATION,
     CalibrationError,
     Sample,
@@ -23,12 +24,11 @@ from kratos_admit.calibration import (
     samples_of,
     weighted_median,
 )
-from kratos_admit.cli import main
-from kratos_admit.config import Config
-from kratos_admit.hints import ranking_of
-from kratos_admit.profile import Observation
-from kratos_admit.simfiles import load_cluster, load_trace
-from kratos_admit.simulation import Figures, Learned, Truth, prediction_errors, simulate
+from kratos_admit.decisions.hints import ranking_of
+from kratos_admit.domain.config import Config
+from kratos_admit.domain.profile import Observation
+from kratos_admit.simulation.inputs import load_cluster, load_trace
+from kratos_admit.simulation.replay import Figures, Learned, Truth, prediction_errors, simulate
 from kratos_controller.reconcile import calibrate
 from tests.builders import A100, L4, L40S, T4, WORKLOAD_SHAPES, make_profile, trace_job
 from tests.harness import CATALOG, EXAMPLES

@@ -12,9 +12,9 @@ from typing import Any
 
 from kubernetes_asyncio import client
 
-from kratos_admit import vocabulary as v
-from kratos_admit.calibration import CONFIGMAP_KEY, CONFIGMAP_NAME, NO_CALIBRATION
-from kratos_admit.simulation import Figures, Truth
+from kratos_admit.decisions.calibration import CONFIGMAP_KEY, CONFIGMAP_NAME, NO_CALIBRATION
+from kratos_admit.domain import vocabulary as v
+from kratos_admit.simulation.replay import Figures, Truth
 from tests.builders import A100, L4, L40S, T4, WORKLOAD_SHAPES, make_job, trace_job
 from tests.harness import (
     CATALOG,

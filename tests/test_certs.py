@@ -10,8 +10,8 @@ import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from kratos_admit.certs import FILES, generate
-from kratos_admit.cli import main
+from kratos_admit.cli.main import main
+from kratos_admit.webhook.certs import FILES, generate
 
 GENERATE = ["certs", "generate", "--service", "kratos-webhook", "--namespace", "kratos-system", "--out"]
 

@@ -19,12 +19,12 @@ import yaml
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
-from kratos_admit import vocabulary as v
-from kratos_admit.certs import generate
-from kratos_admit.cli import main
-from kratos_admit.metrics import AdmissionMetrics
-from kratos_admit.server import create_app, running_site
-from kratos_admit.tls import ServingCertificate
+from kratos_admit.cli.main import main
+from kratos_admit.domain import vocabulary as v
+from kratos_admit.webhook.certs import generate
+from kratos_admit.webhook.metrics import AdmissionMetrics
+from kratos_admit.webhook.server import create_app, running_site
+from kratos_admit.webhook.tls import ServingCertificate
 from tests.builders import make_job, make_profile
 from tests.harness import (
     HOSTNAME,

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kratos_admit.certs import generate
-from kratos_admit.cli import ExitStatus, main
+from kratos_admit.cli.main import ExitStatus, main
+from kratos_admit.webhook.certs import generate
 from tests.harness import EXAMPLES, REPO, free_port, kubeconfig_for
 
 JOB = (EXAMPLES / "vector-add-job.yaml").read_text()

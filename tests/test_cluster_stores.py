@@ -9,10 +9,10 @@ from collections.abc import AsyncIterator
 
 from aiohttp.test_utils import TestClient, TestServer
 
-from kratos_admit.admission import AdmissionEngine
-from kratos_admit.cluster import ClusterNodeStore, ClusterProfileStore
-from kratos_admit.metrics import AdmissionMetrics
-from kratos_admit.server import create_app
+from kratos_admit.admission.engine import AdmissionEngine
+from kratos_admit.edge.cluster import ClusterNodeStore, ClusterProfileStore
+from kratos_admit.webhook.metrics import AdmissionMetrics
+from kratos_admit.webhook.server import create_app
 from tests.builders import make_job
 from tests.harness import NODES, PROFILES, api_for, api_server, eventually, make_ctx, node, profile, review_of
 from tests.kube_double import WEBHOOK, KubeDouble

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from kratos_admit.config import NOT_SETTINGS, Config, ConfigError, env_name, load_config, setting_names
+from kratos_admit.domain.config import NOT_SETTINGS, Config, ConfigError, env_name, load_config, setting_names
 
 
 def test_defaults_match_design():

@@ -210,7 +210,7 @@ async def test_a_missing_lease_namespace_is_one_clear_error_and_leading_starts_o
 def test_api_errors_are_logged_as_one_line():
     from kubernetes_asyncio.client.exceptions import ApiException
 
-    from kratos_admit.kube import one_line
+    from kratos_admit.edge.kube import one_line
 
     exc = ApiException(status=403, reason="Forbidden")
     exc.body = b'{"kind": "Status", "message": "leases is forbidden: User \\"x\\" cannot get"}'

@@ -13,9 +13,9 @@ from aiohttp.test_utils import TestClient, TestServer
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kratos_admit import vocabulary as v
-from kratos_admit.metrics import AdmissionMetrics
-from kratos_admit.server import create_app
+from kratos_admit.domain import vocabulary as v
+from kratos_admit.webhook.metrics import AdmissionMetrics
+from kratos_admit.webhook.server import create_app
 from tests.builders import make_job, make_pod, make_profile
 from tests.harness import engine, make_ctx
 

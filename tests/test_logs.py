@@ -4,7 +4,7 @@ import io
 import json
 import logging
 
-from kratos_admit.logs import configure_logging
+from kratos_admit.edge.logs import configure_logging
 
 
 def test_log_lines_are_json_with_the_extra_fields():

@@ -18,9 +18,9 @@ from typing import Any
 import pytest
 import yaml
 
-from kratos_admit import vocabulary as v
-from kratos_admit.cli import main as kratos_admit
-from kratos_admit.signing import load_signing_key
+from kratos_admit.cli.main import main as kratos_admit
+from kratos_admit.domain import vocabulary as v
+from kratos_admit.domain.signing import load_signing_key
 from kratos_runner.cli import main as kratos_runner
 from tests.harness import (
     EXAMPLES,

@@ -21,14 +21,14 @@ import yaml
 from kubernetes_asyncio import client
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
-from kratos_admit import vocabulary as v
-from kratos_admit.certs import generate
-from kratos_admit.config import Config, split_host_port
-from kratos_admit.hints import recorded_ranking_source
-from kratos_admit.metrics import AdmissionMetrics
-from kratos_admit.profile import Observation, WorkloadProfile
-from kratos_admit.server import create_app, running_site
-from kratos_admit.tls import ServingCertificate
+from kratos_admit.decisions.hints import recorded_ranking_source
+from kratos_admit.domain import vocabulary as v
+from kratos_admit.domain.config import Config, split_host_port
+from kratos_admit.domain.profile import Observation, WorkloadProfile
+from kratos_admit.webhook.certs import generate
+from kratos_admit.webhook.metrics import AdmissionMetrics
+from kratos_admit.webhook.server import create_app, running_site
+from kratos_admit.webhook.tls import ServingCertificate
 from kratos_controller.controller import ControllerMetrics, ProfilerController
 from tests.builders import make_job, make_pod, make_profile
 from tests.harness import (

@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
-from kratos_admit import vocabulary as v
-from kratos_admit.profiling import decode_original_template
-from kratos_admit.request import Operation
-from kratos_admit.signing import sign_block
+from kratos_admit.admission.request import Operation
+from kratos_admit.decisions.profiling import decode_original_template
+from kratos_admit.domain import vocabulary as v
+from kratos_admit.domain.signing import sign_block
 from tests.builders import make_job, make_pod, make_profile
 from tests.harness import TEST_KEY, admit, apply_patch, assert_valid_kubernetes, engine, make_ctx
 from tests.pod_security import restricted_violations

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from kratos_admit import vocabulary as v
+from kratos_admit.domain import vocabulary as v
 from tests.builders import make_job
 from tests.harness import admit, assert_valid_kubernetes, engine, make_ctx
 

@@ -4,7 +4,7 @@ from decimal import Decimal
 
 import pytest
 
-from kratos_admit.quantity import parse_positive_integer, parse_quantity
+from kratos_admit.domain.quantity import parse_positive_integer, parse_quantity
 
 
 @pytest.mark.parametrize(

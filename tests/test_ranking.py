@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from kratos_admit.profile import Observation
-from kratos_admit.ranking import predicted_relative_time, rank_gpu_products
+from kratos_admit.decisions.ranking import predicted_relative_time, rank_gpu_products
+from kratos_admit.domain.profile import Observation
 from tests.builders import make_profile
 from tests.harness import CATALOG
 

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from kubernetes_asyncio import client
 
-from kratos_admit import vocabulary as v
+from kratos_admit.domain import vocabulary as v
 from kratos_controller.controller import ControllerMetrics, ProfilerController, run_when_leading
 from kratos_controller.leader import LeaderElector
 from tests.builders import make_job, make_pod

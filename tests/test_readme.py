@@ -16,7 +16,7 @@ from typing import Any
 
 import yaml
 
-from kratos_admit import vocabulary
+from kratos_admit.domain import vocabulary
 from tests.harness import REPO, kubectl, render
 
 
@@ -47,7 +47,7 @@ def test_every_kubectl_get_with_watch_names_one_resource_type():
 
 
 def test_every_configuration_key_is_documented():
-    from kratos_admit.config import Config
+    from kratos_admit.domain.config import Config
 
     table = readme().split("## Configuration", 1)[1]
     missing = [f.alias for f in Config.model_fields.values() if f.alias and f"`{f.alias}`" not in table]
@@ -55,7 +55,7 @@ def test_every_configuration_key_is_documented():
 
 
 def test_every_validation_rule_is_documented():
-    from kratos_admit.fields import RULES
+    from kratos_admit.domain.fields import RULES
 
     assert [rule for rule in RULES if f"| `{rule}` |" not in readme()] == []
 

@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
-from kratos_admit import vocabulary as v
-from kratos_admit.profile import ProfileStatus, RunnerSummary, WorkloadProfile
-from kratos_admit.profiling import decode_original_template
-from kratos_admit.signing import sign_block, signature_valid
+from kratos_admit.decisions.profiling import decode_original_template
+from kratos_admit.domain import vocabulary as v
+from kratos_admit.domain.profile import ProfileStatus, RunnerSummary, WorkloadProfile
+from kratos_admit.domain.signing import sign_block, signature_valid
 from kratos_controller.reconcile import (
     ContainerEnd,
     CreateExecutionJob,

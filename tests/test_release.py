@@ -14,10 +14,10 @@ from typing import Any
 
 import pytest
 
-from kratos_admit import vocabulary as v
-from kratos_admit.cli import ExitStatus, main
-from kratos_admit.profile import WorkloadProfile
-from kratos_admit.release import plan_release
+from kratos_admit.cli.main import ExitStatus, main
+from kratos_admit.domain import vocabulary as v
+from kratos_admit.domain.profile import WorkloadProfile
+from kratos_admit.edge.release import plan_release
 from tests.builders import make_job, make_pod
 from tests.harness import (
     JOBS,

@@ -16,12 +16,12 @@ from typing import Any
 import pytest
 import yaml
 
-from kratos_admit import vocabulary as v
-from kratos_admit.admission import build_engine
-from kratos_admit.cli import ExitStatus, main
-from kratos_admit.config import Config
-from kratos_admit.review import OutputForm, review_batches
-from kratos_admit.stores import FileNodeStore, FileProfileStore
+from kratos_admit.admission.engine import build_engine
+from kratos_admit.admission.review import OutputForm, review_batches
+from kratos_admit.cli.main import ExitStatus, main
+from kratos_admit.domain import vocabulary as v
+from kratos_admit.domain.config import Config
+from kratos_admit.edge.files import FileNodeStore, FileProfileStore
 from tests.harness import (
     DATA,
     EXAMPLES,

@@ -27,8 +27,8 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from kratos_admit.certs import generate
-from kratos_admit.cli import ExitStatus
+from kratos_admit.cli.main import ExitStatus
+from kratos_admit.webhook.certs import generate
 from tests.builders import make_job
 from tests.harness import (
     EXAMPLES,

@@ -6,8 +6,8 @@ import random
 
 import pytest
 
-from kratos_admit import vocabulary as v
-from kratos_admit.scheduling import (
+from kratos_admit.domain import vocabulary as v
+from kratos_admit.simulation.scheduling import (
     ClusterState,
     PodRequest,
     least_allocated_score,

@@ -19,12 +19,12 @@ from typing import Any
 import aiohttp
 import pytest
 
-from kratos_admit import vocabulary as v
-from kratos_admit.certs import generate
-from kratos_admit.metrics import AdmissionMetrics
-from kratos_admit.server import create_app, running_site
-from kratos_admit.stores import StaticProfileStore
-from kratos_admit.tls import CertificateError, ServingCertificate
+from kratos_admit.decisions.stores import StaticProfileStore
+from kratos_admit.domain import vocabulary as v
+from kratos_admit.webhook.certs import generate
+from kratos_admit.webhook.metrics import AdmissionMetrics
+from kratos_admit.webhook.server import create_app, running_site
+from kratos_admit.webhook.tls import CertificateError, ServingCertificate
 from tests.builders import make_job, make_pod, make_profile
 from tests.harness import (
     DATA,
@@ -454,8 +454,8 @@ async def test_requests_read_no_files_after_start_up(tmp_path: Path, certs: Path
     """The stores answer from memory: with their files gone, requests still get the same hints."""
     import shutil
 
-    from kratos_admit.admission import AdmissionEngine
-    from kratos_admit.stores import FileNodeStore, FileProfileStore
+    from kratos_admit.admission.engine import AdmissionEngine
+    from kratos_admit.edge.files import FileNodeStore, FileProfileStore
 
     shutil.copytree(EXAMPLES / "profiles", tmp_path / "profiles")
     shutil.copy(EXAMPLES / "nodes.yaml", tmp_path / "nodes.yaml")
@@ -494,8 +494,8 @@ async def test_an_internal_error_is_a_json_500_logged_with_the_uid(
 ):
     from aiohttp.test_utils import TestClient, TestServer
 
-    from kratos_admit.admission import AdmissionEngine
-    from kratos_admit.stores import StaticNodeStore
+    from kratos_admit.admission.engine import AdmissionEngine
+    from kratos_admit.decisions.stores import StaticNodeStore
 
     app = create_app(
         AdmissionEngine(make_ctx(), ExplodingProfiles(), StaticNodeStore()),

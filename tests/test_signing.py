@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from kratos_admit import vocabulary as v
-from kratos_admit.signing import SigningKeyError, load_signing_key, sign_block, signature_valid
+from kratos_admit.domain import vocabulary as v
+from kratos_admit.domain.signing import SigningKeyError, load_signing_key, sign_block, signature_valid
 from tests.harness import TEST_KEY
 
 

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from kratos_admit import vocabulary as v
-from kratos_admit.cli import main
-from kratos_admit.scheduling import PodRequest
-from kratos_admit.simcluster import NODE_PREFIX, node_manifest, node_status, pod_manifest
-from kratos_admit.simulation import Pending
+from kratos_admit.cli.main import main
+from kratos_admit.domain import vocabulary as v
+from kratos_admit.simulation.on_cluster import NODE_PREFIX, node_manifest, node_status, pod_manifest
+from kratos_admit.simulation.replay import Pending
+from kratos_admit.simulation.scheduling import PodRequest
 from tests.builders import A100, L40S, sim_node, trace_job
 from tests.harness import EXAMPLES, assert_valid_kubernetes, free_port, kubeconfig_for
 

@@ -14,11 +14,10 @@ from typing import Any
 import pytest
 import yaml
 
-from kratos_admit.cli import main
-from kratos_admit.config import Config
-from kratos_admit.simfiles import load_truth
-from kratos_admit.simplot import format_results
-from kratos_admit.simulation import (
+from kratos_admit.cli.main import main
+from kratos_admit.domain.config import Config
+from kratos_admit.simulation.inputs import load_truth
+from kratos_admit.simulation.replay import (
     POLICIES,
     Figures,
     Learned,
@@ -29,6 +28,7 @@ from kratos_admit.simulation import (
     Truth,
     simulate,
 )
+from kratos_admit.simulation.report import format_results
 from tests.builders import A100, L4, L40S, T4, sim_node, trace_job
 from tests.harness import CATALOG, EXAMPLES
 

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from kratos_admit.stores import FileNodeStore, FileProfileStore, StoreError
+from kratos_admit.edge.files import FileNodeStore, FileProfileStore, StoreError
 from tests.harness import EXAMPLES
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kratos_admit.cli import ExitStatus, main
+from kratos_admit.cli.main import ExitStatus, main
 from tests.harness import EXAMPLES
 
 

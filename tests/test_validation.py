@@ -6,9 +6,9 @@ from typing import Any
 
 import pytest
 
-from kratos_admit import vocabulary as v
-from kratos_admit.fields import RULES
-from kratos_admit.policy import validate
+from kratos_admit.decisions.policy import validate
+from kratos_admit.domain import vocabulary as v
+from kratos_admit.domain.fields import RULES
 from tests.builders import make_job, make_pod, make_profile
 from tests.harness import admit, engine, make_ctx
 

@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from kratos_admit import vocabulary as v
-from kratos_admit.certs import generate
+from kratos_admit.domain import vocabulary as v
+from kratos_admit.webhook.certs import generate
 from tests.builders import make_job
 from tests.harness import (
     HOSTNAME,

@@ -12,8 +12,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from kratos_admit import vocabulary as v
-from kratos_admit.config import Config, load_config
+from kratos_admit.domain import vocabulary as v
+from kratos_admit.domain.config import Config, load_config
 from kratos_controller.reconcile import ContainerEnd, Observed, PublishProfile, reconcile
 from tests.harness import (
     EXAMPLES,
@@ -196,7 +196,7 @@ def test_base_components_and_the_readme_overlay_compose(tmp_path: Path, schedule
 def test_webhook_pods_shut_down_within_their_grace_period(rendered, tmp_path: Path):
     """Issue 10: the preStop pause, then shutdownGraceSeconds of serving, then the drain bound,
     all inside terminationGracePeriodSeconds, so kubelet never SIGKILLs a draining webhook."""
-    from kratos_admit.server import DRAIN_SECONDS
+    from kratos_admit.webhook.server import DRAIN_SECONDS
 
     pod = find(rendered["base"], "Deployment", "kratos-webhook")["spec"]["template"]["spec"]
     [container] = pod["containers"]

@@ -1,4 +1,4 @@
-"""kratos_admit.yamlio reads and writes exactly what PyYAML's safe functions do, only faster."""
+"""kratos_admit.domain.yamlio reads and writes exactly what PyYAML's safe functions do, only faster."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kratos_admit import yamlio
-from kratos_admit.cli import main
+from kratos_admit.cli.main import main
+from kratos_admit.domain import yamlio
 from tests.harness import EXAMPLES, FIXTURES
 
 TRICKY = {

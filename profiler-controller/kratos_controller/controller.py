@@ -18,15 +18,15 @@ from typing import Any, Literal
 from kubernetes_asyncio import client
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from kratos_admit import vocabulary as v
-from kratos_admit.calibration import CONFIGMAP_NAME, NO_CALIBRATION, Calibration
-from kratos_admit.catalog import Catalog, load_catalog
-from kratos_admit.config import Config
-from kratos_admit.hints import recorded_ranking_source
-from kratos_admit.kube import Backoff, Informer, one_line
-from kratos_admit.profile import WorkloadProfile
-from kratos_admit.raw import as_list, as_mapping, string_map
-from kratos_admit.workload import Kind
+from kratos_admit.decisions.calibration import CONFIGMAP_NAME, NO_CALIBRATION, Calibration
+from kratos_admit.decisions.hints import recorded_ranking_source
+from kratos_admit.domain import vocabulary as v
+from kratos_admit.domain.catalog import Catalog, load_catalog
+from kratos_admit.domain.config import Config
+from kratos_admit.domain.profile import WorkloadProfile
+from kratos_admit.domain.raw import as_list, as_mapping, string_map
+from kratos_admit.domain.workload import Kind
+from kratos_admit.edge.kube import Backoff, Informer, one_line
 from kratos_controller.events import Reason, Regarding, event_body
 from kratos_controller.kube_io import KubeIO
 from kratos_controller.leader import LeaderElector

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from kratos_admit.raw import as_mapping
+from kratos_admit.domain.raw import as_mapping
 
 REPORTING_CONTROLLER = "gpu.scheduler.io/kratos-controller"
 Reason = Literal[

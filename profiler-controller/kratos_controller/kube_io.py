@@ -11,9 +11,9 @@ from typing import Any
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from kratos_admit import vocabulary as v
-from kratos_admit.kube import is_status, list_raw, one_line
-from kratos_admit.raw import as_list, as_mapping
+from kratos_admit.domain import vocabulary as v
+from kratos_admit.domain.raw import as_list, as_mapping
+from kratos_admit.edge.kube import is_status, list_raw, one_line
 from kratos_controller import reconcile as rc
 
 Obj = dict[str, Any]

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from kratos_admit.kube import FailureStreak, one_line
+from kratos_admit.edge.kube import FailureStreak, one_line
 
 log = logging.getLogger("kratos.leader")
 

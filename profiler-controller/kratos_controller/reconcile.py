@@ -23,8 +23,7 @@ from typing import Any, Literal
 
 from pydantic import ValidationError
 
-from kratos_admit import vocabulary as v
-from kratos_admit.calibration import (
+from kratos_admit.decisions.calibration import (
     CONFIGMAP_KEY,
     CONFIGMAP_NAME,
     NO_CALIBRATION,
@@ -36,10 +35,12 @@ from kratos_admit.calibration import (
     same_calibration,
     samples_of,
 )
-from kratos_admit.catalog import Catalog
-from kratos_admit.config import Config
-from kratos_admit.hints import release_hold
-from kratos_admit.profile import (
+from kratos_admit.decisions.hints import release_hold
+from kratos_admit.decisions.profiling import OriginalTemplateError, decode_original_template
+from kratos_admit.domain import vocabulary as v
+from kratos_admit.domain.catalog import Catalog
+from kratos_admit.domain.config import Config
+from kratos_admit.domain.profile import (
     Observation,
     ProfileGpu,
     ProfileMetrics,
@@ -48,10 +49,9 @@ from kratos_admit.profile import (
     WorkloadProfile,
     with_runs,
 )
-from kratos_admit.profiling import OriginalTemplateError, decode_original_template
-from kratos_admit.raw import as_list, as_mapping, clone, string_map
-from kratos_admit.signing import sign_block, signature_valid, signed_role
-from kratos_admit.workload import Kind
+from kratos_admit.domain.raw import as_list, as_mapping, clone, string_map
+from kratos_admit.domain.signing import sign_block, signature_valid, signed_role
+from kratos_admit.domain.workload import Kind
 
 Obj = dict[str, Any]
 EXECUTION_SUFFIX = "-execution"

@@ -32,9 +32,9 @@ import yaml
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from kratos_admit import vocabulary as v
-from kratos_admit.certs import generate
-from kratos_admit.kube import api_client
+from kratos_admit.domain import vocabulary as v
+from kratos_admit.edge.kube import api_client
+from kratos_admit.webhook.certs import generate
 from tests.harness import REPO, Service, free_port, render, runner_summary
 
 KUBECONFIG_VARIABLE = "KRATOS_E2E_KUBECONFIG"

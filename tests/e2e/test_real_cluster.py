@@ -27,7 +27,7 @@ import yaml
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from kratos_admit import vocabulary as v
+from kratos_admit.domain import vocabulary as v
 from tests.builders import make_job, make_pod
 from tests.e2e.real_cluster import (
     A100,

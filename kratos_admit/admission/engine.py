@@ -1,0 +1,192 @@
+"""AdmissionReview in, AdmissionReview out. No aiohttp here: the server only moves bytes.
+
+Two channels, never mixed (controller-runtime): a broken request is an ``AdmissionRequestError``
+(HTTP 400, raised while decoding); a bad object is a deny (HTTP 200, ``allowed: false``, 403).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from kratos_admit.admission import responses
+from kratos_admit.admission.patch import diff
+from kratos_admit.admission.request import AdmissionRequest, decode_review
+from kratos_admit.decisions.policy import Decision, PolicyContext, mutate, parent_warnings, validate
+from kratos_admit.decisions.stores import CalibrationStore, NodeStore, ProfileStore, StaticCalibrationStore
+from kratos_admit.domain import vocabulary as v
+from kratos_admit.domain.catalog import Catalog, load_catalog
+from kratos_admit.domain.config import Config
+from kratos_admit.domain.profile import ObjectMeta, ProfileSpec, ProfileStatus, WorkloadProfile
+from kratos_admit.domain.raw import as_mapping
+
+Webhook = Literal["mutate", "validate"]
+Outcome = Literal["allowed", "patched", "denied", "error"]
+
+
+@dataclass(slots=True)
+class ReviewResult:
+    """The answer, plus what metrics and the request log need."""
+
+    body: dict[str, Any]
+    request: AdmissionRequest
+    outcome: Outcome
+    decision: Decision
+    patch: list[dict[str, Any]] = field(default_factory=list)
+
+
+class RunsUnderWay:
+    """Profiling runs this webhook process admitted a moment ago, by (namespace, workload).
+
+    The controller marks a run (phase ``Profiling``) as soon as it sees the profiling Job, but Jobs
+    created back to back reach the webhook before that mark does. Until it arrives (or ``ttl``
+    passes: the API server may still have refused the Job), later Jobs of the workload are held
+    as followers of this run instead of being profiled again. Memory only, and never written for
+    a dry run, so the webhook keeps ``sideEffects: None``. Another replica does not see it: see
+    README "One profiling run per workload" for the race that remains.
+    """
+
+    def __init__(self, ttl: float = 60.0, clock: Callable[[], float] = time.monotonic) -> None:
+        self.ttl, self.clock = ttl, clock
+        self._runs: dict[tuple[str, str], tuple[WorkloadProfile, float]] = {}
+
+    def note(self, namespace: str, workload: str, job: str) -> None:
+        status = ProfileStatus(
+            phase="Profiling", sourceJob=job, message=f"profiling Job {job} was just admitted"
+        )
+        marker = WorkloadProfile(
+            metadata=ObjectMeta(name=v.profile_name(workload), namespace=namespace),
+            spec=ProfileSpec(workload=workload),
+            status=status,
+        )
+        self._runs[(namespace, workload)] = (marker, self.clock() + self.ttl)
+
+    def get(self, namespace: str, workload: str) -> WorkloadProfile | None:
+        found = self._runs.get((namespace, workload))
+        if found is None:
+            return None
+        if self.clock() > found[1]:
+            del self._runs[(namespace, workload)]
+            return None
+        return found[0]
+
+
+@dataclass(frozen=True, slots=True)
+class AdmissionEngine:
+    ctx: PolicyContext
+    profiles: ProfileStore
+    nodes: NodeStore
+    runs: RunsUnderWay = field(default_factory=RunsUnderWay)
+    calibration: CalibrationStore = field(default_factory=StaticCalibrationStore)
+
+
+def build_engine(
+    config: Config,
+    *,
+    signing_key: bytes,
+    profiles: ProfileStore,
+    nodes: NodeStore,
+    catalog: Catalog | None = None,
+    calibration: CalibrationStore | None = None,
+) -> AdmissionEngine:
+    """The one engine factory: the config's catalog (or the one given) over the given stores."""
+    ctx = PolicyContext(
+        config=config, catalog=catalog or load_catalog(config.catalog_file), signing_key=signing_key
+    )
+    return AdmissionEngine(
+        ctx=ctx, profiles=profiles, nodes=nodes, calibration=calibration or StaticCalibrationStore()
+    )
+
+
+def review(body: bytes, *, webhook: Webhook, engine: AdmissionEngine) -> ReviewResult:
+    """Answer one AdmissionReview. Raises AdmissionRequestError only for a broken request."""
+    return answer(decode_review(body), webhook=webhook, engine=engine)
+
+
+async def review_live(body: bytes, *, webhook: Webhook, engine: AdmissionEngine) -> ReviewResult:
+    """The server's path: as ``review``, but a profile cache miss first asks the store to refresh."""
+    request = decode_review(body)
+    key = request.profile_key
+    if key is not None and _stale(engine.profiles.get(*key), request):
+        await engine.profiles.refresh(*key)
+    return answer(request, webhook=webhook, engine=engine)
+
+
+def _stale(cached: WorkloadProfile | None, request: AdmissionRequest) -> bool:
+    """A miss, or an execution Job meeting a run still marked Profiling: the controller publishes the
+    profile and creates the execution Job a moment later, so the watch may not have caught up."""
+    if cached is None:
+        return True
+    labels = as_mapping(as_mapping(as_mapping(request.object).get("metadata")).get("labels"))
+    return (
+        cached.status is not None
+        and cached.status.phase == "Profiling"
+        and labels.get(v.ROLE_LABEL) == "execution"
+    )
+
+
+def answer(request: AdmissionRequest, *, webhook: Webhook, engine: AdmissionEngine) -> ReviewResult:
+    decision = Decision(allowed=True)
+    if request.opted_in:
+        decision = decide(request, webhook=webhook, engine=engine)
+    elif request.labelled_parent and webhook == "validate" and request.object is not None:
+        assert request.parent_kind is not None
+        decision.warnings = parent_warnings(request.object, request.parent_kind)
+    patch: list[dict[str, Any]] = []
+    if not decision.allowed:
+        response = responses.denied(request.uid, "; ".join(str(e) for e in decision.violations))
+    else:
+        if decision.mutated is not None and request.object is not None:
+            patch = diff(request.object, decision.mutated)
+        response = responses.patched(request.uid, patch)
+    responses.with_warnings(response, decision.warnings)
+    outcome: Outcome = "denied" if not decision.allowed else "patched" if patch else "allowed"
+    return ReviewResult(
+        body=responses.review_envelope(request.api_version, response),
+        request=request,
+        outcome=outcome,
+        decision=decision,
+        patch=patch,
+    )
+
+
+def _profile_for(key: tuple[str, str], engine: AdmissionEngine) -> WorkloadProfile | None:
+    """The stored profile, unless it says less than this process knows: the controller creates the
+    profile first and publishes its status (``Profiling``) in a second write, and a Job admitted in
+    between must still be held as a follower of the run this process just admitted."""
+    stored = engine.profiles.get(*key)
+    if stored is not None and stored.status is not None:
+        return stored
+    return engine.runs.get(*key) or stored
+
+
+def decide(request: AdmissionRequest, *, webhook: Webhook, engine: AdmissionEngine) -> Decision:
+    """The policy's decision on an opted-in request, with the profile its key names."""
+    assert request.kind is not None and request.object is not None, "only opted-in requests reach here"
+    key = request.profile_key
+    profile = _profile_for(key, engine) if key is not None else None
+    if webhook == "mutate":
+        decision = mutate(
+            request.object,
+            request.kind,
+            operation=request.operation,
+            namespace=request.namespace,
+            profile=profile,
+            node_products=engine.nodes.gpu_products(),
+            ctx=engine.ctx,
+            calibration=engine.calibration.current(),
+        )
+        if decision.action == "profiling" and key is not None and not request.dry_run:
+            engine.runs.note(*key, request.name)
+        return decision
+    return validate(
+        request.object,
+        request.kind,
+        old=request.old_object,
+        operation=request.operation,
+        namespace=request.namespace,
+        profile=profile,
+        ctx=engine.ctx,
+    )

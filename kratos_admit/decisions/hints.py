@@ -1,0 +1,481 @@
+"""Hints (DESIGN "Hints"): base hints on every opted-in GPU object, the ranked product preference
+only from a Ready WorkloadProfile. Each applier adds only what is missing and never overrides the
+user; a field holding the API server's default (``schedulerName: default-scheduler``) is no choice.
+
+Appliers work on a writable copy of the raw object and return the names of what they added.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any
+
+from kratos_admit.decisions.calibration import NO_CALIBRATION, Calibration
+from kratos_admit.decisions.ranking import RankedProduct, RankingSource, rank_gpu_products, ranking_source
+from kratos_admit.domain import vocabulary as v
+from kratos_admit.domain.catalog import Catalog
+from kratos_admit.domain.config import Config
+from kratos_admit.domain.profile import WorkloadProfile
+from kratos_admit.domain.quantity import parse_quantity
+from kratos_admit.domain.raw import as_list, as_mapping, child, child_list, clone
+from kratos_admit.domain.signing import sign_block
+from kratos_admit.domain.workload import Kind
+
+Expression = dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class HintResult:
+    hinted: dict[str, Any]  # the object with its hints; shares untouched subtrees with the request
+    warnings: tuple[str, ...]
+    source: RankingSource = "none"
+
+
+def min_compute_capability(annotations: Mapping[str, str]) -> tuple[int, int] | None:
+    raw = annotations.get(v.MIN_CC_ANNOTATION)
+    if raw is None:
+        return None
+    major, _, minor = raw.partition(".")
+    return int(major), int(minor)
+
+
+def min_memory_mib(annotations: Mapping[str, str]) -> int | None:
+    raw = annotations.get(v.MIN_MEMORY_ANNOTATION)
+    quantity = parse_quantity(raw) if raw is not None else None
+    if quantity is None:
+        return None
+    return int((quantity / Decimal(2**20)).to_integral_value(rounding="ROUND_CEILING"))
+
+
+def required_variants(cc: tuple[int, int] | None, memory_mib: int | None) -> list[list[Expression]]:
+    """Alternatives (ORed terms) of ANDed requirements. "cc >= M.m" needs two terms when m > 0."""
+    base: list[Expression] = [{"key": v.GPU_PRESENT_LABEL, "operator": "In", "values": ["true"]}]
+    if memory_mib is not None:
+        base.append({"key": v.GPU_MEMORY_LABEL, "operator": "Gt", "values": [str(memory_mib - 1)]})
+    if cc is None:
+        return [base]
+    major, minor = cc
+    if minor == 0:
+        return [[*base, {"key": v.GPU_CC_MAJOR_LABEL, "operator": "Gt", "values": [str(major - 1)]}]]
+    return [
+        [*base, {"key": v.GPU_CC_MAJOR_LABEL, "operator": "Gt", "values": [str(major)]}],
+        [
+            *base,
+            {"key": v.GPU_CC_MAJOR_LABEL, "operator": "In", "values": [str(major)]},
+            {"key": v.GPU_CC_MINOR_LABEL, "operator": "Gt", "values": [str(minor - 1)]},
+        ],
+    ]
+
+
+def _and_into_terms(pod_spec: dict[str, Any], variants: list[list[Expression]]) -> bool:
+    affinity = child(pod_spec, "affinity")
+    node_affinity = child(affinity, "nodeAffinity")
+    required = child(node_affinity, "requiredDuringSchedulingIgnoredDuringExecution")
+    existing = [t for t in as_list(required.get("nodeSelectorTerms")) if isinstance(t, dict)] or [{}]
+    terms: list[dict[str, Any]] = []
+    for term in existing:
+        for variant in variants:
+            new_term = clone(term)
+            expressions = child_list(new_term, "matchExpressions")
+            for expression in variant:
+                if expression not in expressions:
+                    expressions.append(expression)
+            terms.append(new_term)
+    changed: bool = terms != required.get("nodeSelectorTerms")
+    required["nodeSelectorTerms"] = terms
+    return changed
+
+
+def _prefer_products(pod_spec: dict[str, Any], ranked: list[RankedProduct]) -> bool:
+    node_affinity = child(child(pod_spec, "affinity"), "nodeAffinity")
+    preferred = node_affinity.get("preferredDuringSchedulingIgnoredDuringExecution")
+    for term in as_list(preferred):
+        expressions = as_list(as_mapping(as_mapping(term).get("preference")).get("matchExpressions"))
+        if any(as_mapping(e).get("key") == v.GPU_PRODUCT_LABEL for e in expressions):
+            return False  # the user already states a product preference: theirs wins
+    if not ranked:
+        return False
+    terms = [
+        {
+            "weight": r.weight,
+            "preference": {
+                "matchExpressions": [{"key": v.GPU_PRODUCT_LABEL, "operator": "In", "values": list(r.labels)}]
+            },
+        }
+        for r in ranked
+    ]
+    node_affinity["preferredDuringSchedulingIgnoredDuringExecution"] = [*as_list(preferred), *terms]
+    return True
+
+
+def _tolerate_gpu_taint(pod_spec: dict[str, Any]) -> bool:
+    tolerations = as_list(pod_spec.get("tolerations"))
+    for toleration in tolerations:
+        t = as_mapping(toleration)
+        key, operator = t.get("key"), t.get("operator", "Equal")
+        if key == v.GPU_TAINT_KEY or (not key and operator == "Exists"):
+            return False
+    pod_spec["tolerations"] = [
+        *tolerations,
+        {"key": v.GPU_TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"},
+    ]
+    return True
+
+
+def _set_missing(mapping: dict[str, Any], key: str, value: object) -> bool:
+    if mapping.get(key):
+        return False
+    mapping[key] = value
+    return True
+
+
+def _writable_copy(obj: Mapping[str, Any], kind: Kind) -> dict[str, Any]:
+    """A copy of ``obj`` in which every container ``apply_hints`` writes into is new; everything
+    else is shared with the request (never written), so the patch diff skips it by identity."""
+    out = dict(obj)
+    out["metadata"] = clone(obj.get("metadata")) if isinstance(obj.get("metadata"), dict) else {}
+    if kind == "Pod":
+        pod_spec = out["spec"] = dict(as_mapping(obj.get("spec")))
+    else:
+        spec = out["spec"] = dict(as_mapping(obj.get("spec")))
+        template = spec["template"] = dict(as_mapping(spec.get("template")))
+        template["metadata"] = (
+            clone(template.get("metadata")) if isinstance(template.get("metadata"), dict) else {}
+        )
+        pod_spec = template["spec"] = dict(as_mapping(template.get("spec")))
+    if isinstance(pod_spec.get("affinity"), dict):
+        pod_spec["affinity"] = clone(pod_spec["affinity"])
+    return out
+
+
+def _pod_parts(obj: dict[str, Any], kind: Kind) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(pod metadata, pod spec) of the writable copy, created where absent."""
+    if kind == "Pod":
+        return child(obj, "metadata"), child(obj, "spec")
+    template = child(child(obj, "spec"), "template")
+    pod_meta = child(template, "metadata")
+    return pod_meta, child(template, "spec")
+
+
+@functools.lru_cache(maxsize=4096)
+def hints_record(
+    profile: str,
+    bound_type: str,
+    *,
+    strategy: str,
+    injected: tuple[str, ...],
+    ranked: tuple[RankedProduct, ...],
+    reason: str,
+) -> str:
+    """The gpu.scheduler.io/hints annotation: what was injected and why (memoised, it repeats).
+    ``profile`` is empty and ``reason`` says why when only base hints were given."""
+    record: dict[str, object] = {
+        "profile": profile or None,
+        "boundType": bound_type,
+        "strategy": strategy,
+        "injected": list(injected),
+        "ranked": [r.as_dict() for r in ranked],
+    }
+    if reason:
+        record["reason"] = reason
+    return json.dumps(record, separators=(",", ":"))
+
+
+def recorded_ranking_source(obj: Mapping[str, Any]) -> RankingSource:
+    """The ranking source of the hints record on an object's metadata (what ``hints_record`` wrote)."""
+    annotations = as_mapping(as_mapping(obj.get("metadata")).get("annotations"))
+    try:
+        ranked = as_list(as_mapping(json.loads(str(annotations.get(v.HINTS_ANNOTATION, "{}")))).get("ranked"))
+    except ValueError:
+        return "none"
+    if not ranked:
+        return "none"
+    source = as_mapping(ranked[0]).get("source")
+    return "observed" if source == "observed" else "calibrated" if source == "calibrated" else "model"
+
+
+def scheduler_backend(annotations: Mapping[str, str], config: Config) -> v.SchedulerBackend:
+    """The object's ``gpu.scheduler.io/scheduler`` annotation, else the configured backend."""
+    chosen = annotations.get(v.SCHEDULER_ANNOTATION)
+    return next((b for b in v.SCHEDULER_BACKENDS if b == chosen), config.scheduler)
+
+
+def _set_scheduler(pod_spec: dict[str, Any], name: str) -> bool:
+    """Set schedulerName unless the user chose one; the server's default is no choice (DESIGN)."""
+    if pod_spec.get("schedulerName") not in (None, "", v.DEFAULT_SCHEDULER_NAME):
+        return False
+    pod_spec["schedulerName"] = name
+    return True
+
+
+def _apply_scheduler(
+    obj_meta: dict[str, Any],
+    pod_meta: dict[str, Any],
+    pod_spec: dict[str, Any],
+    kind: Kind,
+    *,
+    annotations: Mapping[str, str],
+    config: Config,
+) -> list[str]:
+    injected: list[str] = []
+    backend = scheduler_backend(annotations, config)
+    if backend == "kai":
+        if _set_scheduler(pod_spec, v.KAI_SCHEDULER_NAME):
+            injected.append("schedulerName")
+        for block in [pod_meta] if kind == "Pod" else [obj_meta, pod_meta]:
+            if _set_missing(child(block, "labels"), v.KAI_QUEUE_LABEL, config.kai_queue):
+                injected.append(f"labels[{v.KAI_QUEUE_LABEL}]")
+    elif backend == "volcano" and _set_scheduler(pod_spec, v.VOLCANO_SCHEDULER_NAME):
+        injected.append("schedulerName")
+    return injected
+
+
+def _apply_priority(
+    pod_spec: dict[str, Any],
+    kind: Kind,
+    *,
+    annotations: Mapping[str, str],
+    config: Config,
+    warnings: list[str],
+) -> list[str]:
+    priority = annotations.get(v.PRIORITY_ANNOTATION)
+    priority_class = next((c for p, c in config.priority_classes.items() if p == priority), None)
+    if priority is not None and not priority_class:
+        warnings.append(
+            f"{v.PRIORITY_ANNOTATION}: {priority} has no effect: the configuration's priorityClasses "
+            f"maps {priority!r} to no PriorityClass (set priorityClasses.{priority} to use it)"
+        )
+    if not priority_class:
+        return []
+    if kind == "Pod":
+        # The Priority admission plugin resolves priorityClassName before webhooks run, so a
+        # class set here on a bare Pod would not take effect; Jobs' pods resolve it later.
+        warnings.append(
+            f"priority class {priority_class!r} is applied to Jobs only; set it on the Pod yourself"
+        )
+        return []
+    return ["priorityClassName"] if _set_missing(pod_spec, "priorityClassName", priority_class) else []
+
+
+def _ranked_hint(
+    pod_spec: dict[str, Any],
+    profile: WorkloadProfile,
+    node_products: frozenset[str],
+    *,
+    annotations: Mapping[str, str],
+    config: Config,
+    catalog: Catalog,
+    calibration: Calibration,
+) -> tuple[list[RankedProduct], bool]:
+    """The ranking, and whether its preferred affinity was added (a user's own product preference wins)."""
+    ranked = ranking_of(
+        profile,
+        node_products,
+        config=config,
+        catalog=catalog,
+        annotations=annotations,
+        calibration=calibration,
+    )
+    return ranked, _prefer_products(pod_spec, ranked)
+
+
+def ranking_of(
+    profile: WorkloadProfile,
+    node_products: Iterable[str],
+    *,
+    config: Config,
+    catalog: Catalog,
+    annotations: Mapping[str, str] | None = None,
+    calibration: Calibration = NO_CALIBRATION,
+) -> list[RankedProduct]:
+    """The ranking the configuration asks for (strategy, reference, observed runs, calibration),
+    within the object's own GPU minimums when ``annotations`` has them: what hints and the placement
+    report show."""
+    found = annotations or {}
+    return rank_gpu_products(
+        profile,
+        node_products,
+        catalog=catalog,
+        strategy=config.hint_strategy,
+        reference_product=config.reference_product,
+        min_compute_capability=min_compute_capability(found),
+        min_memory_mib=min_memory_mib(found),
+        min_observed_runs=config.min_observed_runs,
+        calibration=calibration,
+        min_calibration_runs=config.min_calibration_runs,
+    )
+
+
+def release_hold(
+    held: Mapping[str, Any],
+    kind: Kind,
+    *,
+    profile: WorkloadProfile,
+    node_products: frozenset[str],
+    namespace: str,
+    config: Config,
+    catalog: Catalog,
+    signing_key: bytes,
+    calibration: Calibration = NO_CALIBRATION,
+) -> dict[str, Any]:
+    """A follower held while its workload was profiled, released by the controller: the ranked
+    affinity from a Ready profile (a Failed one leaves the base hints), ``awaiting-profile`` gone,
+    a Job KRATOS suspended unsuspended (one the user suspended stays so), a Pod's gate removed, the
+    record rewritten and signed. Only scheduling directives change: what a suspended Job's template
+    and a gated Pod accept (Kubernetes 1.27+)."""
+    obj: dict[str, Any] = clone(dict(held))
+    metadata = child(obj, "metadata")
+    annotations = child(metadata, "annotations")
+    annotations.pop(v.AWAITING_PROFILE_ANNOTATION, None)
+    try:
+        before = json.loads(annotations.get(v.HINTS_ANNOTATION, "{}"))
+    except ValueError:
+        before = {}
+    injected = [i for i in as_list(as_mapping(before).get("injected")) if isinstance(i, str)]
+    pod_meta, pod_spec = _pod_parts(obj, kind)
+    if kind == "Job" and "suspend" in injected:
+        obj["spec"]["suspend"] = False
+    if kind == "Pod":
+        gates = [
+            g
+            for g in as_list(pod_spec.get("schedulingGates"))
+            if as_mapping(g).get("name") != v.PROFILE_SCHEDULING_GATE
+        ]
+        pod_spec["schedulingGates"] = gates
+        if not gates:
+            del pod_spec["schedulingGates"]
+    injected = [i for i in injected if i not in ("suspend", "schedulingGates")]
+    user_annotations = {k: val for k, val in annotations.items() if isinstance(val, str)}
+    ranked: list[RankedProduct] = []
+    if profile.ready:
+        ranked, added = _ranked_hint(
+            pod_spec,
+            profile,
+            node_products,
+            annotations=user_annotations,
+            config=config,
+            catalog=catalog,
+            calibration=calibration,
+        )
+        if added:
+            injected.append("affinity.nodeAffinity.preferred")
+    phase = profile.status.phase if profile.status else "without status"
+    record = hints_record(
+        profile.metadata.name if profile.ready else "",
+        profile.status.bound_type if profile.status else "unknown",
+        strategy=config.hint_strategy,
+        injected=tuple(injected),
+        ranked=tuple(ranked),
+        reason="" if profile.ready else f"WorkloadProfile {profile.metadata.name} is {phase}",
+    )
+    for block in [metadata] if kind == "Pod" else [metadata, pod_meta]:
+        block_annotations = child(block, "annotations")
+        block_annotations[v.HINTS_ANNOTATION] = record
+        if profile.ready:
+            block_annotations[v.PROFILE_ANNOTATION] = profile.reference
+        sign_block(block, namespace=namespace, key=signing_key)
+    return obj
+
+
+def _apply_hold(obj: dict[str, Any], pod_spec: dict[str, Any], kind: Kind) -> list[str]:
+    """Hold a follower until the run under way ends: suspend a Job (one the user suspended stays
+    so, and the record says KRATOS did not suspend it), gate a Pod."""
+    if kind == "Pod":
+        gates = [
+            g
+            for g in as_list(pod_spec.get("schedulingGates"))
+            if as_mapping(g).get("name") != v.PROFILE_SCHEDULING_GATE
+        ]
+        pod_spec["schedulingGates"] = [*gates, {"name": v.PROFILE_SCHEDULING_GATE}]
+        return ["schedulingGates"]
+    spec = obj["spec"]
+    if spec.get("suspend") is True:
+        return []
+    spec["suspend"] = True
+    return ["suspend"]
+
+
+def apply_hints(
+    request_object: Mapping[str, Any],
+    kind: Kind,
+    *,
+    profile: WorkloadProfile | None,
+    node_products: frozenset[str],
+    namespace: str,
+    config: Config,
+    catalog: Catalog,
+    signing_key: bytes,
+    reason: str = "",
+    hold: str = "",
+    owned: bool = False,
+    calibration: Calibration = NO_CALIBRATION,
+) -> HintResult:
+    """The object with its hints, recorded and signed; ``request_object`` is not changed, unless
+    the caller ``owned`` it (a copy of its own, such as the profiling rewrite): then it is hinted
+    in place, saving a second copy on the admission path.
+
+    Base hints always; the ranked product preference only from a Ready ``profile``. ``reason``
+    says, in the record, why a call without a Ready profile gave base hints only. ``hold`` names
+    the profile whose run is under way: a Job is then suspended, a Pod gated, and both marked
+    ``awaiting-profile`` for the controller to release.
+    """
+    obj = (
+        request_object if owned and isinstance(request_object, dict) else _writable_copy(request_object, kind)
+    )
+    metadata = child(obj, "metadata")
+    annotations = {
+        k: val for k, val in as_mapping(metadata.get("annotations")).items() if isinstance(val, str)
+    }
+    pod_meta, pod_spec = _pod_parts(obj, kind)
+    ready = profile is not None and profile.ready
+    warnings: list[str] = []
+    injected: list[str] = []
+    runtime_class = (profile.spec.runtime_class_name if profile else None) or config.runtime_class_name
+    if runtime_class and _set_missing(pod_spec, "runtimeClassName", runtime_class):
+        injected.append("runtimeClassName")
+    cc, memory = min_compute_capability(annotations), min_memory_mib(annotations)
+    if _and_into_terms(pod_spec, required_variants(cc, memory)):
+        injected.append("affinity.nodeAffinity.required")
+    ranked: list[RankedProduct] = []
+    if ready and profile is not None:  # the ranked hint: the only one that needs a profile
+        ranked, added = _ranked_hint(
+            pod_spec,
+            profile,
+            node_products,
+            annotations=annotations,
+            config=config,
+            catalog=catalog,
+            calibration=calibration,
+        )
+        if added:
+            injected.append("affinity.nodeAffinity.preferred")
+        if not ranked:
+            warnings.append(
+                f"no GPU product preference: profile {profile.metadata.name} gives nothing to rank by"
+            )
+    if _tolerate_gpu_taint(pod_spec):
+        injected.append("tolerations")
+    injected += _apply_scheduler(metadata, pod_meta, pod_spec, kind, annotations=annotations, config=config)
+    injected += _apply_priority(pod_spec, kind, annotations=annotations, config=config, warnings=warnings)
+    if hold:
+        injected += _apply_hold(obj, pod_spec, kind)
+        child(metadata, "annotations")[v.AWAITING_PROFILE_ANNOTATION] = hold
+    record = hints_record(
+        profile.metadata.name if ready and profile else "",
+        profile.status.bound_type if profile and profile.status else "unknown",
+        strategy=config.hint_strategy,
+        injected=tuple(injected),
+        ranked=tuple(ranked),
+        reason="" if ready else reason,
+    )
+    for block in [metadata] if kind == "Pod" else [metadata, pod_meta]:
+        block_annotations = child(block, "annotations")
+        block_annotations[v.HINTS_ANNOTATION] = record
+        if ready and profile is not None:
+            block_annotations[v.PROFILE_ANNOTATION] = profile.reference
+        sign_block(block, namespace=namespace, key=signing_key)
+    return HintResult(obj, tuple(warnings), ranking_source(ranked))

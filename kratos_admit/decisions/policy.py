@@ -1,0 +1,265 @@
+"""The admission decisions, pure: ``(object, profile, nodes, config) -> Decision``, no I/O.
+
+The mutating path validates first and denies what the validating path would deny, so an opted-in
+object is never silently passed on unchanged when it is broken.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from kratos_admit.decisions.calibration import NO_CALIBRATION, Calibration
+from kratos_admit.decisions.hints import apply_hints
+from kratos_admit.decisions.profiling import (
+    capability_warnings,
+    profiling_demanded,
+    profiling_target,
+    profiling_wanted,
+    rewrite_for_profiling,
+    unprofilable_reason,
+)
+from kratos_admit.decisions.ranking import RankingSource
+from kratos_admit.decisions.validation import ValidationContext, new_violations, validate_workload
+from kratos_admit.domain import vocabulary as v
+from kratos_admit.domain.catalog import Catalog
+from kratos_admit.domain.config import Config
+from kratos_admit.domain.fields import FieldError
+from kratos_admit.domain.gpu_requests import PodGpus, read_pod_gpus
+from kratos_admit.domain.profile import WorkloadProfile
+from kratos_admit.domain.raw import as_mapping, clone, string_map
+from kratos_admit.domain.signing import signature_valid, signed_role
+from kratos_admit.domain.workload import Kind, ParentKind, Workload
+
+Action = Literal["hints", "profiling", "none"]
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyContext:
+    config: Config
+    catalog: Catalog
+    signing_key: bytes
+
+
+@dataclass(slots=True)
+class Decision:
+    allowed: bool
+    action: Action = "none"
+    mutated: dict[str, Any] | None = None  # None: the object is admitted as sent
+    violations: list[FieldError] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    ranking_source: RankingSource = "none"  # of hints: what the preferred products rest on
+
+
+def already_hinted(workload: Workload, namespace: str, key: bytes) -> bool:
+    return v.HINTS_ANNOTATION in workload.metadata.annotations and signature_valid(
+        workload.metadata.raw, namespace=namespace, key=key
+    )
+
+
+def _violations(
+    workload: Workload,
+    *,
+    operation: str,
+    profile: WorkloadProfile | None,
+    namespace: str,
+    ctx: PolicyContext,
+    role: str | None,
+    gpus: PodGpus | None = None,
+) -> list[FieldError]:
+    """Every rule's violations; ``role`` is the object's signed role (None: not made by KRATOS),
+    ``gpus`` its GPU requests where the caller has read them."""
+    demanded = profiling_demanded(
+        workload, operation=operation, profile=profile, config=ctx.config, role=role
+    )
+    vctx = ValidationContext(
+        namespace=namespace,
+        signing_key=ctx.signing_key,
+        max_gpus_per_pod=ctx.config.max_gpus_per_pod,
+        mig_profiles=ctx.catalog.mig_profiles,
+        profiling_demanded=demanded,
+    )
+    return validate_workload(workload, vctx, gpus)
+
+
+def _role(workload: Workload, namespace: str, ctx: PolicyContext) -> str | None:
+    return signed_role(workload.metadata.raw, namespace=namespace, key=ctx.signing_key)
+
+
+def validate(
+    obj: Mapping[str, Any],
+    kind: Kind,
+    *,
+    old: Mapping[str, Any] | None,
+    operation: str,
+    namespace: str,
+    profile: WorkloadProfile | None,
+    ctx: PolicyContext,
+) -> Decision:
+    workload = Workload(kind, obj)
+    old_workload = Workload(kind, old) if old is not None else None
+    errors = _violations(
+        workload,
+        operation=operation,
+        profile=profile,
+        namespace=namespace,
+        ctx=ctx,
+        role=_role(workload, namespace, ctx),
+    )
+    if operation == "UPDATE" and old_workload is not None and old_workload.workload_label is not None:
+        old_role = _role(old_workload, namespace, ctx)
+        old_errors = _violations(
+            old_workload, operation=operation, profile=profile, namespace=namespace, ctx=ctx, role=old_role
+        )
+        errors = new_violations(errors, old_errors)
+    return Decision(allowed=not errors, violations=errors)
+
+
+def mutate(
+    obj: Mapping[str, Any],
+    kind: Kind,
+    *,
+    operation: str,
+    namespace: str,
+    profile: WorkloadProfile | None,
+    node_products: frozenset[str],
+    ctx: PolicyContext,
+    calibration: Calibration = NO_CALIBRATION,
+) -> Decision:
+    """DESIGN "Hints" and "Profiling rewrite": deny what validation denies; leave KRATOS's own
+    output alone (idempotent); else base hints always, ranked hints from a Ready profile, a hold
+    while a profiling run of the workload is under way, or the profiling rewrite."""
+    if operation != "CREATE":
+        return Decision(allowed=True)
+    workload = Workload(kind, obj)
+    name = workload.workload_label or ""
+    key = ctx.signing_key
+    role = _role(workload, namespace, ctx)
+    gpus = read_pod_gpus(workload)  # read once: validation and the profiling target both need it
+    errors = _violations(
+        workload, operation=operation, profile=profile, namespace=namespace, ctx=ctx, role=role, gpus=gpus
+    )
+    if errors:
+        return Decision(allowed=False, violations=errors)
+    if already_hinted(workload, namespace, key) or role == "profiling":
+        return Decision(allowed=True)
+
+    def hinted(
+        source: Mapping[str, Any], *, reason: str = "", warning: str = "", hold: str = "", owned: bool = False
+    ) -> Decision:
+        result = apply_hints(
+            source,
+            kind,
+            profile=profile,
+            node_products=node_products,
+            namespace=namespace,
+            config=ctx.config,
+            catalog=ctx.catalog,
+            signing_key=key,
+            reason=reason,
+            hold=hold,
+            owned=owned,
+            calibration=calibration,
+        )
+        warnings = [warning] if warning else []
+        return Decision(
+            allowed=True,
+            action="hints",
+            mutated=result.hinted,
+            warnings=warnings + list(result.warnings),
+            ranking_source=result.source,
+        )
+
+    if profile is not None and profile.ready:
+        return hinted(obj)
+    phase = profile.status.phase if profile is not None and profile.status is not None else None
+    if profile is not None and phase == "Profiling" and role is None:
+        held = "a Job suspended" if kind == "Job" else f"a Pod gated by {v.PROFILE_SCHEDULING_GATE}"
+        return hinted(
+            obj,
+            reason=f"awaiting the profiling run of workload {name}",
+            warning=f"workload {name} is being profiled (WorkloadProfile {profile.metadata.name}): admitted as "
+            f"{held} with base hints; KRATOS releases it with ranked hints when the profile is ready",
+            hold=profile.metadata.name,
+        )
+    if profile is not None:
+        message = profile.status.message if profile.status and profile.status.message else "no reason given"
+        return hinted(
+            obj,
+            reason=f"WorkloadProfile {profile.metadata.name} is {phase or 'without status'}",
+            warning=f"WorkloadProfile {profile.metadata.name} is {phase or 'without status'} ({message}): "
+            "admitted with base hints only; delete the profile to profile again",
+        )
+    if kind == "Pod":
+        return hinted(
+            obj,
+            reason=f"no WorkloadProfile for workload {name} in namespace {namespace}",
+            warning=f"no WorkloadProfile for workload {name} in namespace {namespace}: Pod admitted with base hints only "
+            "(Pods are never rewritten for profiling; submit a Job to profile it)",
+        )
+    if role == "execution":
+        return hinted(
+            obj,
+            reason=f"no WorkloadProfile for workload {name} in namespace {namespace}",
+            warning=f"no WorkloadProfile for workload {name} in namespace {namespace}: execution Job admitted with base hints only",
+        )
+    if not profiling_wanted(workload.metadata.annotations, ctx.config):
+        return hinted(
+            obj,
+            reason="profiling is off",
+            warning=f"no WorkloadProfile for workload {name} in namespace {namespace} and profiling is off: admitted with base hints only",
+        )
+    found = profiling_target(workload, gpus)
+    if found is None:
+        return hinted(
+            obj,
+            reason="cannot be profiled",
+            warning=f"no WorkloadProfile for workload {name} in namespace {namespace}, and this Job cannot be "
+            f"profiled: admitted with base hints only ({unprofilable_reason(workload, gpus)})",
+        )
+    target, executable = found
+    rewritten: dict[str, Any] = clone(obj)
+    rewrite_for_profiling(
+        rewritten,
+        target=target,
+        executable=executable,
+        namespace=namespace,
+        config=ctx.config,
+        signing_key=key,
+    )
+    decision = hinted(rewritten, reason="profiling run", owned=True)  # rewritten is our own copy
+    decision.action = "profiling"
+    decision.warnings = [
+        f"no WorkloadProfile for workload {name} in namespace {namespace} yet: this Job runs once under Nsight Compute, which ends "
+        "it after the profiled kernels; the controller then creates the execution Job with hints",
+        *capability_warnings(ctx.config),
+        *decision.warnings,
+    ]
+    return decision
+
+
+def parent_warnings(obj: Mapping[str, Any], parent: ParentKind) -> list[str]:
+    """What KRATOS will do with the Jobs or Pods a labelled CronJob or Deployment makes; it never
+    changes the parent itself (DESIGN: only batch/v1 Jobs and v1 Pods are reviewed)."""
+    spec = as_mapping(obj.get("spec"))
+    template_key = "jobTemplate" if parent == "CronJob" else "template"
+    template_labels = string_map(as_mapping(as_mapping(spec.get(template_key)).get("metadata")).get("labels"))
+    workload = template_labels.get(v.WORKLOAD_LABEL)
+    made = "Jobs" if parent == "CronJob" else "Pods"
+    if workload is None:
+        return [
+            f"the {v.WORKLOAD_LABEL} label on a {parent} does nothing by itself: KRATOS reviews the {made} "
+            f"it makes, so put the label on spec.{template_key}.metadata.labels"
+        ]
+    if parent == "CronJob":
+        return [
+            f"KRATOS admits the Jobs this CronJob creates as workload {workload}: until the workload has a "
+            "WorkloadProfile the first is rewritten into a short profiling run under Nsight Compute, and the "
+            "execution Job it leads to (owned by that Job, so the CronJob's history limits clean up both) "
+            "does the work; later Jobs get hints"
+        ]
+    return [
+        f"KRATOS gives this Deployment's Pods base hints, and ranked hints once workload {workload} has a "
+        f"Ready WorkloadProfile; Pods are never profiled: run a Job of workload {workload} once to create it"
+    ]

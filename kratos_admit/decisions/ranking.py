@@ -1,0 +1,240 @@
+"""Rank GPU products by how this workload's measured bottleneck fits each one (docs/ranking.md).
+
+The model predicts the workload's runtime on product P relative to the GPU it was profiled on (R):
+
+    time(P) / time(R) = max(sm * FP32(R) / FP32(P), mem * BW(R) / BW(P)) + (1 - max(sm, mem))
+
+``sm`` and ``mem`` are the SM and memory throughputs the profile measured, as fractions of R's peak;
+FP32 and BW are the *sustained* figures (published measurements, else datasheet x a documented
+factor), and a MIG slice counts as its share of the GPU. The busy share scales with the product's
+figure in the resource that bounds it (roofline); the idle share (latency, launch gaps) does not.
+
+Calibration (``calibration.py``) replaces a product's catalog figures with the cluster's own once it
+rests on ``minCalibrationRuns`` runs from at least two workloads. Measured runtimes beat the model: once at least two products have ``minObservedRuns`` successful
+runs each (the profile's ``status.observations``), those products are ranked by their observed
+mean times, and every other product by the model scaled to agree with them.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from kratos_admit.decisions.calibration import NO_CALIBRATION, Calibration
+from kratos_admit.domain.catalog import Catalog, GpuProduct
+from kratos_admit.domain.profile import WorkloadProfile
+from kratos_admit.domain.vocabulary import Strategy
+
+# When a profile has a bound type but no throughputs (an older runner), assume typical shares.
+_SHARES_BY_BOUND: dict[str, tuple[float, float]] = {
+    "compute": (0.8, 0.3),
+    "memory": (0.3, 0.8),
+    "balanced": (0.7, 0.7),
+    "latency": (0.3, 0.3),
+}
+
+
+RankingSource = Literal[
+    "model", "calibrated", "observed", "none"
+]  # the metric kratos_hints_total's source label
+
+
+@dataclass(frozen=True, slots=True)
+class RankedProduct:
+    product: GpuProduct
+    labels: tuple[str, ...]  # the node label values this entry stands for
+    relative_time: float
+    weight: int
+    observed: bool = False  # ranked from measured runtimes, not the model
+    # the model ran on the cluster's calibrated figures (this product's or the reference's)
+    calibrated: bool = False
+
+    @property
+    def source(self) -> RankingSource:
+        return "observed" if self.observed else "calibrated" if self.calibrated else "model"
+
+    def as_dict(self) -> dict[str, object]:
+        record: dict[str, object] = {
+            "product": self.product.product,
+            "weight": self.weight,
+            "relativeTime": round(self.relative_time, 3),
+        }
+        if self.source != "model":
+            record["source"] = self.source
+        return record
+
+
+def ranking_source(ranked: Sequence[RankedProduct]) -> RankingSource:
+    """What a hint's first choice rests on: measured runtimes, the calibrated model or the catalog's
+    model; ``none`` for base hints."""
+    return ranked[0].source if ranked else "none"
+
+
+def observed_times(profile: WorkloadProfile, min_runs: int) -> tuple[tuple[str, float], ...]:
+    """(product label, mean seconds) of every product with at least ``min_runs`` successful runs."""
+    status = profile.status
+    found: list[tuple[str, float]] = []
+    for observation in status.observations if status is not None else ():
+        try:
+            seconds = float(observation.mean_seconds)
+        except ValueError:
+            continue
+        if observation.runs >= min_runs and seconds > 0:
+            found.append((observation.product, seconds))
+    return tuple(sorted(found))
+
+
+def throughput_shares(profile: WorkloadProfile) -> tuple[float, float] | None:
+    """(sm, mem) as fractions of peak, or None when the profile gives nothing to rank by."""
+    status = profile.status
+    if status is None:
+        return None
+    sm = status.metrics.percent("sm_throughput")
+    mem = status.metrics.percent("memory_throughput")
+    if sm is not None and mem is not None:
+        return min(max(sm, 0.0), 100.0) / 100, min(max(mem, 0.0), 100.0) / 100
+    return _SHARES_BY_BOUND.get(status.bound_type)
+
+
+def predicted_relative_time(sm: float, mem: float, *, reference: GpuProduct, product: GpuProduct) -> float:
+    compute = sm * reference.sustained_fp32_tflops / product.sustained_fp32_tflops
+    memory = mem * reference.sustained_bandwidth_gbs / product.sustained_bandwidth_gbs
+    return max(compute, memory) + (1 - max(sm, mem))
+
+
+def _score(relative_time: float, product: GpuProduct, strategy: Strategy) -> float:
+    if strategy == "performance":
+        return 1 / relative_time
+    if strategy == "cost":
+        return 1 / product.relative_cost
+    return 1 / (relative_time * product.relative_cost)  # balanced: performance per cost
+
+
+def rank_gpu_products(
+    profile: WorkloadProfile,
+    node_products: Iterable[str],
+    *,
+    catalog: Catalog,
+    strategy: Strategy,
+    reference_product: str,
+    min_compute_capability: tuple[int, int] | None = None,
+    min_memory_mib: int | None = None,
+    min_observed_runs: int = 3,
+    calibration: Calibration = NO_CALIBRATION,
+    min_calibration_runs: int = 5,
+) -> list[RankedProduct]:
+    """Products best first, weights 1..100 (the best gets 100). Unknown products get no entry.
+
+    The ranking depends only on the profile's figures, the cluster's products and the config, so
+    it is computed once per distinct input and served from a bounded cache after that.
+    """
+    shares = throughput_shares(profile)
+    if shares is None:
+        return []
+    profiled = profile.status.gpu.product if profile.status else None
+    return list(
+        _rank(
+            catalog,
+            shares=shares,
+            profiled=profiled,
+            node_products=frozenset(node_products),
+            strategy=strategy,
+            reference_product=reference_product,
+            min_compute_capability=min_compute_capability,
+            min_memory_mib=min_memory_mib,
+            observed=observed_times(profile, min_observed_runs),
+            calibration=calibration,
+            min_calibration_runs=min_calibration_runs,
+        )
+    )
+
+
+@functools.lru_cache(maxsize=4096)
+def _rank(
+    catalog: Catalog,
+    *,
+    shares: tuple[float, float],
+    profiled: str | None,
+    node_products: frozenset[str],
+    strategy: Strategy,
+    reference_product: str,
+    min_compute_capability: tuple[int, int] | None,
+    min_memory_mib: int | None,
+    observed: tuple[tuple[str, float], ...],
+    calibration: Calibration,
+    min_calibration_runs: int,
+) -> tuple[RankedProduct, ...]:
+    reference = (catalog.placement(profiled) if profiled else None) or catalog.lookup(reference_product)
+    if reference is None:
+        return ()
+    reference, reference_calibrated = calibration.calibrated(reference, min_calibration_runs)
+    labels_by_product: dict[str, tuple[GpuProduct, list[str]]] = {}
+    calibrated: set[str] = set()
+    candidates = sorted(node_products) or [p.product for p in catalog.products]
+    for label in candidates:
+        entry = catalog.placement(label)
+        if entry is None or not _meets(entry, min_compute_capability, min_memory_mib):
+            continue
+        if entry.product not in labels_by_product:
+            entry, changed = calibration.calibrated(entry, min_calibration_runs)
+            if changed or reference_calibrated:
+                calibrated.add(entry.product)
+        labels_by_product.setdefault(entry.product, (entry, []))[1].append(label)
+    if not labels_by_product:
+        return ()
+    sm, mem = shares
+    modelled = {
+        name: predicted_relative_time(sm, mem, reference=reference, product=entry)
+        for name, (entry, _) in labels_by_product.items()
+    }
+    measured = _observed_by_product(catalog, observed, labels_by_product)
+    if len(measured) >= 2:
+        # the model, scaled by the geometric mean of observed/predicted, so both share one unit
+        scale = math.exp(sum(math.log(t / modelled[name]) for name, t in measured.items()) / len(measured))
+        relative = {
+            name: measured[name] / scale if name in measured else rel for name, rel in modelled.items()
+        }
+    else:
+        measured, relative = {}, modelled
+    scored = []
+    for name, (entry, labels) in labels_by_product.items():
+        rel = relative[name]
+        scored.append(
+            (_score(rel, entry, strategy), entry, tuple(sorted(set(labels))), rel, name in measured, name)
+        )
+    best = max(s for s, *_ in scored)
+    ranked = [
+        RankedProduct(
+            entry, labels, rel, max(1, min(100, round(100 * score / best))), seen, name in calibrated
+        )
+        for score, entry, labels, rel, seen, name in scored
+    ]
+    ranked.sort(key=lambda r: (-r.weight, r.relative_time, r.product.product))
+    return tuple(ranked)
+
+
+def _observed_by_product(
+    catalog: Catalog,
+    observed: tuple[tuple[str, float], ...],
+    present: dict[str, tuple[GpuProduct, list[str]]],
+) -> dict[str, float]:
+    """Observed mean seconds by the ranked entry they belong to (an observation is keyed by the node
+    label it ran on, so ``-SHARED`` variants of one product pool into it; MIG slices stay apart)."""
+    totals: dict[str, list[float]] = {}
+    for label, seconds in observed:
+        entry = catalog.placement(label)
+        if entry is not None and entry.product in present:
+            totals.setdefault(entry.product, []).append(seconds)
+    return {name: sum(times) / len(times) for name, times in totals.items()}
+
+
+def _meets(entry: GpuProduct, min_cc: tuple[int, int] | None, min_memory_mib: int | None) -> bool:
+    if min_cc is not None:
+        major, minor = (int(x) for x in entry.compute_capability.split("."))
+        if (major, minor) < min_cc:
+            return False
+    # GPU Feature Discovery reports about 1024 MiB per datasheet GB (A100 80GB: 81920, L4: 23034).
+    return min_memory_mib is None or entry.memory_gb * 1024 >= min_memory_mib * 0.95

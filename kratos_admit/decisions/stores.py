@@ -1,0 +1,140 @@
+"""Where WorkloadProfiles, GPU Nodes and the calibration come from, as the decisions see them:
+the store interfaces, and the stores held in memory. The admission path only ever reads memory.
+
+``ProfileStore``, ``NodeStore`` and ``CalibrationStore`` are the interface; the file stores
+(``kratos_admit.edge.files``) load once at start, the cluster stores (``kratos_admit.edge.cluster``)
+keep the same memory current with list+watch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any, Protocol
+
+from kratos_admit.decisions.calibration import NO_CALIBRATION, Calibration
+from kratos_admit.domain import vocabulary as v
+from kratos_admit.domain.profile import WorkloadProfile
+
+
+class ProfileStore(Protocol):
+    def get(self, namespace: str, workload: str) -> WorkloadProfile | None: ...
+    def ready(self) -> bool: ...
+    def __len__(self) -> int: ...
+    async def refresh(self, namespace: str, workload: str) -> None:
+        """Called on a cache miss before the answer; a store that cannot miss does nothing."""
+
+    async def run(self) -> None:
+        """Keep the store current until cancelled; a store read once at start returns at once."""
+
+
+class NodeStore(Protocol):
+    def gpu_products(self) -> frozenset[str]: ...
+    def ready(self) -> bool: ...
+    async def run(self) -> None:
+        """Keep the store current until cancelled; a store read once at start returns at once."""
+
+
+class CalibrationStore(Protocol):
+    def current(self) -> Calibration:
+        """The calibration in force now, from memory (never fetched per request)."""
+
+    async def run(self) -> None:
+        """Keep the store current until cancelled; a store fixed at start returns at once."""
+
+
+class StaticCalibrationStore:
+    """A calibration fixed at start (none, for file stores), or set by its owner (the simulator)."""
+
+    def __init__(self, calibration: Calibration = NO_CALIBRATION) -> None:
+        self.calibration = calibration
+
+    def current(self) -> Calibration:
+        return self.calibration
+
+    async def run(self) -> None:
+        """Fixed at start: nothing to keep current."""
+
+
+class ProfileIndex:
+    """Profiles by (namespace, spec.workload): the in-memory map every profile store serves from."""
+
+    def __init__(self, profiles: Iterable[WorkloadProfile] = ()) -> None:
+        self._by_key: dict[tuple[str, str], WorkloadProfile] = {}
+        self._key_by_name: dict[tuple[str, str], tuple[str, str]] = {}
+        for profile in profiles:
+            self.put(profile)
+
+    def put(self, profile: WorkloadProfile) -> None:
+        self.remove(profile.metadata.namespace, profile.metadata.name)
+        key = (profile.metadata.namespace, profile.spec.workload)
+        self._by_key[key] = profile
+        self._key_by_name[(profile.metadata.namespace, profile.metadata.name)] = key
+
+    def remove(self, namespace: str, name: str) -> None:
+        key = self._key_by_name.pop((namespace, name), None)
+        if key is not None:
+            self._by_key.pop(key, None)
+
+    def replace(self, profiles: Iterable[WorkloadProfile]) -> None:
+        self._by_key.clear()
+        self._key_by_name.clear()
+        for profile in profiles:
+            self.put(profile)
+
+    def get(self, namespace: str, workload: str) -> WorkloadProfile | None:
+        return self._by_key.get((namespace, workload))
+
+    def profiles(self) -> list[WorkloadProfile]:
+        return list(self._by_key.values())
+
+    def __len__(self) -> int:
+        return len(self._by_key)
+
+
+def gpu_products_of(nodes: Iterable[Mapping[str, Any]]) -> frozenset[str]:
+    """The nvidia.com/gpu.product values of the nodes that have a GPU."""
+    products = set()
+    for node in nodes:
+        labels = node.get("metadata", {}).get("labels") or {}
+        product = labels.get(v.GPU_PRODUCT_LABEL)
+        if isinstance(product, str) and product and labels.get(v.GPU_PRESENT_LABEL, "true") == "true":
+            products.add(product)
+    return frozenset(products)
+
+
+class StaticProfileStore:
+    """Profiles held in memory and fixed at start: read from files, or handed over directly."""
+
+    def __init__(self, profiles: Iterable[WorkloadProfile] = ()) -> None:
+        self._index = ProfileIndex(profiles)
+
+    def get(self, namespace: str, workload: str) -> WorkloadProfile | None:
+        return self._index.get(namespace, workload)
+
+    def ready(self) -> bool:
+        return True
+
+    def __len__(self) -> int:
+        return len(self._index)
+
+    async def refresh(self, namespace: str, workload: str) -> None:
+        """Every profile is in memory: a miss is an answer."""
+
+    async def run(self) -> None:
+        """Fixed at start: nothing to keep current."""
+
+
+class StaticNodeStore:
+    """The GPU products of a cluster, fixed at start."""
+
+    def __init__(self, products: Iterable[str] = ()) -> None:
+        self._products = frozenset(products)
+
+    def gpu_products(self) -> frozenset[str]:
+        return self._products
+
+    def ready(self) -> bool:
+        return True
+
+    async def run(self) -> None:
+        """Fixed at start: nothing to keep current."""

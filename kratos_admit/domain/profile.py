@@ -1,0 +1,150 @@
+"""The WorkloadProfile custom resource (DESIGN "WorkloadProfile"): our own type, so extra keys are refused."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from kratos_admit.domain import vocabulary as v
+
+Phase = Literal["Profiling", "Ready", "Failed"]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+
+class ObjectMeta(BaseModel):
+    """Kubernetes metadata is not ours: unknown fields (uid, managedFields, ...) are kept, not refused."""
+
+    model_config = ConfigDict(extra="allow", populate_by_name=True)
+
+    name: str
+    namespace: str = "default"
+    resource_version: str = Field(default="", alias="resourceVersion")
+
+
+class ProfileSpec(_Strict):
+    workload: str = Field(pattern=v.DNS1123_LABEL.pattern, max_length=v.DNS1123_LABEL_MAX)
+    runtime_class_name: str | None = Field(default=None, alias="runtimeClassName")
+
+
+class ProfileMetrics(_Strict):
+    """Strings, as the CRD stores them; percent of peak unless the name says otherwise."""
+
+    achieved_occupancy: str | None = Field(default=None, alias="achievedOccupancy")
+    sm_throughput: str | None = Field(default=None, alias="smThroughput")
+    memory_throughput: str | None = Field(default=None, alias="memoryThroughput")
+    l2_throughput: str | None = Field(default=None, alias="l2Throughput")
+    dram_throughput: str | None = Field(default=None, alias="dramThroughput")
+    kernel_count: str | None = Field(default=None, alias="kernelCount")
+    gpu_time_ns: str | None = Field(default=None, alias="gpuTimeNs")
+
+    def percent(self, name: str) -> float | None:
+        raw = getattr(self, name)
+        try:
+            return None if raw is None else float(raw)
+        except ValueError:
+            return None
+
+
+class ProfileGpu(_Strict):
+    product: str | None = None
+    compute_capability: str | None = Field(default=None, alias="computeCapability")
+
+
+class Observation(_Strict):
+    """What the workload really took on one GPU product: successful runs, Pod start to finish."""
+
+    product: str
+    runs: int = Field(ge=0)
+    mean_seconds: str = Field(alias="meanSeconds")
+
+
+class RunnerSummary(BaseModel):
+    """What the profiling-runner writes to its termination log (runner/kratos_runner/summary.py, which
+    is stdlib-only and so cannot share this model; a test keeps the two in step). Extra keys the
+    runner may add are kept."""
+
+    model_config = ConfigDict(extra="allow", populate_by_name=True)
+
+    bound_type: v.BoundType = Field(alias="boundType")
+    metrics: dict[str, str | int | float] = Field(default_factory=dict)
+    gpu: dict[str, str | int | float] = Field(default_factory=dict)
+    kernels: int = 0
+    kernels_skipped: int = Field(default=0, alias="kernelsSkipped")
+    killed: bool = False
+    exit_code: int = Field(default=0, alias="exitCode")
+    ncu_version: str = Field(default="", alias="ncuVersion")
+    reason: str = ""
+
+
+MAX_COUNTED_RUNS = 256  # the Pod uids the observations remember, so no run is counted twice
+
+
+class ProfileStatus(_Strict):
+    phase: Phase
+    bound_type: v.BoundType = Field(default="unknown", alias="boundType")
+    metrics: ProfileMetrics = Field(default_factory=ProfileMetrics)
+    gpu: ProfileGpu = Field(default_factory=ProfileGpu)
+    profiled_at: str | None = Field(default=None, alias="profiledAt")
+    source_job: str | None = Field(default=None, alias="sourceJob")
+    message: str = ""
+    observations: list[Observation] = Field(default_factory=list)
+    # the last MAX_COUNTED_RUNS runs counted into observations (Pod uids): a replayed event or a
+    # restarted controller never counts a run twice
+    counted_runs: list[str] = Field(default_factory=list, alias="countedRuns")
+    observed_runs: int = Field(default=0, ge=0, alias="observedRuns")  # for kubectl get -o wide
+
+    def as_status(self) -> dict[str, Any]:
+        """The status as the CRD stores it: camelCase keys, unset optional fields left out."""
+        return self.model_dump(by_alias=True, exclude_none=True)
+
+
+class WorkloadProfile(_Strict):
+    api_version: Literal["gpu.scheduler.io/v1alpha1"] = Field(
+        default="gpu.scheduler.io/v1alpha1", alias="apiVersion"
+    )
+    kind: Literal["WorkloadProfile"] = "WorkloadProfile"
+    metadata: ObjectMeta
+    spec: ProfileSpec
+    status: ProfileStatus | None = None
+
+    @property
+    def ready(self) -> bool:
+        return self.status is not None and self.status.phase == "Ready"
+
+    @property
+    def reference(self) -> str:
+        """The value of the ``gpu.scheduler.io/profile`` annotation: ``<name>@<resourceVersion>``."""
+        return f"{self.metadata.name}@{self.metadata.resource_version or '0'}"
+
+
+def with_runs(status: ProfileStatus, runs: Iterable[tuple[str, str, float]]) -> ProfileStatus | None:
+    """``status`` with the runs ``(uid, product, seconds)`` it has not counted yet: a running mean
+    and count per product, and each run's uid remembered (the last MAX_COUNTED_RUNS) so none is
+    counted twice; None when every run was counted already."""
+    counted = list(status.counted_runs)
+    by_product = {o.product: o for o in status.observations}
+    changed = False
+    for uid, product, seconds in runs:
+        if uid in counted:
+            continue
+        seen = by_product.get(product)
+        count = seen.runs if seen else 0
+        mean = float(seen.mean_seconds) if seen else 0.0
+        new_mean = (mean * count + seconds) / (count + 1)
+        by_product[product] = Observation(product=product, runs=count + 1, meanSeconds=f"{new_mean:.1f}")
+        counted.append(uid)
+        changed = True
+    if not changed:
+        return None
+    return status.model_copy(
+        update={
+            "observations": sorted(by_product.values(), key=lambda o: o.product),
+            "counted_runs": counted[-MAX_COUNTED_RUNS:],
+            "observed_runs": sum(o.runs for o in by_product.values()),
+        }
+    )

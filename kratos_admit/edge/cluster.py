@@ -1,0 +1,220 @@
+"""Live stores: WorkloadProfiles (all namespaces), GPU Nodes and the GPU calibration cached by list+watch.
+
+They implement the same ``ProfileStore``/``NodeStore`` interface as the file stores; the admission
+path reads only their memory. The one exception is a profile cache miss: one direct GET with a
+short timeout, so a profile the controller wrote a moment ago is seen by the very next admission
+(the controller publishes the profile, then creates the execution Job).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import time
+from typing import Any
+
+from kubernetes_asyncio import client
+from pydantic import ValidationError
+
+from kratos_admit.decisions.calibration import (
+    CONFIGMAP_KEY,
+    CONFIGMAP_NAME,
+    NO_CALIBRATION,
+    Calibration,
+    CalibrationError,
+    parse_calibration,
+)
+from kratos_admit.decisions.stores import ProfileIndex
+from kratos_admit.domain import vocabulary as v
+from kratos_admit.domain.profile import WorkloadProfile
+from kratos_admit.edge.kube import Informer, is_status, one_line
+
+log = logging.getLogger("kratos.stores")
+Obj = dict[str, Any]
+
+
+def _profile(obj: Obj) -> WorkloadProfile | None:
+    try:
+        return WorkloadProfile.model_validate(obj)
+    except ValidationError as exc:
+        meta = obj.get("metadata", {})
+        log.warning(
+            "ignoring an invalid WorkloadProfile",
+            extra={
+                "namespace": meta.get("namespace"),
+                "profile": meta.get("name"),
+                "reason": str(exc.errors()[0]),
+            },
+        )
+        return None
+
+
+class ClusterProfileStore:
+    def __init__(self, api: client.ApiClient, *, get_timeout: float = 1.0, negative_ttl: float = 1.0) -> None:
+        self.custom = client.CustomObjectsApi(api)
+        self.index = ProfileIndex()
+        self.get_timeout = get_timeout
+        self.negative_ttl = negative_ttl
+        self._absent: dict[tuple[str, str], float] = {}
+        self.informer = Informer(
+            functools.partial(self.custom.list_cluster_custom_object, v.GROUP, v.VERSION, v.PROFILE_PLURAL),
+            name="workloadprofiles",
+            on_replace=self._replace,
+            on_event=self._event,
+        )
+
+    def _replace(self, items: list[Obj]) -> None:
+        self.index.replace(p for p in map(_profile, items) if p is not None)
+        self._absent.clear()
+
+    def _event(self, kind: str, obj: Obj) -> None:
+        meta = obj.get("metadata", {})
+        if kind == "DELETED":
+            self.index.remove(str(meta.get("namespace", "")), str(meta.get("name", "")))
+            return
+        profile = _profile(obj)
+        if profile is None:
+            self.index.remove(str(meta.get("namespace", "")), str(meta.get("name", "")))
+            return
+        self.index.put(profile)
+        self._absent.pop((profile.metadata.namespace, profile.spec.workload), None)
+
+    def get(self, namespace: str, workload: str) -> WorkloadProfile | None:
+        return self.index.get(namespace, workload)
+
+    def ready(self) -> bool:
+        return self.informer.synced.is_set()
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    async def refresh(self, namespace: str, workload: str) -> None:
+        """After a cache miss: one GET of ``<workload>-profile``, bounded by ``get_timeout``."""
+        key = (namespace, workload)
+        if time.monotonic() < self._absent.get(key, 0.0):
+            return
+        try:
+            obj: Obj = await asyncio.wait_for(
+                self.custom.get_namespaced_custom_object(
+                    v.GROUP,
+                    v.VERSION,
+                    namespace,
+                    v.PROFILE_PLURAL,
+                    v.profile_name(workload),
+                    _request_timeout=self.get_timeout,
+                ),
+                timeout=self.get_timeout,
+            )
+        except Exception as exc:
+            if not is_status(exc, 404):
+                log.warning(
+                    "profile lookup failed; answering from the cache",
+                    extra={
+                        "namespace": namespace,
+                        "workload": workload,
+                        "reason": one_line(exc),
+                    },
+                )
+            self._absent[key] = time.monotonic() + self.negative_ttl
+            return
+        profile = _profile(obj)
+        if profile is not None and profile.spec.workload == workload:
+            self.index.put(profile)
+
+    async def run(self) -> None:
+        await self.informer.run()
+
+
+class ClusterNodeStore:
+    """The GPU products of Nodes labelled nvidia.com/gpu.present=true, kept current by a watch."""
+
+    def __init__(self, api: client.ApiClient) -> None:
+        self.core = client.CoreV1Api(api)
+        self._by_node: dict[str, str] = {}
+        self._products: frozenset[str] = frozenset()
+        self.informer = Informer(
+            self.core.list_node,
+            name="gpu-nodes",
+            label_selector=f"{v.GPU_PRESENT_LABEL}=true",
+            on_replace=self._replace,
+            on_event=self._event,
+        )
+
+    def _product(self, node: Obj) -> str | None:
+        product = (node.get("metadata", {}).get("labels") or {}).get(v.GPU_PRODUCT_LABEL)
+        return product if isinstance(product, str) and product else None
+
+    def _replace(self, items: list[Obj]) -> None:
+        self._by_node = {str(n["metadata"]["name"]): p for n in items if (p := self._product(n))}
+        self._products = frozenset(self._by_node.values())
+
+    def _event(self, kind: str, node: Obj) -> None:
+        name = str(node.get("metadata", {}).get("name", ""))
+        product = self._product(node)
+        if kind == "DELETED" or product is None:
+            self._by_node.pop(name, None)
+        else:
+            self._by_node[name] = product
+        self._products = frozenset(self._by_node.values())
+
+    def gpu_products(self) -> frozenset[str]:
+        return self._products
+
+    def ready(self) -> bool:
+        return self.informer.synced.is_set()
+
+    async def run(self) -> None:
+        await self.informer.run()
+
+
+class ClusterCalibrationStore:
+    """The ConfigMap ``kratos-gpu-calibration`` the controller writes, watched by name (a field
+    selector, which is also what lets RBAC's ``resourceNames`` authorise the list and the watch).
+    Admission reads ``current()`` from memory; an unreadable ConfigMap keeps the last good one."""
+
+    def __init__(self, api: client.ApiClient, namespace: str) -> None:
+        self.core = client.CoreV1Api(api)
+        self.namespace = namespace
+        self.calibration: Calibration = NO_CALIBRATION
+        self.informer = Informer(
+            functools.partial(self.core.list_namespaced_config_map, namespace),
+            name="gpu-calibration",
+            field_selector=f"metadata.name={CONFIGMAP_NAME}",
+            on_replace=self._replace,
+            on_event=self._event,
+        )
+
+    def _read(self, configmap: Obj) -> None:
+        text = (configmap.get("data") or {}).get(CONFIGMAP_KEY)
+        if not isinstance(text, str):
+            self.calibration = NO_CALIBRATION
+            return
+        try:
+            self.calibration = parse_calibration(text)
+        except CalibrationError as exc:
+            log.warning(
+                "ignoring an unreadable calibration; keeping the last one",
+                extra={"namespace": self.namespace, "configMap": CONFIGMAP_NAME, "reason": str(exc)},
+            )
+
+    def _replace(self, items: list[Obj]) -> None:
+        found = [c for c in items if c.get("metadata", {}).get("name") == CONFIGMAP_NAME]
+        if found:
+            self._read(found[0])
+        else:
+            self.calibration = NO_CALIBRATION
+
+    def _event(self, kind: str, configmap: Obj) -> None:
+        if configmap.get("metadata", {}).get("name") != CONFIGMAP_NAME:
+            return
+        if kind == "DELETED":
+            self.calibration = NO_CALIBRATION
+        else:
+            self._read(configmap)
+
+    def current(self) -> Calibration:
+        return self.calibration
+
+    async def run(self) -> None:
+        await self.informer.run()

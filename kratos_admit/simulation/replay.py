@@ -1,0 +1,583 @@
+"""Replay a trace of GPU Jobs on a modelled cluster under four placement policies (DESIGN
+"Simulation", docs/placement.md). Pure: the inputs in, the results out; the CLI reads the files.
+
+- ``default``: no KRATOS; kube-scheduler spreads the Jobs (``scheduling.py``).
+- ``kratos-static``: every Job through the real admission engine (the one ``review`` uses): the
+  first Job of a workload is rewritten into a profiling run, the Jobs that arrive meanwhile are held
+  and released with hints by the same code the controller runs, the rest get hints; the ranking
+  uses the catalog's figures only.
+- ``kratos``: as ``kratos-static``, and it learns as the trace runs: each finished run becomes an
+  observation of its workload's profile, and calibration is refitted from them (``calibration.py``).
+- ``oracle``: every Job on the free GPU product that truly runs it fastest.
+
+A Job's true runtime on product P is its reference runtime scaled by the ranking's roofline model
+evaluated with the truth figures of P and of the reference product, times a factor drawn within
+``1 +- noise`` (one draw per Job, the same under every policy).
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+import random
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from kratos_admit.admission.engine import AdmissionEngine, build_engine
+from kratos_admit.admission.review import review_document
+from kratos_admit.decisions.calibration import Calibration, fit_calibration, samples_of
+from kratos_admit.decisions.hints import ranking_of, release_hold
+from kratos_admit.decisions.ranking import predicted_relative_time
+from kratos_admit.decisions.stores import ProfileIndex, StaticCalibrationStore, StaticNodeStore
+from kratos_admit.domain import vocabulary as v
+from kratos_admit.domain.catalog import Catalog, GpuProduct
+from kratos_admit.domain.config import Config
+from kratos_admit.domain.profile import ObjectMeta, ProfileSpec, ProfileStatus, WorkloadProfile, with_runs
+from kratos_admit.domain.raw import as_mapping
+from kratos_admit.domain.signing import DEVELOPMENT_KEY
+from kratos_admit.simulation.scheduling import ClusterState, PodRequest, SimNode, schedule
+
+Policy = Literal["default", "kratos-static", "kratos", "oracle"]
+POLICIES: tuple[Policy, ...] = ("default", "kratos-static", "kratos", "oracle")
+NAMESPACE = "simulation"
+DEFAULT_PROFILING_SECONDS = 60.0
+
+
+@dataclass(frozen=True, slots=True)
+class TraceJob:
+    name: str
+    workload: str
+    arrival: float
+    gpus: int
+    reference_product: str
+    reference_seconds: float
+    metrics: Mapping[str, str]  # as in a WorkloadProfile's status, measured on reference_product
+
+    @property
+    def shares(self) -> tuple[float, float]:
+        """(SM, memory) throughput as fractions of peak on the reference product."""
+        return float(self.metrics["smThroughput"]) / 100, float(self.metrics["memoryThroughput"]) / 100
+
+
+@dataclass(frozen=True, slots=True)
+class Trace:
+    jobs: tuple[TraceJob, ...]
+    profiling_seconds: float = DEFAULT_PROFILING_SECONDS
+
+
+@dataclass(frozen=True, slots=True)
+class Figures:
+    """A product's sustained FP32 throughput and memory bandwidth."""
+
+    fp32_tflops: float
+    bandwidth_gbs: float
+
+
+class Truth:
+    """What each GPU product really sustains: the truth file's figures, else the catalog's."""
+
+    def __init__(self, catalog: Catalog, figures: Mapping[str, Figures]) -> None:
+        self.catalog = catalog
+        self._figures = dict(figures)  # by catalog product name
+        self._products: dict[str, GpuProduct] = {}
+
+    def product(self, label: str) -> GpuProduct:
+        """The catalog entry for a node label, with its sustained figures replaced by the truth."""
+        found = self._products.get(label)
+        if found is None:
+            entry = self.catalog.placement(label)
+            if entry is None:
+                raise KeyError(label)
+            figures = self._figures.get(entry.product)
+            if figures is not None:
+                entry = entry.model_copy(
+                    update={
+                        "measured_fp32_tflops": figures.fp32_tflops,
+                        "measured_bandwidth_gbs": figures.bandwidth_gbs,
+                    }
+                )
+            found = self._products[label] = entry
+        return found
+
+    def relative_time(self, shares: tuple[float, float], *, reference: str, product: str) -> float:
+        """Runtime on ``product`` over runtime on ``reference`` (the ranking's roofline model)."""
+        sm, mem = shares
+        return predicted_relative_time(
+            sm, mem, reference=self.product(reference), product=self.product(product)
+        )
+
+    def measured_on(self, job: TraceJob, product: str) -> dict[str, str]:
+        """The profile metrics a profiling run of ``job`` on ``product`` reports: each busy share
+        rescaled to that product's runtime, so the model read from there predicts the same truth."""
+        sm, mem = job.shares
+        reference, here = self.product(job.reference_product), self.product(product)
+        relative = self.relative_time(job.shares, reference=job.reference_product, product=product)
+        sm_here = sm * reference.sustained_fp32_tflops / here.sustained_fp32_tflops / relative
+        mem_here = mem * reference.sustained_bandwidth_gbs / here.sustained_bandwidth_gbs / relative
+        metrics = dict(job.metrics)
+        metrics["smThroughput"] = f"{min(sm_here, 1.0) * 100:.2f}"
+        metrics["memoryThroughput"] = f"{min(mem_here, 1.0) * 100:.2f}"
+        return metrics
+
+
+def bound_type(sm_percent: float, mem_percent: float) -> v.BoundType:
+    """Nsight Compute's speed-of-light rule, as the runner applies it (DESIGN "Runner contract")."""
+    if sm_percent < 60 and mem_percent < 60:
+        return "latency"
+    if abs(sm_percent - mem_percent) < 10:
+        return "balanced"
+    return "compute" if sm_percent > mem_percent else "memory"
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyResult:
+    policy: Policy
+    jct: tuple[float, ...]  # each Job's completion time (finish - arrival), in trace order
+    makespan: float
+    gpu_seconds: float
+
+    @property
+    def mean_jct(self) -> float:
+        return sum(self.jct) / len(self.jct) if self.jct else 0.0
+
+    @property
+    def p95_jct(self) -> float:
+        """Nearest rank: the smallest JCT at least 95 % of the Jobs finished within."""
+        ordered = sorted(self.jct)
+        return ordered[max(0, math.ceil(0.95 * len(ordered)) - 1)] if ordered else 0.0
+
+    def as_dict(self) -> dict[str, float]:
+        return {
+            "meanJctSeconds": round(self.mean_jct, 1),
+            "p95JctSeconds": round(self.p95_jct, 1),
+            "makespanSeconds": round(self.makespan, 1),
+            "gpuHours": round(self.gpu_seconds / 3600, 2),
+        }
+
+
+@dataclass(frozen=True)
+class SimulationResult:
+    policies: dict[Policy, PolicyResult]
+    prediction_error: dict[str, float]  # product -> worst |predicted/true - 1| after the trace
+    learned: Learned  # what ``kratos`` knew at the end: its profiles
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "policies": {name: r.as_dict() for name, r in self.policies.items()},
+            "predictionError": {p: round(e, 4) for p, e in sorted(self.prediction_error.items())},
+        }
+
+
+class SimulatedProfiles:
+    """The WorkloadProfiles the simulated controller has published: a profile store in memory."""
+
+    def __init__(self) -> None:
+        self.index = ProfileIndex()
+        self.versions = itertools.count(1)
+
+    def put(self, workload: str, status: ProfileStatus) -> WorkloadProfile:
+        profile = WorkloadProfile(
+            metadata=ObjectMeta(
+                name=v.profile_name(workload), namespace=NAMESPACE, resourceVersion=str(next(self.versions))
+            ),
+            spec=ProfileSpec(workload=workload),
+            status=status,
+        )
+        self.index.put(profile)
+        return profile
+
+    def get(self, namespace: str, workload: str) -> WorkloadProfile | None:
+        return self.index.get(namespace, workload)
+
+    def ready(self) -> bool:
+        return True
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    async def refresh(self, namespace: str, workload: str) -> None:
+        """Every profile is in memory: a miss is an answer."""
+
+    async def run(self) -> None:
+        """Changed by the simulation itself: nothing to keep current."""
+
+
+@dataclass
+class Learned:
+    profiles: SimulatedProfiles
+    calibration: StaticCalibrationStore = field(default_factory=StaticCalibrationStore)
+
+    def current(self) -> Calibration:
+        return self.calibration.current()
+
+
+@dataclass(order=True)
+class Pending:
+    created: float
+    seq: int
+    job: TraceJob = field(compare=False)
+    pod: PodRequest = field(compare=False)
+    profiling: bool = field(compare=False, default=False)
+    spec: Mapping[str, Any] | None = field(compare=False, default=None)  # the admitted pod spec, if any
+
+
+def job_manifest(job: TraceJob, name: str | None = None) -> dict[str, Any]:
+    """The Job a user would submit for one trace entry: the workload label, its GPUs, an absolute
+    command (so the first one can be profiled)."""
+    labels = {v.WORKLOAD_LABEL: job.workload}
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": name or job.name, "namespace": NAMESPACE, "labels": dict(labels)},
+        "spec": {
+            "template": {
+                "metadata": {"labels": dict(labels)},
+                "spec": {
+                    "restartPolicy": "Never",
+                    "containers": [
+                        {
+                            "name": "main",
+                            "image": f"registry.example/{job.workload}:1",
+                            "command": [f"/opt/{job.workload}/bin/run"],
+                            "resources": {"limits": {v.GPU_RESOURCE: str(job.gpus)}},
+                        }
+                    ],
+                },
+            }
+        },
+    }
+
+
+def _pod_spec(job_object: Mapping[str, Any]) -> Mapping[str, Any]:
+    return as_mapping(as_mapping(as_mapping(job_object.get("spec")).get("template")).get("spec"))
+
+
+class PolicyRun:
+    """One policy over the whole trace: events, the pending queue, the cluster's use."""
+
+    def __init__(
+        self,
+        policy: Policy,
+        trace: Trace,
+        nodes: Sequence[SimNode],
+        *,
+        truth: Truth,
+        config: Config,
+        catalog: Catalog,
+        seed: int,
+        noise: float,
+    ) -> None:
+        self.policy, self.trace, self.truth = policy, trace, truth
+        self.config, self.catalog = config, catalog
+        self.state = ClusterState(tuple(nodes))
+        self.rng = random.Random(seed)
+        self.noise = {
+            job.name: 1 + random.Random(f"{seed}/{job.name}").uniform(-noise, noise) for job in trace.jobs
+        }
+        self.products = frozenset(n.product for n in nodes if n.product)
+        self.profiles = SimulatedProfiles()
+        self.calibration = StaticCalibrationStore()
+        self.engine: AdmissionEngine = build_engine(
+            config,
+            signing_key=DEVELOPMENT_KEY,
+            profiles=self.profiles,
+            nodes=StaticNodeStore(self.products),
+            catalog=catalog,
+            calibration=self.calibration,
+        )
+        self.events: list[tuple[float, int, str, Any]] = []
+        self.seq = itertools.count()
+        self.pending: list[Pending] = []
+        self.held: dict[str, list[tuple[TraceJob, dict[str, Any]]]] = {}
+        self.finished: dict[str, float] = {}
+        self.gpu_seconds = 0.0
+        self.reviews = itertools.count()
+
+    # --- admission -------------------------------------------------------------------------------
+
+    def admit(self, job: TraceJob, now: float, name: str | None = None) -> None:
+        if self.policy in ("default", "oracle"):
+            self._enqueue(job, now, None)
+            return
+        reviewed = review_document(
+            job_manifest(job, name),
+            index=next(self.reviews),
+            engine=self.engine,
+            namespace=NAMESPACE,
+            user="kratos-simulate",
+        )
+        obj = reviewed.object
+        if reviewed.action == "profiling":
+            self.profiles.put(
+                job.workload,
+                ProfileStatus(phase="Profiling", sourceJob=job.name, message=f"profiling Job {job.name}"),
+            )
+            self._enqueue(job, now, _pod_spec(obj), profiling=True)
+        elif as_mapping(obj.get("spec")).get("suspend") is True:
+            self.held.setdefault(job.workload, []).append((job, obj))
+        else:
+            self._enqueue(job, now, _pod_spec(obj))
+
+    def _enqueue(
+        self, job: TraceJob, now: float, spec: Mapping[str, Any] | None, *, profiling: bool = False
+    ) -> None:
+        pod = PodRequest.from_pod_spec(spec) if spec is not None else PodRequest(gpus=job.gpus)
+        heapq.heappush(self.pending, Pending(now, next(self.seq), job, pod, profiling, spec))
+
+    # --- placement -------------------------------------------------------------------------------
+
+    def _place(self, entry: Pending) -> SimNode | None:
+        if self.policy != "oracle":
+            return schedule(entry.pod, self.state, self.rng)
+        free = [n for n in self.state.nodes if self.state.free_gpus(n) >= entry.pod.gpus]
+        if not free:
+            return None
+        times = {
+            n.product: self.truth.relative_time(
+                entry.job.shares, reference=entry.job.reference_product, product=n.product
+            )
+            for n in free
+        }
+        best = min(times.values())
+        return schedule(entry.pod, self.state, self.rng, among=[n for n in free if times[n.product] == best])
+
+    def _schedule_pending(self, now: float) -> None:
+        waiting: list[Pending] = []
+        while self.pending:
+            entry = heapq.heappop(self.pending)
+            node = self._place(entry)
+            if node is None:
+                waiting.append(entry)
+                continue
+            self.state.bind(node, entry.pod)
+            seconds = self.started(entry, node.product)
+            self._event(now + seconds, "done", (entry, node, seconds))
+        for entry in waiting:
+            heapq.heappush(self.pending, entry)
+
+    def started(self, entry: Pending, product: str) -> float:
+        """How long ``entry`` runs on ``product`` (a profiling run: the trace's profiling time); its
+        GPU time is counted."""
+        if entry.profiling:
+            seconds = self.trace.profiling_seconds
+        else:
+            seconds = (
+                entry.job.reference_seconds
+                * self.truth.relative_time(
+                    entry.job.shares, reference=entry.job.reference_product, product=product
+                )
+                * self.noise[entry.job.name]
+            )
+        self.gpu_seconds += seconds * entry.pod.gpus
+        return seconds
+
+    def true_weights(self, job: TraceJob) -> dict[str, int]:
+        """The oracle's preference as node-affinity weights: 100 for the truly fastest product,
+        the others in proportion to their speed."""
+        times = {
+            p: self.truth.relative_time(job.shares, reference=job.reference_product, product=p)
+            for p in self.products
+        }
+        best = min(times.values())
+        return {p: max(1, round(100 * best / t)) for p, t in times.items()}
+
+    def _event(self, when: float, kind: str, payload: Any) -> None:
+        heapq.heappush(self.events, (when, next(self.seq), kind, payload))
+
+    # --- completions -----------------------------------------------------------------------------
+
+    def done(self, entry: Pending, node: SimNode, seconds: float, now: float) -> None:
+        self.state.release(node, entry.pod)
+        job = entry.job
+        if entry.profiling:
+            self._profiled(job, node, now)
+            return
+        self.finished[job.name] = now
+        if self.policy == "kratos":
+            self._observe(job, node, seconds)
+
+    def _profiled(self, job: TraceJob, node: SimNode, now: float) -> None:
+        """What the controller does when a profiling run ends: publish the profile, create the
+        execution Job (admitted again, now with hints), release the Jobs held meanwhile."""
+        metrics = self.truth.measured_on(job, node.product)
+        status = ProfileStatus.model_validate(
+            {
+                "phase": "Ready",
+                "boundType": bound_type(float(metrics["smThroughput"]), float(metrics["memoryThroughput"])),
+                "metrics": metrics,
+                "gpu": {"product": node.product},
+                "sourceJob": job.name,
+            }
+        )
+        profile = self.profiles.put(job.workload, status)
+        self.admit(job, now, name=f"{job.name}-execution"[: v.DNS1123_LABEL_MAX])
+        for follower, held in self.held.pop(job.workload, []):
+            released = release_hold(
+                held,
+                "Job",
+                profile=profile,
+                node_products=self.products,
+                namespace=NAMESPACE,
+                config=self.config,
+                catalog=self.catalog,
+                signing_key=DEVELOPMENT_KEY,
+                calibration=self.calibration.current(),
+            )
+            self._enqueue(follower, now, _pod_spec(released))
+
+    def _observe(self, job: TraceJob, node: SimNode, seconds: float) -> None:
+        profile = self.profiles.get(NAMESPACE, job.workload)
+        if profile is None or profile.status is None:
+            return
+        updated = with_runs(profile.status, [(job.name, node.product, seconds)])
+        if updated is None:
+            return
+        self.profiles.put(job.workload, updated)
+        samples = samples_of(
+            self.profiles.index.profiles(), self.catalog, reference_product=self.config.reference_product
+        )
+        self.calibration.calibration = fit_calibration(samples, self.catalog)
+
+    # --- the loop --------------------------------------------------------------------------------
+
+    def run(self) -> PolicyResult:
+        for job in self.trace.jobs:
+            self._event(job.arrival, "arrive", job)
+        while self.events:
+            now = self.events[0][0]
+            while self.events and self.events[0][0] == now:
+                _, _, kind, payload = heapq.heappop(self.events)
+                if kind == "arrive":
+                    self.admit(payload, now)
+                else:
+                    entry, node, seconds = payload
+                    self.done(entry, node, seconds, now)
+            self._schedule_pending(now)
+        return self.result()
+
+    def result(self) -> PolicyResult:
+        unfinished = [j.name for j in self.trace.jobs if j.name not in self.finished]
+        if unfinished:
+            raise SimulationError(
+                f"policy {self.policy}: Job {unfinished[0]} never fits a Node of the cluster "
+                f"({len(unfinished)} Job(s) left waiting)"
+            )
+        first = min(j.arrival for j in self.trace.jobs)
+        return PolicyResult(
+            policy=self.policy,
+            jct=tuple(self.finished[j.name] - j.arrival for j in self.trace.jobs),
+            makespan=max(self.finished.values()) - first,
+            gpu_seconds=self.gpu_seconds,
+        )
+
+
+class SimulationError(ValueError):
+    """The trace cannot run on the cluster; the message says which Job and why."""
+
+
+def prediction_errors(
+    learned: Learned,
+    jobs: Sequence[TraceJob],
+    *,
+    truth: Truth,
+    node_products: frozenset[str],
+    config: Config,
+    catalog: Catalog,
+) -> dict[str, float]:
+    """Per product, the worst |predicted/true - 1| of the runtime over ``jobs``' workloads, as
+    ``kratos`` would rank them now. Predicted seconds are the ranking's relative times in the unit
+    the workload's own observations give them (the mean of observed/relative over its observed
+    products); a workload without observations (never seen) is profiled on its reference product,
+    and its true runtime there is the unit. True seconds: the workload's mean reference runtime
+    scaled by the truth."""
+    worst: dict[str, float] = {}
+    by_workload: dict[str, list[TraceJob]] = {}
+    for job in jobs:
+        by_workload.setdefault(job.workload, []).append(job)
+    for workload, group in by_workload.items():
+        job = group[0]
+        seconds = sum(j.reference_seconds for j in group) / len(group)
+        profile = learned.profiles.get(NAMESPACE, workload)
+        if profile is None or not profile.ready:
+            status = ProfileStatus.model_validate(
+                {"phase": "Ready", "metrics": dict(job.metrics), "gpu": {"product": job.reference_product}}
+            )
+            profile = WorkloadProfile(
+                metadata=ObjectMeta(name=v.profile_name(workload), namespace=NAMESPACE),
+                spec=ProfileSpec(workload=workload),
+                status=status,
+            )
+        assert profile.status is not None
+        ranked_now = ranking_of(
+            profile, node_products, config=config, catalog=catalog, calibration=learned.current()
+        )
+
+        def true_seconds(label: str, job: TraceJob = job, seconds: float = seconds) -> float:
+            return seconds * truth.relative_time(job.shares, reference=job.reference_product, product=label)
+
+        observed: dict[str, float] = {}
+        for o in profile.status.observations:
+            entry = catalog.placement(o.product)
+            if entry is not None and o.runs:
+                observed[entry.product] = float(o.mean_seconds)
+        units = [
+            math.log(observed[r.product.product] / r.relative_time)
+            for r in ranked_now
+            if r.product.product in observed
+        ]
+        if units:
+            unit = math.exp(sum(units) / len(units))
+        else:
+            unit = true_seconds(profile.status.gpu.product or job.reference_product)
+        for ranked in ranked_now:
+            error = abs(ranked.relative_time * unit / true_seconds(ranked.labels[0]) - 1)
+            worst[ranked.product.product] = max(worst.get(ranked.product.product, 0.0), error)
+    return worst
+
+
+def simulate(
+    trace: Trace,
+    nodes: Sequence[SimNode],
+    *,
+    truth: Truth,
+    config: Config,
+    catalog: Catalog,
+    seed: int = 1,
+    noise: float = 0.05,
+    policies: Sequence[Policy] = POLICIES,
+) -> SimulationResult:
+    results: dict[Policy, PolicyResult] = {}
+    learned = Learned(SimulatedProfiles())
+    for policy in policies:
+        run = PolicyRun(
+            policy, trace, nodes, truth=truth, config=config, catalog=catalog, seed=seed, noise=noise
+        )
+        results[policy] = run.run()
+        if policy == "kratos":
+            learned = Learned(run.profiles, run.calibration)
+    return simulation_result(results, learned, trace, nodes, truth=truth, config=config, catalog=catalog)
+
+
+def simulation_result(
+    results: dict[Policy, PolicyResult],
+    learned: Learned,
+    trace: Trace,
+    nodes: Sequence[SimNode],
+    *,
+    truth: Truth,
+    config: Config,
+    catalog: Catalog,
+) -> SimulationResult:
+    """The policies' results with the prediction error of what ``kratos`` learned (none without it),
+    for a modelled run and for one on a real cluster alike."""
+    products = frozenset(n.product for n in nodes if n.product)
+    errors = (
+        prediction_errors(
+            learned, trace.jobs, truth=truth, node_products=products, config=config, catalog=catalog
+        )
+        if "kratos" in results
+        else {}
+    )
+    return SimulationResult(results, errors, learned)

@@ -1,0 +1,89 @@
+"""How ``kratos-admit simulate`` shows its results: a table, and a plot of each policy's JCT
+distribution. matplotlib is the optional ``[plot]`` extra, imported only when a plot is asked for,
+so the base install stays light.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from kratos_admit.simulation.replay import SimulationResult
+
+Plotter = Callable[[SimulationResult, Path], None]
+
+
+class PlotError(ValueError):
+    """No plot can be drawn (the extra is not installed, or the file cannot be written)."""
+
+
+def _versus(default_jct: float, jct: float) -> str:
+    """How a policy's mean JCT compares with the default's, in words a reader cannot misread."""
+    if not jct or not default_jct:
+        return "-"
+    if default_jct >= jct:
+        return f"{default_jct / jct:.2f}x faster"
+    return f"{jct / default_jct:.2f}x slower"
+
+
+def format_results(result: SimulationResult) -> str:
+    header = ["POLICY", "MEAN JCT s", "P95 JCT s", "MAKESPAN s", "GPU-HOURS", "MEAN JCT VS DEFAULT"]
+    default = result.policies.get("default")
+    rows = []
+    for name, r in result.policies.items():
+        ratio = _versus(default.mean_jct, r.mean_jct) if default and name != "default" else "-"
+        rows.append(
+            [
+                name,
+                f"{r.mean_jct:.0f}",
+                f"{r.p95_jct:.0f}",
+                f"{r.makespan:.0f}",
+                f"{r.gpu_seconds / 3600:.1f}",
+                ratio,
+            ]
+        )
+    widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(header)]
+    lines = [
+        "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in [header, *rows]
+    ]
+    if result.prediction_error:
+        lines.append("")
+        lines.append("prediction error after the trace (worst |predicted/true - 1| over the workloads):")
+        lines += [f"  {p}: {e:.1%}" for p, e in sorted(result.prediction_error.items())]
+    return "\n".join(lines) + "\n"
+
+
+def load_plotter() -> Plotter:
+    """The plotting function, or a PlotError saying how to install the extra."""
+    try:
+        matplotlib: Any = importlib.import_module("matplotlib")
+    except ImportError:
+        raise PlotError(
+            "--plot needs matplotlib, which is not installed: pip install 'kratos-admit[plot]'"
+        ) from None
+    matplotlib.use("Agg")
+    pyplot: Any = importlib.import_module("matplotlib.pyplot")
+
+    def plot(result: SimulationResult, path: Path) -> None:
+        figure, axes = pyplot.subplots(figsize=(7.5, 4.2), dpi=120)
+        for name, r in result.policies.items():
+            ordered = sorted(s / 60 for s in r.jct)
+            share = [(i + 1) / len(ordered) for i in range(len(ordered))]
+            axes.step(ordered, share, where="post", label=f"{name} (mean {r.mean_jct / 60:.0f} min)")
+        axes.set_xscale("log")
+        axes.set_xlabel("job completion time (minutes, log scale)")
+        axes.set_ylabel("share of Jobs finished")
+        axes.set_title("JCT distribution per placement policy")
+        axes.grid(True, which="both", alpha=0.3)
+        axes.legend(loc="lower right")
+        figure.tight_layout()
+        try:
+            figure.savefig(path)
+        except (OSError, ValueError) as exc:
+            raise PlotError(f"--plot {path}: cannot write: {exc}") from None
+        finally:
+            pyplot.close(figure)
+
+    return plot
