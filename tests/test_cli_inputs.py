@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kratos_admit.cli.main import ExitStatus, main
+from kratos_admit.cli.common import ExitStatus
+from kratos_admit.cli.main import main
 from kratos_admit.webhook.certs import generate
 from tests.harness import EXAMPLES, REPO, free_port, kubeconfig_for
 

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kratos_admit.cli.main import ExitStatus, main
+from kratos_admit.cli.common import ExitStatus
+from kratos_admit.cli.main import main
 from tests.harness import EXAMPLES
 
 A100 = "NVIDIA-A100-SXM4-80GB"

@@ -14,7 +14,8 @@ from typing import Any
 
 import pytest
 
-from kratos_admit.cli.main import ExitStatus, main
+from kratos_admit.cli.common import ExitStatus
+from kratos_admit.cli.main import main
 from kratos_admit.domain import vocabulary as v
 from kratos_admit.domain.profile import WorkloadProfile
 from kratos_admit.edge.release import plan_release

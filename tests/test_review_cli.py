@@ -18,7 +18,8 @@ import yaml
 
 from kratos_admit.admission.engine import build_engine
 from kratos_admit.admission.review import OutputForm, review_batches
-from kratos_admit.cli.main import ExitStatus, main
+from kratos_admit.cli.common import ExitStatus
+from kratos_admit.cli.main import main
 from kratos_admit.domain import vocabulary as v
 from kratos_admit.domain.config import Config
 from kratos_admit.edge.files import FileNodeStore, FileProfileStore

@@ -27,7 +27,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from kratos_admit.cli.main import ExitStatus
+from kratos_admit.cli.common import ExitStatus
 from kratos_admit.webhook.certs import generate
 from tests.builders import make_job
 from tests.harness import (

@@ -1,0 +1,151 @@
+"""simulate: a trace replayed under each placement policy, on the model or on a real cluster."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+from pathlib import Path
+from typing import Any, TextIO
+
+from kratos_admit.cli.common import (
+    CONFIG_HELP,
+    Command,
+    ExitStatus,
+    UsageError,
+    add_command,
+    add_path,
+    config_of,
+)
+from kratos_admit.domain.catalog import Catalog, load_catalog
+from kratos_admit.domain.config import Config
+from kratos_admit.simulation.inputs import load_cluster, load_trace, load_truth
+from kratos_admit.simulation.replay import SimulationError, SimulationResult, Trace, Truth, simulate
+from kratos_admit.simulation.report import format_results, load_plotter
+from kratos_admit.simulation.scheduling import SimNode
+
+
+def add_simulate_command(commands: Any) -> None:
+    simulate = add_command(
+        commands, "simulate", help="replay a trace of Jobs on a modelled cluster under each placement policy"
+    )
+    add_path(
+        simulate, "--cluster", "FILE", "Node YAML of the cluster (product labels, nvidia.com/gpu capacity)"
+    )
+    add_path(simulate, "--trace", "FILE", "the trace: {jobs: [{name, workload, arrival, gpus, ...}]}")
+    add_path(simulate, "--truth", "FILE", "each product's real sustained figures (default: the catalog's)")
+    add_path(simulate, "--config", "FILE", CONFIG_HELP)
+    simulate.add_argument(
+        "--seed", type=int, default=1, metavar="N", help="seed of the runtime noise and ties"
+    )
+    simulate.add_argument(
+        "--noise", type=float, default=0.05, metavar="F", help="runs vary within 1 +- F of the model"
+    )
+    simulate.add_argument(
+        "-o", "--output", choices=("table", "json"), default="table", help="a table for people, or JSON"
+    )
+    add_path(simulate, "--plot", "FILE", "also draw each policy's JCT distribution into FILE (needs [plot])")
+    add_path(
+        simulate,
+        "--kubeconfig",
+        "FILE",
+        "run on this cluster instead of the model: fake Nodes, its API server and kube-scheduler",
+    )
+    simulate.add_argument(
+        "--time-scale",
+        type=float,
+        default=0.01,
+        metavar="F",
+        help="with --kubeconfig: real seconds per simulated second",
+    )
+
+
+def cmd_simulate(args: argparse.Namespace, stdout: TextIO, stderr: TextIO, stdin: TextIO) -> ExitStatus:
+    for flag, value in (("--cluster", args.cluster), ("--trace", args.trace)):
+        if value is None:
+            raise UsageError(f"simulate needs {flag} FILE")
+    if not 0 <= args.noise < 1:
+        raise UsageError(f"--noise: {args.noise} is not a fraction from 0 to below 1")
+    plot = None
+    if args.plot is not None:
+        plot = load_plotter()  # before the run: a missing extra is said at once
+    config = config_of(args)
+    catalog = load_catalog(config.catalog_file)
+    nodes = load_cluster(args.cluster, catalog)
+    trace = load_trace(args.trace, catalog)
+    truth = load_truth(args.truth, catalog)
+    if not 0 < args.time_scale <= 1:
+        raise UsageError(f"--time-scale: {args.time_scale} is not a fraction above 0 and at most 1")
+    try:
+        if args.kubeconfig is not None:
+            result = asyncio.run(
+                _simulate_on_cluster(
+                    args.kubeconfig,
+                    trace=trace,
+                    nodes=nodes,
+                    truth=truth,
+                    config=config,
+                    catalog=catalog,
+                    seed=args.seed,
+                    noise=args.noise,
+                    time_scale=args.time_scale,
+                )
+            )
+        else:
+            result = simulate(
+                trace, nodes, truth=truth, config=config, catalog=catalog, seed=args.seed, noise=args.noise
+            )
+    except SimulationError as exc:
+        raise UsageError(str(exc)) from None
+    if args.output == "json":
+        stdout.write(json.dumps(result.as_dict(), indent=2) + "\n")
+    else:
+        stdout.write(format_results(result))
+    if plot is not None:
+        plot(result, args.plot)
+    return ExitStatus.OK
+
+
+async def _simulate_on_cluster(
+    kubeconfig: Path,
+    *,
+    trace: Trace,
+    nodes: list[SimNode],
+    truth: Truth,
+    config: Config,
+    catalog: Catalog,
+    seed: int,
+    noise: float,
+    time_scale: float,
+) -> SimulationResult:
+    from aiohttp import ClientError  # noqa: PLC0415 (see LAZY_ERRORS)
+    from kubernetes_asyncio.client.exceptions import ApiException  # noqa: PLC0415
+
+    from kratos_admit.edge.kube import api_client, check_reachable  # noqa: PLC0415
+    from kratos_admit.simulation.on_cluster import simulate_on_cluster  # noqa: PLC0415
+
+    api = await api_client(kubeconfig)
+    try:
+        await check_reachable(api)
+        return await simulate_on_cluster(
+            api,
+            trace,
+            nodes,
+            truth=truth,
+            config=config,
+            catalog=catalog,
+            seed=seed,
+            noise=noise,
+            time_scale=time_scale,
+        )
+    except ApiException as exc:
+        raise UsageError(
+            f"--kubeconfig {kubeconfig}: the API server refused: {exc.status} {exc.reason}"
+        ) from None
+    except ClientError as exc:
+        raise UsageError(f"--kubeconfig {kubeconfig}: cannot reach the API server: {exc}") from None
+    finally:
+        await api.close()
+
+
+COMMANDS: dict[str, Command] = {"simulate": cmd_simulate}
