@@ -115,6 +115,12 @@ ROWS = {
     "review-spec-a-string": Row(
         lambda p: review("-f", p.file("j.yaml", job_with(spec="oops")), *p.key),
         "j.yaml: document 1: spec: must be a mapping, found the string 'oops'"),
+    "review-list-whose-items-is-a-mapping": Row(
+        lambda p: review("-f", p.file("l.yaml", "apiVersion: v1\nkind: List\nitems: {a: 1}\n"), *p.key),
+        "l.yaml: document 1: kind List: items: must be a list, found a mapping"),
+    "review-joblist-whose-items-is-a-string": Row(
+        lambda p: review("-f", p.file("l.yaml", "---\napiVersion: batch/v1\nkind: JobList\nitems: oops\n"), *p.key),
+        "l.yaml: document 1: kind JobList: items: must be a list, found the string 'oops'"),
     "review-containers-not-a-list": Row(
         lambda p: review("-f", p.file("j.yaml", job_with(spec__template__spec__containers={"a": 1})), *p.key),
         "spec.template.spec.containers: must be a list, found a mapping"),
@@ -286,3 +292,20 @@ def test_an_argument_error_shows_the_subcommands_usage_then_one_line(argv: list[
     assert text.startswith(usage), text
     *usage_lines, last = text.splitlines()
     assert error in last and all(error not in line for line in usage_lines)
+
+
+def test_a_list_on_stdin_whose_items_is_not_a_list_is_refused_in_one_line_not_echoed():
+    """Issue 23: `review -f -` echoed such a document and exited 0."""
+    out, err = io.StringIO(), io.StringIO()
+    status = main(
+        ["review", "-f", "-"],
+        stdout=out,
+        stderr=err,
+        stdin=io.StringIO("apiVersion: v1\nkind: List\nitems: {a: 1}\n"),
+    )
+    assert status == ExitStatus.UNUSABLE
+    assert out.getvalue() == ""
+    assert (
+        err.getvalue()
+        == "kratos-admit: <stdin>: document 1: kind List: items: must be a list, found a mapping\n"
+    )

@@ -52,20 +52,27 @@ def split_documents(text: str, origin: str) -> list[object]:
     into their items (as kubectl reads manifests)."""
     documents: list[object] = []
     try:
-        for doc in _json_or_yaml_stream(text):
+        for number, doc in enumerate(_json_or_yaml_stream(text), start=1):
             if doc is None:
                 continue
-            if (
-                isinstance(doc, dict)
-                and str(doc.get("kind", "")).endswith("List")
-                and isinstance(doc.get("items"), list)
-            ):
-                documents.extend(doc["items"])
+            if isinstance(doc, dict) and str(doc.get("kind", "")).endswith("List"):
+                documents.extend(_list_items(doc, f"{origin}: document {number}"))
             else:
                 documents.append(doc)
     except yaml.YAMLError as exc:
         raise ManifestError(f"{origin}: not valid YAML: {yaml_problem(exc)}") from None
     return documents
+
+
+def _list_items(doc: dict[str, Any], where: str) -> list[object]:
+    """A ``*List``'s items; kubectl refuses one whose ``items`` is not a list, and so do we, rather
+    than echo it back as if it were an object to admit."""
+    items = doc.get("items")
+    if items is None:
+        return []
+    if not isinstance(items, list):
+        raise ManifestError(f"{where}: kind {doc.get('kind')}: items: must be a list, found {_a(items)}")
+    return items
 
 
 def _json_or_yaml_stream(text: str) -> Iterable[object]:
