@@ -102,11 +102,60 @@ def apply_patch(obj: dict[str, Any], patch: list[dict[str, Any]]) -> dict[str, A
 
 
 def readme_overlay(registry: str = "registry.example.com/gpu") -> str:
-    """The README install section's overlay (``my-kratos/kustomization.yaml``), registry filled in."""
+    """The overlay of the README's install steps (``my-kratos/kustomization.yaml``), registry filled in."""
     text = (REPO / "README.md").read_text(encoding="utf-8")
     found = re.search(r"cat > my-kratos/kustomization.yaml <<YAML\n(.*?)\nYAML\n", text, re.S)
-    assert found, "the README's install section has the overlay"
+    assert found, "the README's install steps have the overlay"
     return found.group(1).replace("REGISTRY", registry)
+
+
+_FENCE = re.compile(r"^ {0,3}(```|~~~)")
+_HEADING = re.compile(r"^ {0,3}#{1,6}[ \t]+(.+?)(?:[ \t]+#+)?[ \t]*$")
+_LINK = re.compile(r"!?\[(?:[^\[\]]|\[[^\]]*\])*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
+
+
+def markdown_prose(text: str) -> list[str]:
+    """The lines of a Markdown page outside fenced code blocks (a ``# 1.`` in a shell block is no heading)."""
+    lines, fenced = [], False
+    for line in text.splitlines():
+        if _FENCE.match(line):
+            fenced = not fenced
+        elif not fenced:
+            lines.append(line)
+    return lines
+
+
+def github_anchor(heading: str) -> str:
+    """GitHub's anchor for a heading's text: the rendered text (code marks, emphasis and link targets
+    gone) in lower case, every character but letters, digits, spaces, ``-`` and ``_`` dropped, and
+    each space a ``-``."""
+    text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", heading.strip())
+    text = text.replace("`", "").replace("*", "")
+    return re.sub(r"[^\w\- ]", "", text.lower()).replace(" ", "-")
+
+
+def markdown_anchors(path: Path) -> set[str]:
+    """Every anchor a Markdown page has on GitHub: one per heading (``-1``, ``-2`` after a repeat) and
+    each HTML ``id``/``name``."""
+    anchors: set[str] = set()
+    seen: dict[str, int] = {}
+    for line in markdown_prose(path.read_text(encoding="utf-8")):
+        heading = _HEADING.match(line)
+        if heading:
+            anchor = github_anchor(heading.group(1))
+            count = seen.get(anchor, 0)
+            seen[anchor] = count + 1
+            anchors.add(anchor if count == 0 else f"{anchor}-{count}")
+        anchors.update(re.findall(r"<a\s+(?:id|name)=\"([^\"]+)\"", line))
+    return anchors
+
+
+def markdown_links(path: Path) -> list[str]:
+    """The targets of a Markdown page's inline links and images, outside code blocks and code spans."""
+    targets = []
+    for line in markdown_prose(path.read_text(encoding="utf-8")):
+        targets += _LINK.findall(re.sub(r"`[^`]*`", "", line))
+    return targets
 
 
 def kubectl() -> str:

@@ -37,6 +37,7 @@ from tests.harness import (
     REPO,
     engine,
     free_port,
+    github_anchor,
     make_ctx,
     readme_overlay,
     render,
@@ -134,11 +135,6 @@ def test_every_alert_and_panel_query_names_exported_metrics_with_their_labels(ex
         assert set(labels) <= known, (labels, names)
 
 
-def _anchor(heading: str) -> str:
-    """GitHub's anchor for a Markdown heading."""
-    return re.sub(r"[^a-z0-9 _-]", "", heading.strip().lower()).replace(" ", "-")
-
-
 @pytest.mark.parametrize(
     ("alert", "metric"),
     [
@@ -149,19 +145,21 @@ def _anchor(heading: str) -> str:
         ("KratosControllerNoLeader", "kratos_controller_leader"),
     ],
 )
-def test_each_alert_design_names_has_a_summary_a_description_and_a_runbook_in_the_readme(
+def test_each_alert_design_names_has_a_summary_a_description_and_a_runbook_in_the_operations_guide(
     alert: str, metric: str
 ):
     [rule] = [r for r in alert_rules() if r.get("alert") == alert]
     assert metric in rule["expr"]
     annotations = rule["annotations"]
     assert annotations["summary"] and annotations["description"]
-    readme = (REPO / "README.md").read_text()
-    alerts = readme.split("## Troubleshooting", 1)[1].split("\n### Alerts\n", 1)[1].split("\n## ", 1)[0]
+    guide = (REPO / "docs" / "operations.md").read_text()
+    alerts = guide.split("## Troubleshooting", 1)[1].split("\n### Alerts\n", 1)[1].split("\n## ", 1)[0]
     alerts = alerts.split("\n### ", 1)[0]
-    anchors = {_anchor(h) for h in re.findall(r"^#### (.+)$", alerts, re.M)}
-    assert annotations["runbook_url"] == f"README.md#{_anchor(alert)}"
-    assert _anchor(alert) in anchors, f"README Troubleshooting > Alerts has no section {alert}"
+    anchors = {github_anchor(h) for h in re.findall(r"^#### (.+)$", alerts, re.M)}
+    assert annotations["runbook_url"] == f"docs/operations.md#{github_anchor(alert)}"
+    assert github_anchor(alert) in anchors, (
+        f"docs/operations.md Troubleshooting > Alerts has no section {alert}"
+    )
     assert rule["labels"]["severity"] in ("warning", "critical")
 
 

@@ -185,6 +185,25 @@ def test_priority_annotation_maps_to_priority_class_on_jobs():
     assert any("applied to Jobs only" in w for w in result.decision.warnings)
 
 
+@pytest.mark.parametrize(
+    "priority_classes",
+    [
+        pytest.param({}, id="default-config-maps-none"),
+        pytest.param({"high": "gpu-high"}, id="other-keys-mapped"),
+    ],
+)
+@pytest.mark.parametrize("make", [make_job, make_pod], ids=["job", "pod"])
+def test_a_priority_mapped_to_no_class_sets_nothing_and_says_so(priority_classes, make):
+    eng = engine(make_ctx(priorityClasses=priority_classes), [PROFILE])
+    result, mutated = mutate_and_check(make().annotate(v.PRIORITY_ANNOTATION, "normal").obj(), eng)
+    assert result.decision.allowed
+    assert "priorityClassName" not in _pod_spec(mutated)
+    assert [w for w in result.decision.warnings if v.PRIORITY_ANNOTATION in w] == [
+        f"{v.PRIORITY_ANNOTATION}: normal has no effect: the configuration's priorityClasses maps 'normal' "
+        "to no PriorityClass (set priorityClasses.normal to use it)"
+    ]
+
+
 def test_profile_runtime_class_overrides_the_configured_default():
     profile = make_profile(runtime_class="nvidia-legacy")
     _, mutated = mutate_and_check(make_job().obj(), engine(make_ctx(), [profile]))

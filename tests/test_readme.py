@@ -1,5 +1,6 @@
 """The README and docs/ are part of the product: the README's two opening commands and install steps
-run as written, and the reference names every label, annotation, metric and field the code has."""
+run as written, every relative link and alert runbook lands on a page and a heading that exist, and
+the reference names every label, annotation, rule, setting, metric and field the code has."""
 
 from __future__ import annotations
 
@@ -14,14 +15,34 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 from kratos_admit.domain import vocabulary
-from tests.harness import REPO, kubectl, render
+from tests.harness import REPO, github_anchor, kubectl, markdown_anchors, markdown_links, render
 
 
 def readme() -> str:
     return (REPO / "README.md").read_text()
+
+
+def section(page: str, heading: str) -> str:
+    """One ``## heading`` section of a page, up to the next ``## `` heading."""
+    text = (REPO / page).read_text(encoding="utf-8")
+    assert f"\n{heading}\n" in text, f"{page} has no section {heading!r}"
+    return text.split(f"\n{heading}\n", 1)[1].split("\n## ", 1)[0]
+
+
+def test_the_readme_is_a_front_page():
+    """Issue 23: what it is, how to try it, how to install it, and links into docs/ (which hold the rest)."""
+    text = readme()
+    assert len(text.splitlines()) <= 250
+    headings = [line for line in text.splitlines() if line.startswith("## ")]
+    wanted = ["## What it does", "## Install on a cluster", "## Documentation"]
+    assert [h for h in headings if h in wanted] == wanted, headings
+    linked = {target.split("#", 1)[0] for target in markdown_links(REPO / "README.md")}
+    pages = {str(p.relative_to(REPO)) for p in (REPO / "docs").glob("*.md")}
+    assert pages - linked == set(), "the README links every page of docs/"
 
 
 def test_readme_opens_with_the_two_commands_and_ci_runs_the_second():
@@ -38,8 +59,8 @@ def test_readme_opens_with_the_two_commands_and_ci_runs_the_second():
 
 
 def test_every_kubectl_get_with_watch_names_one_resource_type():
-    """kubectl refuses -w with more than one resource type; the README's commands run as written."""
-    for line in readme().splitlines():
+    """kubectl refuses -w with more than one resource type; the docs' commands run as written."""
+    for line in "\n".join(docs().values()).splitlines():
         command = line.split("#", 1)[0]
         if command.startswith("kubectl") and " get " in command and " -w" in command.split():
             kinds = command.split(" get ", 1)[1].split()[0]
@@ -49,7 +70,7 @@ def test_every_kubectl_get_with_watch_names_one_resource_type():
 def test_every_configuration_key_is_documented():
     from kratos_admit.domain.config import Config
 
-    table = readme().split("## Configuration", 1)[1]
+    table = section("docs/reference.md", "## Configuration")
     missing = [f.alias for f in Config.model_fields.values() if f.alias and f"`{f.alias}`" not in table]
     assert missing == []
 
@@ -57,7 +78,8 @@ def test_every_configuration_key_is_documented():
 def test_every_validation_rule_is_documented():
     from kratos_admit.domain.fields import RULES
 
-    assert [rule for rule in RULES if f"| `{rule}` |" not in readme()] == []
+    table = section("docs/reference.md", "## Validation rules")
+    assert [rule for rule in RULES if f"| `{rule}` |" not in table] == []
 
 
 def install_step(number: int) -> list[str]:
@@ -161,6 +183,64 @@ def test_nothing_in_the_docs_sends_a_reader_outside_the_repository():
                 continue
             resolved = ((REPO / page).parent / target).resolve()
             assert resolved.is_relative_to(REPO) and resolved.exists(), (page, target)
+
+
+def test_every_relative_link_lands_on_a_file_and_a_heading_that_exist():
+    """A link in the README or docs/ names a file in the repository, and its ``#anchor`` (GitHub's
+    anchor of a heading) exists in that page, or in the same page for a bare ``#anchor``."""
+    broken = []
+    checked = 0
+    for page in docs():
+        source = REPO / page
+        for target in markdown_links(source):
+            if re.match(r"[a-z]+:", target):
+                continue
+            path, _, anchor = target.partition("#")
+            resolved = (source.parent / path).resolve() if path else source
+            checked += 1
+            if not resolved.is_relative_to(REPO) or not resolved.exists():
+                broken.append((page, target, "no such file"))
+            elif anchor and resolved.suffix == ".md" and anchor not in markdown_anchors(resolved):
+                broken.append((page, target, "no such heading"))
+    assert checked > 50, "the link pattern still finds the links"
+    assert broken == []
+
+
+@pytest.mark.parametrize(
+    ("heading", "anchor"),
+    [
+        pytest.param("Review suites (`kratos-admit test`)", "review-suites-kratos-admit-test", id="code-and-brackets"),
+        pytest.param("Calibration: learning the cluster's own GPUs", "calibration-learning-the-clusters-own-gpus", id="punctuation"),
+        pytest.param("Who may write KRATOS-only keys", "who-may-write-kratos-only-keys", id="hyphen-kept"),
+        pytest.param("KratosCertificateExpiringSoon", "kratoscertificateexpiringsoon", id="alert"),
+        pytest.param("The [ranking](ranking.md) model", "the-ranking-model", id="link-text-only"),
+        pytest.param("snake_case stays", "snake_case-stays", id="underscore-kept"),
+    ],
+)  # fmt: skip
+def test_anchors_follow_githubs_rule(heading: str, anchor: str):
+    assert github_anchor(heading) == anchor
+
+
+def test_a_repeated_heading_and_a_heading_in_a_code_block_are_anchored_as_github_does(tmp_path: Path):
+    page = tmp_path / "page.md"
+    page.write_text("# Title\n\n## Steps\n\n```sh\n# 1. not a heading\n```\n\n## Steps\n")
+    assert markdown_anchors(page) == {"title", "steps", "steps-1"}
+
+
+def runbook_urls() -> list[tuple[str, str]]:
+    rules = yaml.safe_load((REPO / "webhook-config/components/prometheus/prometheusrule.yaml").read_text())
+    return [
+        (r["alert"], r["annotations"]["runbook_url"]) for g in rules["spec"]["groups"] for r in g["rules"]
+    ]
+
+
+def test_every_alert_runbook_url_names_a_page_and_a_heading_that_exist():
+    urls = runbook_urls()
+    assert len(urls) >= 5
+    for alert, url in urls:
+        path, _, anchor = url.partition("#")
+        assert (REPO / path).is_file() and anchor, (alert, url)
+        assert anchor in markdown_anchors(REPO / path), (alert, url)
 
 
 def reference() -> str:

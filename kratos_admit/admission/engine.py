@@ -45,7 +45,7 @@ class RunsUnderWay:
     passes: the API server may still have refused the Job), later Jobs of the workload are held
     as followers of this run instead of being profiled again. Memory only, and never written for
     a dry run, so the webhook keeps ``sideEffects: None``. Another replica does not see it: see
-    README "One profiling run per workload" for the race that remains.
+    docs/profiling.md "One profiling run per workload" for the race that remains.
     """
 
     def __init__(self, ttl: float = 60.0, clock: Callable[[], float] = time.monotonic) -> None:

@@ -65,7 +65,7 @@ def add_path(parser: argparse.ArgumentParser, flag: str, metavar: str, help_text
     parser.add_argument(flag, type=Path, metavar=metavar, help=help_text)
 
 
-CONFIG_HELP = "YAML configuration file (KRATOS_* environment variables override it; see README)"
+CONFIG_HELP = "YAML configuration file (KRATOS_* environment variables override it; see docs/reference.md)"
 KUBECONFIG_HELP = "kubeconfig file (default: in-cluster account, else $KUBECONFIG, else ~/.kube/config)"
 
 # the flag that sets each configuration key, so that a bad value names the flag the user typed

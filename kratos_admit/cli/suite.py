@@ -78,7 +78,7 @@ def find_suites(directory: Path) -> list[Path]:
         raise SuiteError(f"{directory}: no such directory")
     found = sorted(directory.rglob(SUITE_FILE))
     if not found:
-        raise SuiteError(f'{directory}: holds no {SUITE_FILE} (README "Review suites" shows one)')
+        raise SuiteError(f'{directory}: holds no {SUITE_FILE} (docs/reference.md "Review suites" shows one)')
     return found
 
 

@@ -32,7 +32,7 @@ from kratos_admit.domain.quantity import parse_quantity
 
 StoreSource = Literal["cluster", "files"]
 ENV_PREFIX = "KRATOS_"
-# KRATOS_* variables that are read by something else and name no setting (README "Configuration").
+# KRATOS_* variables that are read by something else and name no setting (docs/reference.md "Configuration").
 NOT_SETTINGS: frozenset[str] = frozenset(
     {
         "KRATOS_E2E_KUBECONFIG",  # the end-to-end tests' cluster (tests/e2e)
@@ -165,7 +165,7 @@ def _env_overrides(environ: Mapping[str, str]) -> tuple[dict[str, Any], dict[str
         if key is None:
             close = difflib.get_close_matches(variable, list(settings), n=1, cutoff=0.8)
             hint = f" (did you mean {close[0]}?)" if close else ""
-            raise ConfigError(f"{variable}: no such setting{hint}; every key's variable is in the README")
+            raise ConfigError(f"{variable}: no such setting{hint}; docs/reference.md lists them")
         raw = environ[variable]
         field = Config.model_fields[_field_name(key)]
         try:

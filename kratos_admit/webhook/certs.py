@@ -3,7 +3,7 @@
 kubeadm's split: a CA of 10 years and a serving certificate of 1 year, so the serving certificate
 rotates (``rotate``) many times under one CA and the webhook configurations' ``caBundle`` stays
 put. What outlives a rotation is never replaced unless asked: a new CA needs a ``caBundle`` roll,
-and a new signing key invalidates every object KRATOS signed (README "Rotating certificates").
+and a new signing key invalidates every object KRATOS signed (docs/operations.md "Rotating certificates").
 """
 
 from __future__ import annotations
@@ -147,7 +147,7 @@ def _issue_serving(
     if not_after > authority.cert.not_valid_after_utc:
         raise CertsError(
             f"{directory / CA_CERT} expires {authority.cert.not_valid_after_utc:%Y-%m-%d}, before the serving "
-            f'certificate would ({not_after:%Y-%m-%d}): roll the CA first (--new-ca, README "Rotating certificates")'
+            f'certificate would ({not_after:%Y-%m-%d}): roll the CA first (--new-ca, docs/operations.md "Rotating certificates")'
         )
     key = ec.generate_private_key(ec.SECP256R1())
     cert = (

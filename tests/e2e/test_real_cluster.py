@@ -5,7 +5,7 @@ from the rendered ``webhook-config/`` (CRD, Namespace, ServiceAccounts, RBAC, bo
 configurations pointed at a webhook served here), and the webhook and the controller run here with
 tokens of their own ServiceAccounts (TokenRequest), so every call they make meets the install's
 RBAC. Fake GPU Nodes (two of them tainted ``nvidia.com/gpu=present:NoSchedule``) stand in for GPU
-machines, and ``kubelet()`` for their kubelets. The last test uninstalls, in the README's order.
+machines, and ``kubelet()`` for their kubelets. The last test uninstalls, in the order of docs/operations.md "Uninstall".
 """
 
 from __future__ import annotations
@@ -346,7 +346,7 @@ async def test_a_webhook_rollout_fails_no_create(kratos, namespace):
     print(f"rollout: {answered} dry-run creates admitted, {len(failures)} failed")
 
 
-# --- uninstall, in the README's order (last) --------------------------------------------------------------------
+# --- uninstall, in the order of docs/operations.md (last) -------------------------------------------------------
 
 
 async def test_zz_uninstall_in_order_leaves_nothing_stuck(kratos, namespace):
