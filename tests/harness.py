@@ -550,6 +550,23 @@ def execution_jobs(kube: KubeDouble) -> list[dict[str, Any]]:
     return [j for j in kube.items(*JOBS) if j["metadata"].get("labels", {}).get(v.ROLE_LABEL) == "execution"]
 
 
+async def controller_outcome(
+    profiling_job: dict[str, Any], termination_message: str, *, signing_key: bytes
+) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
+    """What the controller, against the API double, makes of a profiling Job that ended with its
+    runner's ``termination_message``: the WorkloadProfile it published and the execution Jobs."""
+    kube = KubeDouble()
+    job = clone(profiling_job)
+    job["metadata"]["uid"] = f"uid-{job['metadata']['name']}"
+    done = finish(job)
+    kube.put(*JOBS, done)
+    kube.put(*PODS, runner_pod(done, termination_message))
+    async with api_server(kube) as server, controller_running(server, signing_key=signing_key):
+        created = await eventually(lambda: execution_jobs(kube))
+    workload = job["metadata"]["labels"][v.WORKLOAD_LABEL]
+    return kube.get(*PROFILES, job["metadata"]["namespace"], v.profile_name(workload)), created
+
+
 ENDPOINT_PERIOD = 0.2  # how fast endpoints follow a pod's readiness
 PROBE_TIMEOUT = 1.0  # the kubelet's default timeoutSeconds
 FAILURE_THRESHOLD = (

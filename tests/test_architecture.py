@@ -245,7 +245,13 @@ def test_the_version_is_written_once_and_the_image_tag_follows_it():
     assert Path(kratos_admit.__file__).read_text("utf-8").count("__version__ =") == 1
 
 
-SHARED_TEST_HELPERS = {"tests.builders", "tests.harness", "tests.kube_double", "tests.pod_security"}
+SHARED_TEST_HELPERS = {
+    "tests.builders",
+    "tests.harness",
+    "tests.kube_double",
+    "tests.local_kubelet",
+    "tests.pod_security",
+}
 
 
 @pytest.mark.parametrize("module", sorted((REPO / "tests").glob("*.py")), ids=lambda p: p.name)

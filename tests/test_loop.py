@@ -24,20 +24,11 @@ from kratos_admit.domain.signing import load_signing_key
 from kratos_runner.cli import main as kratos_runner
 from tests.harness import (
     EXAMPLES,
-    JOBS,
-    PODS,
-    PROFILES,
     STAND_IN_NCU,
     T4_REPORT,
-    api_server,
     assert_valid_kubernetes,
-    controller_running,
-    eventually,
-    execution_jobs,
-    finish,
-    runner_pod,
+    controller_outcome,
 )
-from tests.kube_double import KubeDouble
 
 SIGNING_KEY = "f" * 64
 
@@ -93,14 +84,9 @@ async def test_profile_once_then_every_run_is_placed_by_the_profile(
     termination_message = (tmp_path / "termination-log").read_text()
 
     # 3. the Job finishes; the controller publishes the profile and releases the execution Job
-    kube = KubeDouble()
-    profiling_job["metadata"]["uid"] = "uid-vector-add"
-    done = finish(profiling_job)
-    kube.put(*JOBS, done)
-    kube.put(*PODS, runner_pod(done, termination_message))
-    async with api_server(kube) as server, controller_running(server, signing_key=load_signing_key(key)):
-        created = await eventually(lambda: execution_jobs(kube))
-    profile = kube.get(*PROFILES, "team-a", "vector-add-profile")
+    profile, created = await controller_outcome(
+        profiling_job, termination_message, signing_key=load_signing_key(key)
+    )
     assert profile is not None and profile["status"]["phase"] == "Ready"
     assert profile["status"]["boundType"] == "memory"  # the T4 report: 78.9 % memory vs 29.4 % SM
 
