@@ -204,8 +204,8 @@ def profiling_plan(workload: Workload, gpus: PodGpus, config: Config) -> Profili
     )
     why = (
         f"{named} is an interpreter or launcher (config interpreters)"
-        if executable is not None
-        else f"command[0] {wrapped[0]!r} is not an absolute path, so only the workload's image can run it"
+        if executable is not None or is_interpreter(wrapped[0], config.interpreters)
+        else f"{named} is not an absolute path, so only the workload's image can run it"
     )
     return ProfilingPlan(target, None, wrapped, why)
 
