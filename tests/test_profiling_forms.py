@@ -6,6 +6,7 @@ staged form's output unchanged; and the controller recreating the user's origina
 from __future__ import annotations
 
 import io
+import re
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,7 @@ from tests.builders import PYTORCH_IMAGE, make_job, make_training_job
 from tests.harness import (
     DATA,
     EXAMPLES,
+    REPO,
     TEST_KEY,
     admit,
     assert_valid_kubernetes,
@@ -219,6 +221,13 @@ def test_what_no_form_can_wrap_gets_base_hints_and_a_warning_that_says_how(build
 )
 def test_interpreters_match_by_file_name_with_a_version_suffix(path, expected):
     assert is_interpreter(path, DEFAULT_INTERPRETERS) is expected
+
+
+def test_the_docs_list_every_default_interpreter_and_no_other():
+    text = (REPO / "docs" / "profiling-forms.md").read_text("utf-8")
+    section = text.split("The default:", 1)[1].split("\n\n", 1)[1].split("\n\nEach of these", 1)[0]
+    listed = re.findall(r"`([^`]+)`", section)
+    assert sorted(listed) == sorted(DEFAULT_INTERPRETERS)
 
 
 # --- review: the staged form byte for byte, the PyTorch example in the in-image form -----------------
