@@ -17,7 +17,15 @@ from kratos_admit import vocabulary as v
 from kratos_admit.cli import ExitStatus, main
 from kratos_admit.config import DEFAULT_INTERPRETERS
 from kratos_admit.profiling import decode_original_template, is_interpreter
-from kratos_controller.reconcile import ContainerEnd, CreateExecutionJob, Observed, reconcile
+from kratos_controller.kube_io import container_ends
+from kratos_controller.reconcile import (
+    ContainerEnd,
+    CreateExecutionJob,
+    Observed,
+    PublishProfile,
+    pod_failure,
+    reconcile,
+)
 from tests.builders import PYTORCH_IMAGE, make_job, make_training_job
 from tests.harness import (
     DATA,
@@ -280,7 +288,8 @@ def test_review_of_the_pytorch_example_shows_the_in_image_form(tmp_path: Path):
 # --- the controller: the execution Job is the user's original, whatever the form ---------------------
 
 
-def test_the_execution_job_after_an_in_image_run_has_the_users_original_command():
+def in_image_profiling_job() -> tuple[dict[str, Any], dict[str, Any]]:
+    """(the user's Job, the webhook's in-image rewrite of it, as the API server stores it)."""
     user = (
         make_training_job().command("torchrun", "--nproc_per_node=2", "train.py").args("--epochs", "90").obj()
     )
@@ -288,6 +297,11 @@ def test_the_execution_job_after_an_in_image_run_has_the_users_original_command(
     assert result.decision.action == "profiling" and result.decision.mutated is not None
     job = result.decision.mutated
     job["metadata"]["uid"] = "uid-train"
+    return user, job
+
+
+def test_the_execution_job_after_an_in_image_run_has_the_users_original_command():
+    user, job = in_image_profiling_job()
     summary = runner_summary()
     observed = Observed(
         job=finish(job), runner=ContainerEnd(exit_code=0, reason="Completed", message=summary)
@@ -300,3 +314,41 @@ def test_the_execution_job_after_an_in_image_run_has_the_users_original_command(
     assert container["args"] == ["--epochs", "90"] and container["image"] == PYTORCH_IMAGE
     assert "initContainers" not in pod_spec(execution)
     assert_valid_kubernetes(execution)
+
+
+STAGE_PROFILER_FAILED = ContainerEnd(66, "Error", "kratos: this image has no /opt/kratos/tools/kratos-runner")
+
+
+def test_a_failed_stage_profiler_is_named_in_the_profile_and_the_execution_job_is_still_created():
+    _, job = in_image_profiling_job()
+    observed = Observed(job=finish(job, "Failed"), pods_seen=True, stage=STAGE_PROFILER_FAILED)
+    assert pod_failure(observed) == (
+        "stage-profiler failed (exit 66): kratos: this image has no /opt/kratos/tools/kratos-runner"
+    )
+    actions = reconcile(observed, signing_key=TEST_KEY)
+    [status] = [a.status for a in actions if isinstance(a, PublishProfile)]
+    assert status.phase == "Failed" and "stage-profiler failed (exit 66)" in (status.message or "")
+    assert any(isinstance(a, CreateExecutionJob) for a in actions)
+
+
+def pod_with_init(name: str, exit_code: int) -> dict[str, Any]:
+    return {
+        "metadata": {"name": "train-abcde", "creationTimestamp": "2026-11-22T10:00:00Z"},
+        "status": {
+            "initContainerStatuses": [
+                {
+                    "name": name,
+                    "state": {"terminated": {"exitCode": exit_code, "reason": "Error", "message": "m"}},
+                }
+            ]
+        },
+    }
+
+
+@pytest.mark.parametrize("name", [v.STAGE_CONTAINER, v.STAGE_PROFILER_CONTAINER])
+def test_the_controller_reads_the_failure_of_either_staging_container(name):
+    runner, stage = container_ends([pod_with_init(name, 66)])
+    assert runner is None and stage == ContainerEnd(66, "Error", "m")
+    assert container_ends([pod_with_init(name, 0)]) == (None, None), (
+        "a staging copy that succeeded is no failure"
+    )
