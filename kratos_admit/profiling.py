@@ -397,7 +397,7 @@ STAGE_PROFILER_SCRIPT = (
     f"set -eu; if [ ! -x {v.TOOLS_IMAGE_PATH}/{v.TOOLS_RUNNER} ] || [ ! -x {v.TOOLS_IMAGE_PATH}/{v.TOOLS_NCU} ]; "
     f'then echo "kratos: this image has no {v.TOOLS_IMAGE_PATH}/{v.TOOLS_RUNNER} and {v.TOOLS_NCU}: '
     'set nsightComputeImage to the runner image built from runner/Dockerfile" >&2; exit 66; fi; '
-    f"cp -R {v.TOOLS_IMAGE_PATH}/. {v.TOOLS_MOUNT_PATH}/"
+    f"cp -RL {v.TOOLS_IMAGE_PATH}/. {v.TOOLS_MOUNT_PATH}/"
 )
 
 

@@ -6,7 +6,9 @@ staged form's output unchanged; and the controller recreating the user's origina
 from __future__ import annotations
 
 import io
+import os
 import re
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -111,7 +113,7 @@ def test_the_in_image_form_runs_the_users_command_in_the_users_own_image(command
     assert stage["name"] == v.STAGE_PROFILER_CONTAINER and stage["image"] == "registry.example/kratos-ncu:2"
     assert (
         stage["command"][:2] == ["sh", "-c"]
-        and "cp -R /opt/kratos/tools/. /kratos/tools/" in stage["command"][2]
+        and "cp -RL /opt/kratos/tools/. /kratos/tools/" in stage["command"][2]
     )
     assert stage["volumeMounts"] == [{"name": "kratos-tools", "mountPath": "/kratos/tools"}]
     assert {"name": "kratos-tools", "emptyDir": {}} in pod["volumes"]
@@ -352,3 +354,47 @@ def test_the_controller_reads_the_failure_of_either_staging_container(name):
     assert container_ends([pod_with_init(name, 0)]) == (None, None), (
         "a staging copy that succeeded is no failure"
     )
+
+
+# --- stage-profiler's copy, run for real --------------------------------------------------------------
+
+
+def stage_profiler_script(source: Path, target: Path) -> list[str]:
+    """stage-profiler's command from a real rewrite, its two fixed folders moved under tmp_path."""
+    _, mutated = mutate_and_check(make_training_job().command("python", "train.py").obj(), engine(make_ctx()))
+    [stage] = pod_spec(mutated)["initContainers"]
+    sh, flag, script = stage["command"]
+    moved = script.replace(v.TOOLS_IMAGE_PATH, "\0").replace(v.TOOLS_MOUNT_PATH, str(target))
+    return [sh, flag, moved.replace("\0", str(source))]
+
+
+def test_stage_profiler_copies_the_tools_keeping_modes_and_following_links(tmp_path: Path):
+    """Links are followed: a link out of the tools folder (to /opt/nvidia/...) would dangle in the
+    workload's image."""
+    source, target = tmp_path / "opt-kratos-tools", tmp_path / "kratos-tools"
+    (source / "nsight-compute" / "target" / "linux-desktop-glibc_2_11_3-x64").mkdir(parents=True)
+    target.mkdir()
+    for relative, text in (("kratos-runner", "#!runner"), ("nsight-compute/target/linux-desktop-glibc_2_11_3-x64/ncu", "#!ncu")):  # fmt: skip
+        (source / relative).write_text(text)
+        (source / relative).chmod(0o755)
+    (source / "nsight-compute" / "ncu").symlink_to("target/linux-desktop-glibc_2_11_3-x64/ncu")
+    done = subprocess.run(stage_profiler_script(source, target), capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
+    assert (target / "kratos-runner").read_text() == "#!runner" and os.access(
+        target / "kratos-runner", os.X_OK
+    )
+    ncu = target / "nsight-compute" / "ncu"
+    assert not ncu.is_symlink() and ncu.read_text() == "#!ncu" and os.access(ncu, os.X_OK)
+
+
+def test_stage_profiler_in_an_image_without_the_tools_fails_saying_which_image_to_use(tmp_path: Path):
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "kratos-tools").mkdir()
+    done = subprocess.run(
+        stage_profiler_script(tmp_path / "empty", tmp_path / "kratos-tools"),
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 66 and "set nsightComputeImage to the runner image" in done.stderr
+    assert list((tmp_path / "kratos-tools").iterdir()) == []
