@@ -178,6 +178,34 @@ def make_pod(name: str = "vector-add", namespace: str = NAMESPACE) -> PodBuilder
     return PodBuilder(name, namespace)
 
 
+PYTORCH_IMAGE = "nvcr.io/nvidia/pytorch:24.05-py3"
+
+
+def make_training_job(name: str = "train", namespace: str = NAMESPACE) -> JobBuilder:
+    """A PyTorch-style training Job as people write it: the framework's image, a working directory,
+    env (a value and a field reference), envFrom, a data volume, and stated resources; give it a
+    ``command`` (and ``args``) to profile."""
+    builder = make_job(name, namespace).spec(
+        volumes=[{"name": "data", "persistentVolumeClaim": {"claimName": "imagenet"}}]
+    )
+    builder.container().update(
+        image=PYTORCH_IMAGE,
+        imagePullPolicy="IfNotPresent",
+        workingDir="/workspace",
+        env=[
+            {"name": "DATA_DIR", "value": "/data/imagenet"},
+            {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+        ],
+        envFrom=[{"configMapRef": {"name": "train-config"}}],
+        volumeMounts=[{"name": "data", "mountPath": "/data", "readOnly": True}],
+        resources={
+            "requests": {"cpu": "8", "memory": "32Gi"},
+            "limits": {"memory": "32Gi", v.GPU_RESOURCE: 1},
+        },
+    )
+    return builder
+
+
 def make_profile(
     workload: str = "vector-add",
     *,

@@ -214,6 +214,25 @@ def admit(
     return answer(parse_review(review), webhook=webhook, engine=eng)
 
 
+def mutate_and_check(obj: dict[str, Any], eng: AdmissionEngine) -> tuple[ReviewResult, dict[str, Any]]:
+    """Run the mutating webhook and check every property DESIGN asks of its output: allowed, the
+    patch gives the returned object, valid against the Kubernetes schema, idempotent (mutating its
+    own output yields no patch), and admitted by the validating webhook."""
+    result = admit(obj, eng)
+    assert result.decision.allowed, result.decision.violations
+    mutated = result.decision.mutated
+    assert mutated is not None
+    assert apply_patch(obj, result.patch) == mutated, (
+        "the patch applied to the input gives the returned object"
+    )
+    assert_valid_kubernetes(mutated)
+    again = admit(mutated, eng)
+    assert again.patch == [] and again.outcome == "allowed", "mutating its own output yields no patch"
+    validated = admit(mutated, eng, webhook="validate")
+    assert validated.decision.allowed, validated.decision.violations
+    return result, mutated
+
+
 HOSTNAME = "kratos-webhook.kratos-system.svc"  # the serving certificate's name in tests
 
 

@@ -13,28 +13,11 @@ from kratos_admit.decisions.profiling import decode_original_template
 from kratos_admit.domain import vocabulary as v
 from kratos_admit.domain.signing import sign_block
 from tests.builders import make_job, make_pod, make_profile
-from tests.harness import TEST_KEY, admit, apply_patch, assert_valid_kubernetes, engine, make_ctx
+from tests.harness import TEST_KEY, admit, engine, make_ctx, mutate_and_check
 from tests.pod_security import restricted_violations
 
 GPU = v.GPU_RESOURCE
 PROFILE = make_profile()
-
-
-def mutate_and_check(obj, eng):
-    """Run the mutating webhook and check every property DESIGN asks of its output."""
-    result = admit(obj, eng)
-    assert result.decision.allowed, result.decision.violations
-    mutated = result.decision.mutated
-    assert mutated is not None
-    assert apply_patch(obj, result.patch) == mutated, (
-        "the patch applied to the input gives the returned object"
-    )
-    assert_valid_kubernetes(mutated)
-    again = admit(mutated, eng)
-    assert again.patch == [] and again.outcome == "allowed", "mutating its own output yields no patch"
-    validated = admit(mutated, eng, webhook="validate")
-    assert validated.decision.allowed, validated.decision.violations
-    return result, mutated
 
 
 TWO_TERMS = make_job().spec(

@@ -44,7 +44,7 @@ from tests.kube_double import KubeDouble
 # profile. Unusable input exits 2 with its reason; no Job is denied because it cannot be profiled.
 POD_NO_PROFILE = ("Pod", "hints", "Pods are never rewritten for profiling")
 ENTRYPOINT_JOB = ("Job", "hints", "runs its image's entrypoint")
-RELATIVE_COMMAND_JOB = ("Job", "hints", "command[0] 'sh' is not an absolute path")
+IN_IMAGE_JOB = ("Job", "profiling", "profiling form in-image")  # a shell or interpreter runs it
 HINTED_POD, HINTED_JOB = ("Pod", "hints", ""), ("Job", "hints", "")
 Decision = tuple[str, str, str]
 Expectation = tuple[int, list[Decision], int, list[Decision]] | tuple[str, str]
@@ -58,10 +58,16 @@ PROJECT_EXPECTED: dict[str, Expectation] = {
     "pod-two-tolerations-leading-blank-line.yaml": (0, [POD_NO_PROFILE], 0, [HINTED_POD]),
     "job-parallel-entrypoint.yaml": (0, [ENTRYPOINT_JOB], 0, [HINTED_JOB]),
     "job-kueue-generatename-suspended.yaml": (0, [ENTRYPOINT_JOB], 0, [HINTED_JOB]),
-    # command[0] is /bin/bash: profiled as the user wrote it
+    # command[0] is /bin/bash, a shell: profiled as the user wrote it, in its own image
     "job-shell-command-pvc.yaml": (
         0,
-        [("Job", "profiling", "runs once under Nsight Compute")],
+        [
+            (
+                "Job",
+                "profiling",
+                "profiling form in-image (Nsight Compute runs inside the workload's own image)",
+            )
+        ],
         0,
         [HINTED_JOB],
     ),
@@ -91,7 +97,7 @@ PROJECT_EXPECTED: dict[str, Expectation] = {
     ),
     # MIG slices; the user's own scheduling gate and finalizer are left alone
     "pod-mig-slice-with-gates.yaml": (0, [POD_NO_PROFILE], 0, [HINTED_POD]),
-    "job-mig-slice-restricted.yaml": (0, [RELATIVE_COMMAND_JOB], 0, [HINTED_JOB]),
+    "job-mig-slice-restricted.yaml": (0, [IN_IMAGE_JOB], 0, [HINTED_JOB]),
     "pod-mig-with-service-multidoc.yaml": (
         0,
         [POD_NO_PROFILE, ("Service", "none", "")],
@@ -107,7 +113,7 @@ OUTSIDE_EXPECTED: dict[str, Expectation] = {
     "embl-bard-gpu-pod-malformed-cpu.yaml": ("unusable", "limits[cpu]: '1000,' is not a valid quantity"),
     "jear-gpu-pod-missing-apiversion.yaml": ("unusable", "apiVersion is missing"),
     "gardenlinux-gpu-debug-pod.yaml": (0, [POD_NO_PROFILE], 0, [HINTED_POD]),
-    "instaslice-kueue-mig-job.yaml": (0, [RELATIVE_COMMAND_JOB], 0, [HINTED_JOB]),
+    "instaslice-kueue-mig-job.yaml": (0, [IN_IMAGE_JOB], 0, [HINTED_JOB]),
     "instaslice-mig-test-pod.yaml": (0, [POD_NO_PROFILE], 0, [HINTED_POD]),
     "instaslice-vllm-mig-pod-multidoc.yaml": (
         0,
@@ -140,10 +146,10 @@ OUTSIDE_EXPECTED: dict[str, Expectation] = {
         [("Namespace", "none", ""), ("ResourceClaimTemplate", "none", ""), HINTED_POD],
     ),
     "nvidia-gpu-operator-test-pod.yaml": (0, [POD_NO_PROFILE], 0, [HINTED_POD]),
-    # command[0] is /bin/bash: profiled as the user wrote it
+    # command[0] is /bin/bash, a shell: profiled as the user wrote it, in its own image
     "siwenshao-dyffusion-gpu-job.yaml": (
         0,
-        [("Job", "profiling", "runs once under Nsight Compute")],
+        [("Job", "profiling", "profiling form in-image")],
         0,
         [HINTED_JOB],
     ),

@@ -200,6 +200,12 @@ DENIED = [
         id="hint-executable-relative",
     ),
     pytest.param(
+        make_job().annotate(v.PROFILING_FORM_ANNOTATION, "inimage"),
+        "hint-format",
+        f"metadata.annotations[{v.PROFILING_FORM_ANNOTATION}]",
+        id="hint-profiling-form-unknown",
+    ),
+    pytest.param(
         make_job().annotate(v.SCHEDULER_ANNOTATION, "yunikorn"),
         "hint-format",
         f"metadata.annotations[{v.SCHEDULER_ANNOTATION}]",
@@ -310,7 +316,8 @@ ALLOWED = [
         .annotate(v.PROFILING_ANNOTATION, "false")
         .annotate(v.EXECUTABLE_ANNOTATION, "/usr/bin/app")
         .annotate(v.SCHEDULER_ANNOTATION, "volcano")
-        .annotate(v.PROFILE_SKIP_ANNOTATION, "10"),
+        .annotate(v.PROFILE_SKIP_ANNOTATION, "10")
+        .annotate(v.PROFILING_FORM_ANNOTATION, "in-image"),
         id="hint-formats",
     ),
     pytest.param(make_job().label(v.WORKLOAD_LABEL, "a" * 63), id="name-63-chars"),
@@ -336,8 +343,17 @@ def test_every_rule_has_a_denied_case():
             "spec.template.spec.containers",
             id="two-gpu-containers",
         ),
-        pytest.param(make_job().command("python3", "train.py"), f"{C0}.command", id="relative-command"),
+        pytest.param(
+            make_job().command("python3", "train.py").annotate(v.PROFILING_FORM_ANNOTATION, "staged"),
+            f"{C0}.command",
+            id="relative-command-staged-by-annotation",
+        ),
         pytest.param(make_job().command(), f"{C0}.command", id="no-command-no-annotation"),
+        pytest.param(
+            make_job().command().annotate(v.PROFILING_FORM_ANNOTATION, "in-image"),
+            f"{C0}.command",
+            id="no-command-in-image",
+        ),
     ],
 )
 def test_profiling_target_denies_only_profiling_asked_for_explicitly(builder, field):
@@ -349,9 +365,47 @@ def test_profiling_target_denies_only_profiling_asked_for_explicitly(builder, fi
 
 
 @pytest.mark.parametrize(
+    ("builder", "config", "message_part"),
+    [
+        pytest.param(
+            make_job().command("python3", "train.py"),
+            {"profilingForm": "staged"},
+            "profiling-form: in-image",
+            id="relative-command-staged-by-config",
+        ),
+        pytest.param(make_job().command(), {}, "give it a command", id="entrypoint-auto"),
+    ],
+)
+def test_profiling_target_says_what_the_requested_form_needs(builder, config, message_part):
+    obj = builder.annotate(v.PROFILING_ANNOTATION, "true").obj()
+    decision = validate(
+        obj, "Job", old=None, operation="CREATE", namespace="team-a", profile=None, ctx=make_ctx(**config)
+    )
+    [error] = decision.violations
+    assert (error.rule, error.field) == ("profiling-target", f"{C0}.command")
+    assert message_part in error.detail
+
+
+def test_a_bad_profiling_form_is_denied_with_what_is_allowed():
+    obj = make_job().annotate(v.PROFILING_FORM_ANNOTATION, "inimage").obj()
+    decision = validate(
+        obj, "Job", old=None, operation="CREATE", namespace="team-a", profile=PROFILE, ctx=make_ctx()
+    )
+    [error] = decision.violations
+    assert error.rule == "hint-format" and error.detail == "'inimage' must be one of staged, in-image"
+
+
+@pytest.mark.parametrize(
     ("builder", "profile"),
     [
         pytest.param(make_job(), None, id="absolute-command"),
+        pytest.param(make_job().command("python3", "train.py"), None, id="relative-command-in-image"),
+        pytest.param(make_job().command("./bin/app"), None, id="relative-path-in-image"),
+        pytest.param(
+            make_job().command().annotate(v.EXECUTABLE_ANNOTATION, "/usr/bin/python3"),
+            None,
+            id="entrypoint-with-executable-annotation",
+        ),
         pytest.param(
             make_job().command("python3", "train.py").annotate(v.EXECUTABLE_ANNOTATION, "/usr/bin/python3"),
             None,
@@ -367,7 +421,9 @@ def test_profiling_target_denies_only_profiling_asked_for_explicitly(builder, fi
     ],
 )
 def test_profiling_target_allows_nearest_cases(builder, profile):
-    assert violations(builder.obj(), profile=profile) == []
+    obj = builder.obj()
+    obj["metadata"].setdefault("annotations", {}).setdefault(v.PROFILING_ANNOTATION, "true")
+    assert violations(obj, profile=profile) == []
 
 
 def test_profiling_default_off_in_config_skips_profiling_target():

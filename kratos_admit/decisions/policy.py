@@ -15,7 +15,7 @@ from kratos_admit.decisions.hints import apply_hints
 from kratos_admit.decisions.profiling import (
     capability_warnings,
     profiling_demanded,
-    profiling_target,
+    profiling_plan,
     profiling_wanted,
     rewrite_for_profiling,
     unprofilable_reason,
@@ -79,6 +79,7 @@ def _violations(
         max_gpus_per_pod=ctx.config.max_gpus_per_pod,
         mig_profiles=ctx.catalog.mig_profiles,
         profiling_demanded=demanded,
+        config=ctx.config,
     )
     return validate_workload(workload, vctx, gpus)
 
@@ -210,20 +211,18 @@ def mutate(
             reason="profiling is off",
             warning=f"no WorkloadProfile for workload {name} in namespace {namespace} and profiling is off: admitted with base hints only",
         )
-    found = profiling_target(workload, gpus)
-    if found is None:
+    plan = profiling_plan(workload, gpus, ctx.config)
+    if plan is None:
         return hinted(
             obj,
             reason="cannot be profiled",
             warning=f"no WorkloadProfile for workload {name} in namespace {namespace}, and this Job cannot be "
-            f"profiled: admitted with base hints only ({unprofilable_reason(workload, gpus)})",
+            f"profiled: admitted with base hints only ({unprofilable_reason(workload, gpus, ctx.config)})",
         )
-    target, executable = found
     rewritten: dict[str, Any] = clone(obj)
     rewrite_for_profiling(
         rewritten,
-        target=target,
-        executable=executable,
+        plan=plan,
         namespace=namespace,
         config=ctx.config,
         signing_key=key,
@@ -233,6 +232,7 @@ def mutate(
     decision.warnings = [
         f"no WorkloadProfile for workload {name} in namespace {namespace} yet: this Job runs once under Nsight Compute, which ends "
         "it after the profiled kernels; the controller then creates the execution Job with hints",
+        plan.warning(),
         *capability_warnings(ctx.config),
         *decision.warnings,
     ]

@@ -6,7 +6,9 @@ import base64
 import gzip
 import json
 import posixpath
-from collections.abc import Mapping
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from kratos_admit.domain import vocabulary as v
@@ -101,8 +103,115 @@ def profiling_demanded(
     )
 
 
-def unprofilable_reason(workload: Workload, gpus: PodGpus) -> str:
-    """Why ``profiling_target`` found nothing and what would change that, for a warning (a Job
+_VERSION_SUFFIX = re.compile(r"[-_.]?[0-9]+(?:\.[0-9]+)*[a-z]?$")
+
+
+def is_interpreter(path: str, interpreters: Iterable[str]) -> bool:
+    """Whether ``path``'s file name is one of config ``interpreters``, a version suffix allowed:
+    ``/usr/bin/python3.11`` matches ``python``, ``pypy3.10`` ``pypy``, ``node18`` ``node``."""
+    name = posixpath.basename(path.rstrip("/"))
+    known = frozenset(interpreters)
+    if name in known:
+        return True
+    stem = _VERSION_SUFFIX.sub("", name)
+    return bool(stem) and stem != name and stem in known
+
+
+@dataclass(frozen=True, slots=True)
+class ProfilingPlan:
+    """How a Job is profiled: which container, in which form, and why (for the warning and review).
+
+    ``executable`` is what the staged form copies (the annotation, else command[0]); ``wrapped`` is
+    what the in-image form runs after the runner's ``--``: the user's command and args unchanged (or,
+    for a container without a command, the executable annotation and the args)."""
+
+    target: ContainerGpus
+    executable: str | None  # set: the staged form
+    wrapped: tuple[str, ...]  # the in-image form's workload command
+    why: str
+
+    @property
+    def form(self) -> v.ProfilingForm:
+        return "staged" if self.executable is not None else "in-image"
+
+    def warning(self) -> str:
+        if self.form == "staged":
+            return (
+                f"profiling form staged (the executable is copied into the Nsight Compute image): {self.why}; "
+                "if it needs libraries or files of its own image, set "
+                f"{v.PROFILING_FORM_ANNOTATION}: in-image"
+            )
+        return f"profiling form in-image (Nsight Compute runs inside the workload's own image): {self.why}"
+
+
+def requested_form(annotations: Mapping[str, str], config: Config) -> v.ProfilingFormSetting:
+    """The object's ``profiling-form`` annotation, else config ``profilingForm``."""
+    value = annotations.get(v.PROFILING_FORM_ANNOTATION)
+    if value == "staged":
+        return "staged"
+    if value == "in-image":
+        return "in-image"
+    return config.profiling_form
+
+
+def _strings(value: object) -> list[str]:
+    return [item for item in as_list(value) if isinstance(item, str)]
+
+
+def _wrappable(workload: Workload, gpu_container: ContainerGpus) -> tuple[str, ...] | None:
+    """What the in-image form runs: the command and args; with no command, the executable
+    annotation and the args; None when the container runs its image's entrypoint unnamed."""
+    raw = gpu_container.container.raw
+    command, args = _strings(raw.get("command")), _strings(raw.get("args"))
+    if command:
+        return (*command, *args)
+    exe = workload.metadata.annotations.get(v.EXECUTABLE_ANNOTATION)
+    if exe is not None and exe.startswith("/"):
+        return (exe, *args)
+    return None
+
+
+def profiling_plan(workload: Workload, gpus: PodGpus, config: Config) -> ProfilingPlan | None:
+    """DESIGN "Profiling in the workload's own image": the form the annotation or config asks for,
+    or under ``auto`` staged for an absolute executable that is not an interpreter or launcher and
+    in-image for every other container with a command. None when nothing can be profiled
+    (``unprofilable_reason`` and ``profiling_target_errors`` say why)."""
+    if len(gpus.gpu_containers) != 1:
+        return None
+    target = gpus.gpu_containers[0]
+    annotations = workload.metadata.annotations
+    executable = profiling_executable(workload, target)
+    wrapped = _wrappable(workload, target)
+    form = requested_form(annotations, config)
+    asked = (
+        f"the {v.PROFILING_FORM_ANNOTATION} annotation asks for it"
+        if v.PROFILING_FORM_ANNOTATION in annotations
+        else f"config profilingForm is {form}"
+    )
+    if form == "staged":
+        return None if executable is None else ProfilingPlan(target, executable, (), asked)
+    if form == "in-image":
+        return None if wrapped is None else ProfilingPlan(target, None, wrapped, asked)
+    if executable is not None and not is_interpreter(executable, config.interpreters):
+        why = f"{executable} is an absolute executable, not an interpreter or launcher (config interpreters)"
+        return ProfilingPlan(target, executable, (), why)
+    if wrapped is None:
+        return None
+    named = (
+        f"the {v.EXECUTABLE_ANNOTATION} annotation {executable!r}"
+        if v.EXECUTABLE_ANNOTATION in annotations
+        else f"command[0] {wrapped[0]!r}"
+    )
+    why = (
+        f"{named} is an interpreter or launcher (config interpreters)"
+        if executable is not None or is_interpreter(wrapped[0], config.interpreters)
+        else f"{named} is not an absolute path, so only the workload's image can run it"
+    )
+    return ProfilingPlan(target, None, wrapped, why)
+
+
+def unprofilable_reason(workload: Workload, gpus: PodGpus, config: Config) -> str:
+    """Why ``profiling_plan`` found nothing and what would change that, for a warning (a Job
     profiled only by default): the remedy follows the cause."""
     if len(gpus.gpu_containers) != 1:
         return (
@@ -110,14 +219,22 @@ def unprofilable_reason(workload: Workload, gpus: PodGpus) -> str:
             "to profile it, run the GPU work in a single container"
         )
     command = gpus.gpu_containers[0].container.command
-    remedy = (
-        f"to profile it, give its GPU container an absolute command[0] or set the "
-        f"{v.EXECUTABLE_ANNOTATION} annotation to the executable's absolute path"
-    )
-    if command:
-        return f"its GPU container's command[0] {command[0]!r} is not an absolute path; {remedy}"
+    if requested_form(workload.metadata.annotations, config) == "staged":
+        remedy = (
+            f"to profile it, give its GPU container an absolute command[0] or set the "
+            f"{v.EXECUTABLE_ANNOTATION} annotation to the executable's absolute path, or set "
+            f"{v.PROFILING_FORM_ANNOTATION}: in-image"
+        )
+        if command:
+            return f"the staged form needs an absolute executable and command[0] {command[0]!r} is not one; {remedy}"
+    else:
+        remedy = (
+            "to profile it, give its GPU container a command (command[0] and its args, as the image's "
+            f"entrypoint would run them) or set the {v.EXECUTABLE_ANNOTATION} annotation to the absolute "
+            "path of the entrypoint's executable"
+        )
     return (
-        "its GPU container runs its image's entrypoint, so KRATOS does not know which executable to "
+        "its GPU container runs its image's entrypoint, so KRATOS does not know which program to "
         f"profile; {remedy}"
     )
 
@@ -131,7 +248,10 @@ def profiling_executable(workload: Workload, gpu_container: ContainerGpus) -> st
     return exe if exe is not None and exe.startswith("/") else None
 
 
-def profiling_target_errors(workload: Workload, gpus: PodGpus) -> list[FieldError]:
+def profiling_target_errors(workload: Workload, gpus: PodGpus, config: Config) -> list[FieldError]:
+    """Rule profiling-target: profiling asked for explicitly, but nothing the requested form can
+    profile (not exactly one GPU container; for ``staged`` no absolute executable; for ``in-image``
+    and ``auto`` no command and no executable annotation)."""
     candidates = gpus.gpu_containers
     containers = workload.pod_spec_path.child("containers")
     if len(candidates) != 1:
@@ -143,27 +263,21 @@ def profiling_target_errors(workload: Workload, gpus: PodGpus) -> list[FieldErro
                 f'set {v.PROFILING_ANNOTATION}: "false" to run without a profile',
             )
         ]
+    if profiling_plan(workload, gpus, config) is not None:
+        return []
     target = candidates[0]
-    if profiling_executable(workload, target) is None:
-        return [
-            FieldError(
-                "profiling-target",
-                target.container.path.child("command"),
-                "profiling needs an absolute executable: make command[0] an absolute path or set "
-                f"the {v.EXECUTABLE_ANNOTATION} annotation",
-            )
-        ]
-    return []
-
-
-def profiling_target(workload: Workload, gpus: PodGpus) -> tuple[ContainerGpus, str] | None:
-    """The container to profile and its absolute executable, or None when profiling cannot be done
-    (``profiling_target_errors`` says why)."""
-    if len(gpus.gpu_containers) != 1:
-        return None
-    target = gpus.gpu_containers[0]
-    executable = profiling_executable(workload, target)
-    return None if executable is None else (target, executable)
+    if requested_form(workload.metadata.annotations, config) == "staged":
+        message = (
+            "the staged profiling form needs an absolute executable: make command[0] an absolute path, "
+            f"set the {v.EXECUTABLE_ANNOTATION} annotation, or set {v.PROFILING_FORM_ANNOTATION}: in-image"
+        )
+    else:
+        message = (
+            "profiling needs a command to run under Nsight Compute and this container runs its image's "
+            f"entrypoint: give it a command, or set the {v.EXECUTABLE_ANNOTATION} annotation to the "
+            "entrypoint's absolute path"
+        )
+    return [FieldError("profiling-target", target.container.path.child("command"), message)]
 
 
 def staged_path(executable: str) -> str:
@@ -253,21 +367,88 @@ def _runner_container(
         ],
         "terminationMessagePolicy": "File",
     }
+    return _with_user_fields(
+        runner, user, config, {"name": v.STAGE_VOLUME, "mountPath": v.STAGE_MOUNT_PATH, "readOnly": True}
+    )
+
+
+def _with_user_fields(
+    runner: dict[str, Any], user: Mapping[str, Any], config: Config, tools_mount: dict[str, Any]
+) -> dict[str, Any]:
+    """profiling-runner's share of the user's container (both forms), then the KRATOS mount and
+    the configured capabilities."""
     for key in _USER_CONTAINER_FIELDS:
         if key in user:
             runner[key] = clone(user[key])
     runner["resources"] = _runner_resources(user, config)
     mounts = _user_mounts(user)
-    runner["volumeMounts"] = [
-        *clone(mounts),
-        {"name": v.STAGE_VOLUME, "mountPath": v.STAGE_MOUNT_PATH, "readOnly": True},
-    ]
+    runner["volumeMounts"] = [*clone(mounts), tools_mount]
     if config.profiling_capabilities:
         security = child(runner, "securityContext")
         capabilities = child(security, "capabilities")
         added = [c for c in as_list(capabilities.get("add")) if isinstance(c, str)]
         capabilities["add"] = [*added, *(c for c in config.profiling_capabilities if c not in added)]
     return runner
+
+
+TOOLS_RUNNER_PATH = posixpath.join(v.TOOLS_MOUNT_PATH, v.TOOLS_RUNNER)
+TOOLS_NCU_PATH = posixpath.join(v.TOOLS_MOUNT_PATH, v.TOOLS_NCU)
+STAGE_PROFILER_SCRIPT = (
+    f"set -eu; if [ ! -x {v.TOOLS_IMAGE_PATH}/{v.TOOLS_RUNNER} ] || [ ! -x {v.TOOLS_IMAGE_PATH}/{v.TOOLS_NCU} ]; "
+    f'then echo "kratos: this image has no {v.TOOLS_IMAGE_PATH}/{v.TOOLS_RUNNER} and {v.TOOLS_NCU}: '
+    'set nsightComputeImage to the runner image built from runner/Dockerfile" >&2; exit 66; fi; '
+    f"cp -RL {v.TOOLS_IMAGE_PATH}/. {v.TOOLS_MOUNT_PATH}/"
+)
+
+
+def _stage_profiler_container(user: Mapping[str, Any], config: Config) -> dict[str, Any]:
+    """The in-image form's init container: the runner image copies the one-file runner and Nsight
+    Compute's command-line part into kratos-tools (it has a shell; the user's image need not)."""
+    return {
+        "name": v.STAGE_PROFILER_CONTAINER,
+        "image": config.nsight_compute_image,
+        "command": ["sh", "-c", STAGE_PROFILER_SCRIPT],
+        "volumeMounts": [{"name": v.TOOLS_VOLUME, "mountPath": v.TOOLS_MOUNT_PATH}],
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+        "resources": config.profiling_resources.as_dict(),
+        "securityContext": _stage_security_context(user),
+    }
+
+
+def _runner_options(config: Config, skip: int) -> list[str]:
+    return [
+        "--set", config.ncu_set,
+        "--launch-skip", str(skip),
+        "--launch-count", str(config.ncu_launch_count),
+    ]  # fmt: skip
+
+
+def _in_image_runner_container(
+    user: Mapping[str, Any], wrapped: tuple[str, ...], config: Config, *, skip: int
+) -> dict[str, Any]:
+    """profiling-runner in the workload's own image: the staged runner and ncu, then the user's
+    command and args unchanged; the user's env, envFrom, workingDir, security context, resources,
+    mounts and pull policy, plus kratos-tools read-only."""
+    runner: dict[str, Any] = {
+        "name": v.RUNNER_CONTAINER,
+        "image": user.get("image"),
+        "command": [
+            TOOLS_RUNNER_PATH,
+            "--ncu",
+            TOOLS_NCU_PATH,
+            "--target-processes",
+            "all",
+            *_runner_options(config, skip),
+            "--",
+            *wrapped,
+        ],
+        "terminationMessagePolicy": "File",
+    }
+    if "imagePullPolicy" in user:
+        runner["imagePullPolicy"] = user["imagePullPolicy"]
+    return _with_user_fields(
+        runner, user, config, {"name": v.TOOLS_VOLUME, "mountPath": v.TOOLS_MOUNT_PATH, "readOnly": True}
+    )
 
 
 def capability_warnings(config: Config) -> list[str]:
@@ -285,13 +466,13 @@ def capability_warnings(config: Config) -> list[str]:
 def rewrite_for_profiling(
     job: dict[str, Any],
     *,
-    target: ContainerGpus,
-    executable: str,
+    plan: ProfilingPlan,
     namespace: str,
     config: Config,
     signing_key: bytes,
 ) -> None:
-    """Turn the Job (a deep copy) into its profiling form, in place; the Job keeps its name.
+    """Turn the Job (a deep copy) into its profiling form (``plan.form``), in place; the Job keeps
+    its name.
 
     The Job and its pods carry the ``release`` finalizer until the controller has read the summary
     and created the execution Job, and drop ``ttlSecondsAfterFinished`` (the execution Job gets the
@@ -301,18 +482,25 @@ def rewrite_for_profiling(
     spec = child(job, "spec")
     template = child(spec, "template")
     pod_spec = child(template, "spec")
-    user = target.container.raw
+    user = plan.target.container.raw
     metadata = child(job, "metadata")
     skip = launch_skip(MetadataBlock(METADATA, metadata).annotations, config)
-    pod_spec["initContainers"] = [
-        *as_list(pod_spec.get("initContainers")),
-        _stage_container(user, executable, config),
-    ]
-    pod_spec["containers"] = [_runner_container(user, executable, config, skip=skip)]
-    volumes = [
-        vol for vol in as_list(pod_spec.get("volumes")) if as_mapping(vol).get("name") != v.STAGE_VOLUME
-    ]
-    pod_spec["volumes"] = [*volumes, {"name": v.STAGE_VOLUME, "emptyDir": {}}]
+    if plan.executable is not None:
+        init, runner = (
+            _stage_container(user, plan.executable, config),
+            _runner_container(user, plan.executable, config, skip=skip),
+        )
+        volume = v.STAGE_VOLUME
+    else:
+        init, runner = (
+            _stage_profiler_container(user, config),
+            _in_image_runner_container(user, plan.wrapped, config, skip=skip),
+        )
+        volume = v.TOOLS_VOLUME
+    pod_spec["initContainers"] = [*as_list(pod_spec.get("initContainers")), init]
+    pod_spec["containers"] = [runner]
+    volumes = [vol for vol in as_list(pod_spec.get("volumes")) if as_mapping(vol).get("name") != volume]
+    pod_spec["volumes"] = [*volumes, {"name": volume, "emptyDir": {}}]
     pod_spec["restartPolicy"] = "Never"
     for field in _DROPPED_JOB_FIELDS:
         spec.pop(field, None)

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from kratos_admit.decisions.profiling import profiling_target_errors
 from kratos_admit.domain import vocabulary as v
+from kratos_admit.domain.config import Config
 from kratos_admit.domain.fields import FieldError, Path
 from kratos_admit.domain.gpu_requests import PodGpus, mig_profile, read_pod_gpus, resource_maps
 from kratos_admit.domain.quantity import parse_positive_integer, parse_quantity
@@ -26,6 +27,7 @@ class ValidationContext:
     max_gpus_per_pod: int
     mig_profiles: frozenset[str]
     profiling_demanded: bool  # profiling asked for explicitly and needed: profiling-target applies
+    config: Config  # the profiling form (profilingForm) profiling-target checks against
 
 
 def validate_workload(
@@ -44,7 +46,7 @@ def validate_workload(
     errors += _gpu_sharing(workload, gpus)
     errors += _no_gpu(workload, gpus)
     if ctx.profiling_demanded:
-        errors += profiling_target_errors(workload, gpus)
+        errors += profiling_target_errors(workload, gpus, ctx.config)
     return errors
 
 
@@ -122,6 +124,8 @@ def _hint_format(workload: Workload) -> Iterator[FieldError]:
                 'a count like "10"',
             )
         )
+    if (form := annotations.get(v.PROFILING_FORM_ANNOTATION)) is not None:
+        checks.append((v.PROFILING_FORM_ANNOTATION, form in v.PROFILING_FORMS, "one of staged, in-image"))
     if (exe := annotations.get(v.EXECUTABLE_ANNOTATION)) is not None:
         ok = exe.startswith("/") and len(exe) > 1 and not any(c in exe for c in "\0\n\r")
         checks.append((v.EXECUTABLE_ANNOTATION, ok, 'an absolute path like "/usr/local/bin/app"'))

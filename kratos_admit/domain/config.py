@@ -38,8 +38,29 @@ NOT_SETTINGS: frozenset[str] = frozenset(
         "KRATOS_E2E_KUBECONFIG",  # the end-to-end tests' cluster (tests/e2e)
         "KRATOS_TERMINATION_LOG",  # where the profiling runner writes its summary (runner/)
         "KRATOS_FUZZ_EXAMPLES",  # how many examples the property-based server test tries
+        "KRATOS_TEST_OUTSIDE_DATA",  # where the tests find the outside data (tests/harness.py)
     }
 )
+
+
+# Programs that run something else (a script, a child process), by file name: an absolute command[0]
+# named here is not staged alone (the script, its modules and libraries stay in the workload's
+# image), so profilingForm auto profiles it in the workload's own image (docs/profiling-forms.md).
+# A version suffix is understood: python3.11, pypy3.10 and node18 match python, pypy and node.
+DEFAULT_INTERPRETERS: tuple[str, ...] = (
+    # language runtimes
+    "python", "pypy", "ipython", "jupyter", "julia", "java", "node", "nodejs", "deno", "bun",
+    "R", "Rscript", "perl", "ruby", "php", "lua", "luajit", "octave", "matlab", "dotnet", "mono",
+    # machine-learning and distributed launchers
+    "torchrun", "accelerate", "deepspeed", "horovodrun", "colossalai", "composer", "lightning",
+    "ray", "vllm", "uvicorn", "gunicorn", "mpirun", "mpiexec", "orterun", "prterun", "srun",
+    "charmrun", "conda", "mamba", "micromamba", "uv", "poetry", "pipenv",
+    # shells
+    "sh", "bash", "dash", "zsh", "ksh", "mksh", "ash", "csh", "tcsh", "fish", "busybox",
+    # wrappers that run their arguments
+    "env", "nohup", "time", "timeout", "nice", "ionice", "numactl", "taskset", "stdbuf", "chrt",
+    "setsid", "tini", "dumb-init", "catchsegv", "xargs", "make",
+)  # fmt: skip
 
 
 class ConfigError(ValueError):
@@ -85,6 +106,8 @@ class Config(BaseModel):
         )
     )
     profiling_default: bool = True
+    profiling_form: v.ProfilingFormSetting = "auto"
+    interpreters: tuple[str, ...] = DEFAULT_INTERPRETERS
     max_gpus_per_pod: int = Field(default=8, ge=1)
     scheduler: v.SchedulerBackend = "default"
     kai_queue: str = "default-queue"
@@ -121,6 +144,14 @@ class Config(BaseModel):
             if not re.fullmatch(r"[A-Z_]+", cap):
                 raise ValueError(f"{cap!r} is not a capability name such as PERFMON or SYS_ADMIN")
         return caps
+
+    @field_validator("interpreters")
+    @classmethod
+    def _interpreters_are_file_names(cls, names: tuple[str, ...]) -> tuple[str, ...]:
+        for name in names:
+            if not name or "/" in name or name.strip() != name:
+                raise ValueError(f"{name!r} is not a program's file name such as python3 or torchrun")
+        return names
 
     @field_validator("listen", "metrics_listen", "controller_metrics_listen")
     @classmethod

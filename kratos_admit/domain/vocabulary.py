@@ -23,6 +23,7 @@ MIN_MEMORY_ANNOTATION: Final = f"{GROUP}/min-gpu-memory"
 PRIORITY_ANNOTATION: Final = f"{GROUP}/priority"
 SCHEDULER_ANNOTATION: Final = f"{GROUP}/scheduler"
 PROFILE_SKIP_ANNOTATION: Final = f"{GROUP}/profile-skip-kernels"
+PROFILING_FORM_ANNOTATION: Final = f"{GROUP}/profiling-form"
 
 # KRATOS-only vocabulary: written by the webhook or the controller, always signed
 ROLE_LABEL: Final = f"{GROUP}/role"
@@ -52,6 +53,11 @@ PRIORITIES: Final = ("high", "normal", "low")
 BoundType = Literal["compute", "memory", "balanced", "latency", "unknown"]
 BOUND_TYPES: Final[tuple[BoundType, ...]] = get_args(BoundType)
 Strategy = Literal["performance", "cost", "balanced"]  # config hintStrategy, docs/ranking.md
+# the two forms of the profiling rewrite (docs/profiling-forms.md): the annotation names one of them,
+# config profilingForm one of them or "auto"
+ProfilingForm = Literal["staged", "in-image"]
+PROFILING_FORMS: Final[tuple[ProfilingForm, ...]] = get_args(ProfilingForm)
+ProfilingFormSetting = Literal["auto", "staged", "in-image"]
 SchedulerBackend = Literal["default", "kai", "volcano"]  # config scheduler, the scheduler annotation
 SCHEDULER_BACKENDS: Final[tuple[SchedulerBackend, ...]] = get_args(SchedulerBackend)
 # The API server fills these in before any webhook runs; a field holding its default counts as unset.
@@ -81,6 +87,15 @@ STAGE_CONTAINER: Final = "stage-workload"
 RUNNER_CONTAINER: Final = "profiling-runner"
 STAGE_VOLUME: Final = "kratos-stage"
 STAGE_MOUNT_PATH: Final = "/kratos/stage"
+# the in-image form: stage-profiler copies the runner image's tools folder (the one-file runner and
+# Nsight Compute's command-line part) into the emptyDir kratos-tools, which profiling-runner, in the
+# workload's own image, mounts read-only
+STAGE_PROFILER_CONTAINER: Final = "stage-profiler"
+TOOLS_VOLUME: Final = "kratos-tools"
+TOOLS_MOUNT_PATH: Final = "/kratos/tools"
+TOOLS_IMAGE_PATH: Final = "/opt/kratos/tools"  # in the runner image (runner/Dockerfile)
+TOOLS_RUNNER: Final = "kratos-runner"  # the one-file runner, relative to the tools folder
+TOOLS_NCU: Final = "nsight-compute/ncu"  # Nsight Compute's CLI, relative to the tools folder
 
 DNS1123_LABEL: Final = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 DNS1123_LABEL_MAX: Final = 63

@@ -34,7 +34,7 @@ def _end(status: Mapping[str, Any]) -> rc.ContainerEnd | None:
 
 
 def container_ends(pods: list[Obj]) -> tuple[rc.ContainerEnd | None, rc.ContainerEnd | None]:
-    """(profiling-runner's end, stage-workload's failure), newest pod first, a runner that left a
+    """(profiling-runner's end, the failure of stage-workload or stage-profiler), newest pod first, a runner that left a
     message preferred: the facts ``reconcile.pod_failure`` words."""
     runner: rc.ContainerEnd | None = None
     stage: rc.ContainerEnd | None = None
@@ -51,7 +51,8 @@ def container_ends(pods: list[Obj]) -> tuple[rc.ContainerEnd | None, rc.Containe
                 runner = runner or end
         for c in as_list(status.get("initContainerStatuses")):
             end = _end(as_mapping(c))
-            if as_mapping(c).get("name") == v.STAGE_CONTAINER and end is not None and end.exit_code:
+            staging = as_mapping(c).get("name") in (v.STAGE_CONTAINER, v.STAGE_PROFILER_CONTAINER)
+            if staging and end is not None and end.exit_code:
                 stage = stage or end
     return runner, stage
 

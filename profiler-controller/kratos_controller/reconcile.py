@@ -79,7 +79,7 @@ class Observed:
 
     job: Obj
     runner: ContainerEnd | None = None  # profiling-runner's end, preferring a pod whose runner left a message
-    stage: ContainerEnd | None = None  # stage-workload's end, when it failed
+    stage: ContainerEnd | None = None  # stage-workload's or stage-profiler's end, when it failed
     pods_seen: bool = False  # any pod of the Job still exists
     pods_holding: tuple[str, ...] = ()  # names of its pods that carry the release finalizer
     profile: Obj | None = None
@@ -212,11 +212,20 @@ def read_summary(runner: ContainerEnd | None) -> Summary:
         return Summary(None, "the runner's termination message is not a KRATOS runner summary")
 
 
+def staging_container(job: Mapping[str, Any]) -> str:
+    """The profiling Job's staging init container: ``stage-profiler`` in the in-image form,
+    ``stage-workload`` in the staged form."""
+    pod_spec = as_mapping(as_mapping(as_mapping(job.get("spec")).get("template")).get("spec"))
+    names = {as_mapping(c).get("name") for c in as_list(pod_spec.get("initContainers"))}
+    return v.STAGE_PROFILER_CONTAINER if v.STAGE_PROFILER_CONTAINER in names else v.STAGE_CONTAINER
+
+
 def pod_failure(observed: Observed) -> str:
     """Why the profiling pod gave no summary, in words (the I/O shell only collects the facts)."""
     if observed.stage is not None:
         return (
-            f"stage-workload failed (exit {observed.stage.exit_code}): {observed.stage.message.strip()[:300]}"
+            f"{staging_container(observed.job)} failed (exit {observed.stage.exit_code}): "
+            f"{observed.stage.message.strip()[:300]}"
         )
     if observed.runner is not None and not observed.runner.message:
         return f"profiling-runner ended {observed.runner.reason or 'without a reason'} (exit {observed.runner.exit_code})"

@@ -292,6 +292,40 @@ async def test_a_namespace_enforcing_restricted_admits_the_profiling_run(kratos,
     assert execution["metadata"]["name"] == "strict-execution"
 
 
+async def test_an_in_image_run_in_a_restricted_namespace_ends_in_the_users_original_command(
+    kratos, namespace
+):
+    """A PyTorch-style Job (an interpreter, a relative script) is profiled in its own image: the API
+    server's Pod Security admission ("restricted", enforced) admits the rewritten Pods, and the
+    execution Job runs the user's original command."""
+    kubectl("label", "namespace", namespace, "pod-security.kubernetes.io/enforce=restricted")
+    torch = job("torch", "torch")
+    pod_spec = torch["spec"]["template"]["spec"]
+    pod_spec["securityContext"] = {
+        "runAsNonRoot": True,
+        "runAsUser": 1000,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+    command = ["python", "train.py", "--epochs", "90"]
+    pod_spec["containers"][0].update(
+        image="nvcr.io/nvidia/pytorch:24.05-py3",
+        command=command,
+        workingDir="/workspace",
+        securityContext={"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
+    )
+    create(namespace, torch)
+    stored = get(namespace, "job", "torch")
+    assert stored is not None
+    rewritten = stored["spec"]["template"]["spec"]
+    [runner] = rewritten["containers"]
+    assert runner["image"] == "nvcr.io/nvidia/pytorch:24.05-py3" and runner["workingDir"] == "/workspace"
+    assert runner["command"][runner["command"].index("--") + 1 :] == command
+    assert rewritten["initContainers"][-1]["name"] == v.STAGE_PROFILER_CONTAINER
+    execution = await run_loop_existing(namespace, "torch")
+    assert execution["spec"]["template"]["spec"]["containers"][0]["command"] == command
+    assert phase(namespace, "torch") == "Ready"
+
+
 async def run_loop_existing(namespace: str, workload: str) -> Any:
     async with admin_api() as api, kubelet(api, namespace) as finished:
         await until(
