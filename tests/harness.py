@@ -17,6 +17,7 @@ import re
 import shutil
 import socket
 import ssl
+import stat
 import subprocess
 import threading
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator
@@ -605,7 +606,9 @@ STAND_IN_NCU = r'''#!{python}
 It honours --launch-skip S, --launch-count N and --kill as ncu does: a workload that announces each
 kernel launch with a line "kernel" gets launches S+1..S+N profiled (the export keeps that many of
 the recorded report's kernels) and, with --kill on, is killed once they are; a workload that announces
-nothing plays the whole recorded report back."""
+nothing plays the whole recorded report back, unless it ended with 127 (the status of a program that
+never ran: not found, or refused by the dynamic loader), which leaves no report, as nothing connected.
+Every option it logs is written to FAKE_NCU_LOG, so a test sees the command line ncu got."""
 import os, shutil, signal, subprocess, sys
 args = sys.argv[1:]
 with open(os.environ["FAKE_NCU_LOG"], "a") as log:
@@ -646,6 +649,9 @@ for line in process.stdout:
         process.send_signal(signal.SIGKILL)
         break
 code = process.wait()
+if not launches and code == 127:
+    print("==WARNING== No kernels were profiled.", flush=True)
+    sys.exit(code)
 lines = open(os.environ["FAKE_NCU_EXPORT"]).read().splitlines(True)
 profiled = min(max(0, launches - skip), count) if launches else len(lines) - 2
 with open(export + ".ncu-rep", "w") as out:
@@ -653,3 +659,27 @@ with open(export + ".ncu-rep", "w") as out:
 print("==PROF== Disconnected from process 4242", flush=True)
 sys.exit(128 - code if code < 0 else code)
 '''
+
+
+def executable(path: Path, content: str | bytes) -> Path:
+    """``path`` written with ``content`` and made executable by everyone."""
+    if isinstance(content, bytes):
+        path.write_bytes(content)
+    else:
+        path.write_text(content)
+    path.chmod(path.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
+    return path
+
+
+def program_missing_a_library(path: Path) -> Path:
+    """A real dynamically linked program (this machine's ``true``) whose needed ``libc.so.6`` is renamed
+    to ``libq.so.6`` in place: running it gets the dynamic loader's own refusal ("error while loading
+    shared libraries: libq.so.6: cannot open shared object file") and status 127, as a staged binary
+    that needs a library of its own image does in the Nsight Compute image."""
+    true = shutil.which("true")
+    data = Path(true).read_bytes() if true else b""
+    if data.count(b"libc.so.6\0") != 1:
+        pytest.skip(
+            "no dynamically linked `true` needing libc.so.6 on this machine to make a program missing a library"
+        )
+    return executable(path, data.replace(b"libc.so.6\0", b"libq.so.6\0"))
