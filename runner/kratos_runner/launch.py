@@ -45,7 +45,8 @@ _MACHINE_NAMES = {62: "x86-64", 3: "i386", 183: "AArch64", 40: "ARM", 21: "Power
 _SCRIPT_HEADER_BYTES = 256  # the kernel reads at most this much of a #! line (BINPRM_BUF_SIZE)
 
 _MISSING_LIBRARY = re.compile(
-    r"error while loading shared libraries: (\S+?): (cannot open shared object file[^\n]*)"
+    r"^(?:(\S[^\n]*?): )?error while loading shared libraries: (\S+?): (cannot open shared object file[^\n]*)",
+    re.M,
 )
 _MISSING_VERSION = re.compile(r"version `([^']+)' not found \(required by ([^)]+)\)")
 
@@ -179,11 +180,12 @@ def loader_failure(output: str) -> str:
     """The dynamic loader's complaint in the run's output, in words ("" when there is none)."""
     library = _MISSING_LIBRARY.search(output)
     if library:
-        return f"the workload could not start: shared library {library.group(1)} is missing ({library.group(2).strip()})"
+        program = library.group(1) or "the workload"
+        return f"{program} could not start: shared library {library.group(2)} is missing ({library.group(3).strip()})"
     version = _MISSING_VERSION.search(output)
     if version:
         return (
-            f"the workload could not start: {version.group(2).strip()} needs {version.group(1)}, "
+            f"{version.group(2).strip()} could not start: it needs {version.group(1)}, "
             "which this image's libraries do not have"
         )
     return ""
