@@ -214,9 +214,8 @@ def test_python_m_kratos_runner_works_from_the_repository_root_and_from_runner(c
 # --- a workload that cannot start -----------------------------------------------------------------------
 
 IN_IMAGE_FIX = "gpu.scheduler.io/profiling-form: in-image"
-NATIVE, FOREIGN = {"x86_64": (EM_X86_64, EM_AARCH64), "aarch64": (EM_AARCH64, EM_X86_64)}.get(
-    os.uname().machine, (None, None)
-)
+# this machine's ELF e_machine, and another one's
+MACHINES = {"x86_64": (EM_X86_64, EM_AARCH64), "aarch64": (EM_AARCH64, EM_X86_64)}.get(os.uname().machine)
 
 
 def _unstartable(kind: str, directory: Path) -> Path:
@@ -236,14 +235,15 @@ def _unstartable(kind: str, directory: Path) -> Path:
     if kind == "directory":
         path.mkdir()
         return path
-    if NATIVE is None:
+    if MACHINES is None:
         pytest.skip(f"no ELF machine table for {os.uname().machine}")
+    native, foreign = MACHINES
     if kind == "other-machine":
-        return executable(path, elf_program(FOREIGN, "/lib/ld-linux.so.2"))
+        return executable(path, elf_program(foreign, "/lib/ld-linux.so.2"))
     if kind == "missing-dynamic-loader":
-        return executable(path, elf_program(NATIVE, f"{directory}/ld-musl-x86_64.so.1"))
+        return executable(path, elf_program(native, f"{directory}/ld-musl-x86_64.so.1"))
     if kind == "object-file":
-        return executable(path, elf_program(NATIVE, elf_type=1))
+        return executable(path, elf_program(native, elf_type=1))
     assert kind == "missing-shared-library"
     return program_missing_a_library(path)
 
