@@ -48,7 +48,8 @@ from kratos_admit.server import create_app, running_site
 from kratos_admit.stores import StaticNodeStore, StaticProfileStore
 from kratos_admit.tls import ServingCertificate
 from kratos_controller.controller import ControllerMetrics, ProfilerController
-from kratos_runner.parse import parse_report
+from kratos_runner.launch import loader_failure, with_fix
+from kratos_runner.parse import Report, parse_report
 from kratos_runner.summary import encode_summary, summarise
 from tests.builders import JobBuilder, make_job
 from tests.kube_double import (
@@ -206,6 +207,25 @@ def runner_summary(report: Path = T4_REPORT, exit_code: int = 0) -> str:
     """What the profiling-runner writes to its termination log, from an ncu text report or CSV export."""
     text = report.read_text(encoding="utf-8")
     return encode_summary(summarise(parse_report(text), exit_code=exit_code, ncu_version="2024.3.2.0"))
+
+
+# glibc's dynamic loader refusing a staged CUDA program whose runtime library stayed in its own image
+MISSING_LIBRARY_OUTPUT = (
+    "==PROF== Connected to process 4242 (/kratos/stage/vectorAdd)\n"
+    "/kratos/stage/vectorAdd: error while loading shared libraries: libcudart.so.12: cannot open shared "
+    "object file: No such file or directory\n"
+    "==WARNING== No kernels were profiled.\n"
+)
+
+
+def runner_summary_cannot_start(
+    output: str = MISSING_LIBRARY_OUTPUT, exe: str = "/kratos/stage/vectorAdd"
+) -> str:
+    """What the runner writes when the staged executable could not start: its reason read from the
+    run's output by the runner's own functions, status 127 (the loader's)."""
+    reason = with_fix(loader_failure(output), exe)
+    assert reason, "the output holds no refusal of the dynamic loader"
+    return encode_summary(summarise(Report("none"), exit_code=127, ncu_version="2024.3.2.0", reason=reason))
 
 
 def runner_pod(
@@ -491,10 +511,19 @@ def node(name: str, product: str, *, gpu: bool = True) -> dict[str, Any]:
 
 
 def seed_finished(
-    kube: KubeDouble, name: str, message: str | None, condition: str = "Complete"
+    kube: KubeDouble,
+    name: str,
+    message: str | None,
+    condition: str = "Complete",
+    *,
+    exit_code: int | None = None,
+    reason: str = "",
 ) -> dict[str, Any]:
-    job = finish(profiling_job(name), condition)
-    kube.put(*PODS, runner_pod(job, message, exit_code=0 if message else 1))
+    """A profiling Job ``name`` ended as ``condition`` (with the Job controller's ``reason``), whose
+    runner left ``message`` and ended with ``exit_code`` (0 with a message, 1 without, by default)."""
+    job = finish(profiling_job(name), condition, reason=reason)
+    status = exit_code if exit_code is not None else 0 if message else 1
+    kube.put(*PODS, runner_pod(job, message, exit_code=status))
     return kube.put(*JOBS, job)
 
 
