@@ -29,7 +29,9 @@ _NCU_GLOBS = ("/usr/local/cuda/bin/ncu", "/opt/nvidia/nsight-compute/*/ncu", "/u
 # the one-file executable (PyInstaller) sets sys.frozen; the staged form runs ``python3 -m kratos_runner``
 FROZEN = bool(getattr(sys, "frozen", False))
 PROG = "kratos-runner" if FROZEN else "python3 -m kratos_runner"
-TARGET_PROCESSES = ("all", "application-only")  # ncu --target-processes, Nsight Compute CLI "Launch"
+# ncu --help: "--target-processes arg (=all)  Select the processes you want to profile: application-only
+# (profile only the application process), all (profile the application and its child processes)"
+TARGET_PROCESSES = ("all", "application-only")
 
 
 def find_ncu(explicit: str | None) -> str | None:
