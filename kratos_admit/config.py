@@ -39,6 +39,7 @@ NOT_SETTINGS: frozenset[str] = frozenset(
         "KRATOS_TERMINATION_LOG",  # where the profiling runner writes its summary (runner/)
         "KRATOS_STAGE_DIR",  # where the runner looks for a staged executable (runner/, default /kratos/stage)
         "KRATOS_FUZZ_EXAMPLES",  # how many examples the property-based server test tries
+        "KRATOS_TEST_OUTSIDE_DATA",  # where the tests find the outside data when it is not beside the clone
     }
 )
 
