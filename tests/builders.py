@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import struct
 from typing import Any, Self
 
 from kratos_admit.domain import vocabulary as v
@@ -293,3 +294,20 @@ def sim_node(name: str, product: str, *, gpus: int = 8, cpu: int = 96, memory_gi
         milli_cpu=cpu * 1000,
         memory_bytes=memory_gib * 2**30,
     )
+
+
+EM_X86_64, EM_AARCH64 = 62, 183  # ELF e_machine values (elf.h)
+
+
+def elf_program(machine: int, interpreter: str | None = None, *, elf_type: int = 2) -> bytes:
+    """A minimal 64-bit little-endian ELF file header (type ``elf_type``, 2 = executable) for
+    ``machine``, with one ``PT_INTERP`` program header naming ``interpreter`` when given: what the kernel
+    reads to decide whether, and with which dynamic loader, a program can start. It has no code."""
+    interp = (interpreter.encode() + b"\0") if interpreter else b""
+    phnum = 1 if interp else 0
+    header = b"\x7fELF" + bytes([2, 1, 1, 0]) + bytes(8)  # 64-bit, little-endian, version 1, System V
+    header += struct.pack("<HHIQQQIHHHHHH", elf_type, machine, 1, 0, 64, 0, 0, 64, 56, phnum, 64, 0, 0)
+    if not interp:
+        return header
+    program_header = struct.pack("<IIQQQQQQ", 3, 4, 64 + 56, 0, 0, len(interp), len(interp), 1)  # PT_INTERP
+    return header + program_header + interp

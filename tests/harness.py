@@ -17,6 +17,7 @@ import re
 import shutil
 import socket
 import ssl
+import stat
 import subprocess
 import threading
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator
@@ -47,7 +48,8 @@ from kratos_admit.webhook.metrics import AdmissionMetrics
 from kratos_admit.webhook.server import create_app, running_site
 from kratos_admit.webhook.tls import ServingCertificate
 from kratos_controller.controller import ControllerMetrics, ProfilerController
-from kratos_runner.parse import parse_report
+from kratos_runner.launch import loader_failure, with_fix
+from kratos_runner.parse import Report, parse_report
 from kratos_runner.summary import encode_summary, summarise
 from tests.builders import JobBuilder, make_job
 from tests.kube_double import (
@@ -273,6 +275,25 @@ def runner_summary(report: Path = T4_REPORT, exit_code: int = 0) -> str:
     """What the profiling-runner writes to its termination log, from an ncu text report or CSV export."""
     text = report.read_text(encoding="utf-8")
     return encode_summary(summarise(parse_report(text), exit_code=exit_code, ncu_version="2024.3.2.0"))
+
+
+# glibc's dynamic loader refusing a staged CUDA program whose runtime library stayed in its own image
+MISSING_LIBRARY_OUTPUT = (
+    "==PROF== Connected to process 4242 (/kratos/stage/vectorAdd)\n"
+    "/kratos/stage/vectorAdd: error while loading shared libraries: libcudart.so.12: cannot open shared "
+    "object file: No such file or directory\n"
+    "==WARNING== No kernels were profiled.\n"
+)
+
+
+def runner_summary_cannot_start(
+    output: str = MISSING_LIBRARY_OUTPUT, exe: str = "/kratos/stage/vectorAdd"
+) -> str:
+    """What the runner writes when the staged executable could not start: its reason read from the
+    run's output by the runner's own functions, status 127 (the loader's)."""
+    reason = with_fix(loader_failure(output), exe)
+    assert reason, "the output holds no refusal of the dynamic loader"
+    return encode_summary(summarise(Report("none"), exit_code=127, ncu_version="2024.3.2.0", reason=reason))
 
 
 def runner_pod(
@@ -558,10 +579,19 @@ def node(name: str, product: str, *, gpu: bool = True) -> dict[str, Any]:
 
 
 def seed_finished(
-    kube: KubeDouble, name: str, message: str | None, condition: str = "Complete"
+    kube: KubeDouble,
+    name: str,
+    message: str | None,
+    condition: str = "Complete",
+    *,
+    exit_code: int | None = None,
+    reason: str = "",
 ) -> dict[str, Any]:
-    job = finish(profiling_job(name), condition)
-    kube.put(*PODS, runner_pod(job, message, exit_code=0 if message else 1))
+    """A profiling Job ``name`` ended as ``condition`` (with the Job controller's ``reason``), whose
+    runner left ``message`` and ended with ``exit_code`` (0 with a message, 1 without, by default)."""
+    job = finish(profiling_job(name), condition, reason=reason)
+    status = exit_code if exit_code is not None else 0 if message else 1
+    kube.put(*PODS, runner_pod(job, message, exit_code=status))
     return kube.put(*JOBS, job)
 
 
@@ -570,16 +600,25 @@ def execution_jobs(kube: KubeDouble) -> list[dict[str, Any]]:
 
 
 async def controller_outcome(
-    profiling_job: dict[str, Any], termination_message: str, *, signing_key: bytes
+    profiling_job: dict[str, Any], termination_message: str, *, signing_key: bytes, exit_code: int = 0
 ) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
-    """What the controller, against the API double, makes of a profiling Job that ended with its
-    runner's ``termination_message``: the WorkloadProfile it published and the execution Jobs."""
+    """What the controller, against the API double, makes of a profiling Job whose runner ended with
+    ``exit_code`` and ``termination_message`` (a non-zero status fails the Job: backoffLimit 0): the
+    WorkloadProfile it published and the execution Jobs."""
     kube = KubeDouble()
     job = clone(profiling_job)
     job["metadata"]["uid"] = f"uid-{job['metadata']['name']}"
-    done = finish(job)
+    if exit_code == 0:
+        done = finish(job)
+    else:
+        done = finish(
+            job,
+            "Failed",
+            reason="BackoffLimitExceeded",
+            message="Job has reached the specified backoff limit",
+        )
     kube.put(*JOBS, done)
-    kube.put(*PODS, runner_pod(done, termination_message))
+    kube.put(*PODS, runner_pod(done, termination_message, exit_code=exit_code))
     async with api_server(kube) as server, controller_running(server, signing_key=signing_key):
         created = await eventually(lambda: execution_jobs(kube))
     workload = job["metadata"]["labels"][v.WORKLOAD_LABEL]
@@ -690,7 +729,9 @@ STAND_IN_NCU = r'''#!{python}
 It honours --launch-skip S, --launch-count N and --kill as ncu does: a workload that announces each
 kernel launch with a line "kernel" gets launches S+1..S+N profiled (the export keeps that many of
 the recorded report's kernels) and, with --kill on, is killed once they are; a workload that announces
-nothing plays the whole recorded report back."""
+nothing plays the whole recorded report back, unless it ended with 127 (the status of a program that
+never ran: not found, or refused by the dynamic loader), which leaves no report, as nothing connected.
+Every option it logs is written to FAKE_NCU_LOG, so a test sees the command line ncu got."""
 import os, shutil, signal, subprocess, sys
 args = sys.argv[1:]
 with open(os.environ["FAKE_NCU_LOG"], "a") as log:
@@ -731,6 +772,9 @@ for line in process.stdout:
         process.send_signal(signal.SIGKILL)
         break
 code = process.wait()
+if not launches and code == 127:
+    print("==WARNING== No kernels were profiled.", flush=True)
+    sys.exit(code)
 lines = open(os.environ["FAKE_NCU_EXPORT"]).read().splitlines(True)
 profiled = min(max(0, launches - skip), count) if launches else len(lines) - 2
 with open(export + ".ncu-rep", "w") as out:
@@ -738,3 +782,27 @@ with open(export + ".ncu-rep", "w") as out:
 print("==PROF== Disconnected from process 4242", flush=True)
 sys.exit(128 - code if code < 0 else code)
 '''
+
+
+def executable(path: Path, content: str | bytes) -> Path:
+    """``path`` written with ``content`` and made executable by everyone."""
+    if isinstance(content, bytes):
+        path.write_bytes(content)
+    else:
+        path.write_text(content)
+    path.chmod(path.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
+    return path
+
+
+def program_missing_a_library(path: Path) -> Path:
+    """A real dynamically linked program (this machine's ``true``) whose needed ``libc.so.6`` is renamed
+    to ``libq.so.6`` in place: running it gets the dynamic loader's own refusal ("error while loading
+    shared libraries: libq.so.6: cannot open shared object file") and status 127, as a staged binary
+    that needs a library of its own image does in the Nsight Compute image."""
+    true = shutil.which("true")
+    data = Path(true).read_bytes() if true else b""
+    if data.count(b"libc.so.6\0") != 1:
+        pytest.skip(
+            "no dynamically linked `true` needing libc.so.6 on this machine to make a program missing a library"
+        )
+    return executable(path, data.replace(b"libc.so.6\0", b"libq.so.6\0"))

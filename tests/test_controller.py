@@ -29,6 +29,7 @@ from tests.harness import (
     profiling_job,
     runner_pod,
     runner_summary,
+    runner_summary_cannot_start,
     seed_finished,
 )
 from tests.kube_double import CLUSTERROLES, CONTROLLER, KubeDouble
@@ -90,6 +91,32 @@ async def test_failed_profiling_still_releases_the_workload():
             assert profile and profile["status"]["phase"] == "Failed"
             assert "profiling-runner ended Error (exit 1)" in profile["status"]["message"]
             assert controller.metrics.profiles_published.labels("failed")._value.get() == 1
+
+
+async def test_a_staged_executable_that_could_not_start_gives_a_failed_profile_and_the_execution_job():
+    kube = KubeDouble()
+    async with api_server(kube) as server:
+        seed_finished(
+            kube,
+            "vector-add",
+            runner_summary_cannot_start(),
+            "Failed",
+            exit_code=127,
+            reason="BackoffLimitExceeded",
+        )
+        async with controller_running(server) as controller:
+            [execution] = await eventually(lambda: execution_jobs(kube))
+            profile = kube.get(*PROFILES, "team-a", "vector-add-profile")
+            assert profile and profile["status"]["phase"] == "Failed"
+            message = profile["status"]["message"]
+            assert "shared library libcudart.so.12 is missing" in message
+            assert "gpu.scheduler.io/profiling-form: in-image" in message
+            configmap = kube.get(*CONFIGMAPS, "team-a", "vector-add-profile-summary")
+            assert configmap and configmap["data"]["message"] == message
+            assert execution["metadata"]["name"] == "vector-add-execution"
+            assert execution["spec"]["template"]["spec"]["containers"][0]["name"] != "profiling-runner"
+            assert controller.metrics.profiles_published.labels("failed")._value.get() == 1
+            assert controller.metrics.execution_jobs_created._value.get() == 1
 
 
 async def test_watch_events_after_a_410_relist_are_handled():

@@ -59,3 +59,20 @@ def test_runner_image_runs_as_a_numeric_non_root_user():
     user = [arg for op, arg in steps if op == "USER"][-1].split(":")[0]
     assert user.isdigit() and int(user) != 0
     assert f"--uid {user}" in " ".join(arg for op, arg in steps if op == "RUN")
+
+
+def test_runner_image_builds_the_one_file_runner_in_a_stage_and_keeps_python_m_kratos_runner():
+    """The in-image form copies /opt/kratos/tools/kratos-runner into the user's container: a build stage
+    makes it with the same script a local build runs (runner/build_onefile.py, PyInstaller), and the
+    final image still starts the staged form with python3 -m kratos_runner."""
+    steps = instructions("runner/Dockerfile")
+    starts = [i for i, (op, _) in enumerate(steps) if op == "FROM"]
+    assert len(starts) == 2 and steps[starts[0]][1].endswith("AS onefile")
+    stage = steps[starts[0] : starts[1]]
+    run = " ".join(arg for op, arg in stage if op == "RUN")
+    assert "pyinstaller==${PYINSTALLER_VERSION}" in run and "binutils" in run
+    assert ("RUN", "python /src/build_onefile.py --out /out") in stage
+    assert ("COPY", "build_onefile.py /src/build_onefile.py") in stage
+    final = steps[starts[1] :]
+    assert ("COPY", "--from=onefile /out/kratos-runner /opt/kratos/tools/kratos-runner") in final
+    assert final[-1] == ("ENTRYPOINT", '["python3", "-m", "kratos_runner"]')

@@ -114,7 +114,7 @@ def test_the_in_image_form_runs_the_users_command_in_the_users_own_image(command
     assert stage["name"] == v.STAGE_PROFILER_CONTAINER and stage["image"] == "registry.example/kratos-ncu:2"
     assert (
         stage["command"][:2] == ["sh", "-c"]
-        and "cp -RL /opt/kratos/tools/. /kratos/tools/" in stage["command"][2]
+        and "cp -RP /opt/kratos/tools/. /kratos/tools/" in stage["command"][2]
     )
     assert stage["volumeMounts"] == [{"name": "kratos-tools", "mountPath": "/kratos/tools"}]
     assert {"name": "kratos-tools", "emptyDir": {}} in pod["volumes"]
@@ -369,9 +369,9 @@ def stage_profiler_script(source: Path, target: Path) -> list[str]:
     return [sh, flag, moved.replace("\0", str(source))]
 
 
-def test_stage_profiler_copies_the_tools_keeping_modes_and_following_links(tmp_path: Path):
-    """Links are followed: a link out of the tools folder (to /opt/nvidia/...) would dangle in the
-    workload's image."""
+def test_stage_profiler_copies_the_tools_keeping_modes_and_relative_links(tmp_path: Path):
+    """nsight-compute/ncu is a relative link to the real program under target/, which loads its
+    libraries from beside itself: the copy keeps the link, so it still resolves there."""
     source, target = tmp_path / "opt-kratos-tools", tmp_path / "kratos-tools"
     (source / "nsight-compute" / "target" / "linux-desktop-glibc_2_11_3-x64").mkdir(parents=True)
     target.mkdir()
@@ -385,7 +385,10 @@ def test_stage_profiler_copies_the_tools_keeping_modes_and_following_links(tmp_p
         target / "kratos-runner", os.X_OK
     )
     ncu = target / "nsight-compute" / "ncu"
-    assert not ncu.is_symlink() and ncu.read_text() == "#!ncu" and os.access(ncu, os.X_OK)
+    assert ncu.is_symlink() and ncu.resolve() == (
+        target / "nsight-compute" / "target" / "linux-desktop-glibc_2_11_3-x64" / "ncu"
+    )
+    assert ncu.read_text() == "#!ncu" and os.access(ncu, os.X_OK)
 
 
 def test_stage_profiler_in_an_image_without_the_tools_fails_saying_which_image_to_use(tmp_path: Path):

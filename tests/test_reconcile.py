@@ -48,6 +48,7 @@ from tests.harness import (
     profiling_job,
     require_fixtures,
     runner_summary,
+    runner_summary_cannot_start,
 )
 
 FAILED_LAUNCH = DATA / "ncu" / "ada-failed-launch-nan-text.txt"  # ==ERROR== LaunchFailed, every figure nan
@@ -223,6 +224,35 @@ def test_failed_profiling_records_why_and_still_releases_the_workload(observed, 
     status = actions["PublishProfile"].status
     assert status.phase == "Failed" and status.bound_type == "unknown"
     assert message_part in status.message
+
+
+IN_IMAGE_FIX = "gpu.scheduler.io/profiling-form: in-image"
+
+
+def test_a_staged_executable_that_could_not_start_fails_the_profile_naming_the_in_image_form():
+    """The Job controller ends the profiling Job Failed (the runner exited 127, backoffLimit 0): the
+    profile says why in the runner's words first, and the user's Job still runs as the execution Job."""
+    summary = runner_summary_cannot_start()
+    job = finish(
+        JOB, "Failed", reason="BackoffLimitExceeded", message="Job has reached the specified backoff limit"
+    )
+    actions = reconcile(Observed(job=job, runner=ran(summary, 127), pods_seen=True), signing_key=TEST_KEY)
+    assert kinds(actions) == ["PublishConfigMap", "PublishProfile", "CreateExecutionJob", "MarkExecutionJob"]
+    cm, profile, create, _ = actions
+    assert isinstance(cm, PublishConfigMap) and isinstance(profile, PublishProfile)
+    assert isinstance(create, CreateExecutionJob)
+    status = profile.status
+    assert (status.phase, status.bound_type) == ("Failed", "unknown")
+    assert status.message.startswith(
+        "/kratos/stage/vectorAdd could not start: shared library libcudart.so.12 is missing"
+    )
+    assert IN_IMAGE_FIX in status.message
+    assert "profiling Job failed (BackoffLimitExceeded" in status.message
+    assert cm.data["message"] == status.message and cm.data["exitCode"] == "127"
+    assert cm.data["summary.json"] == summary
+    original = decode_original_template(JOB, namespace="team-a", signing_key=TEST_KEY)
+    assert create.manifest["spec"] == original["spec"], "the user's own Job, unchanged"
+    assert create.manifest["metadata"]["labels"][v.ROLE_LABEL] == "execution"
 
 
 @pytest.mark.parametrize(

@@ -397,8 +397,11 @@ STAGE_PROFILER_SCRIPT = (
     f"set -eu; if [ ! -x {v.TOOLS_IMAGE_PATH}/{v.TOOLS_RUNNER} ] || [ ! -x {v.TOOLS_IMAGE_PATH}/{v.TOOLS_NCU} ]; "
     f'then echo "kratos: this image has no {v.TOOLS_IMAGE_PATH}/{v.TOOLS_RUNNER} and {v.TOOLS_NCU}: '
     'set nsightComputeImage to the runner image built from runner/Dockerfile" >&2; exit 66; fi; '
-    f"cp -RL {v.TOOLS_IMAGE_PATH}/. {v.TOOLS_MOUNT_PATH}/"
+    f"cp -RP {v.TOOLS_IMAGE_PATH}/. {v.TOOLS_MOUNT_PATH}/"
 )
+# -P keeps links as links: nsight-compute/ncu is a relative link to the real program under target/,
+# which finds its libraries beside itself ($ORIGIN), so a copy of it elsewhere would not start.
+# runner/Dockerfile builds the tree with relative links only, so none dangles in the workload's image.
 
 
 def _stage_profiler_container(user: Mapping[str, Any], config: Config) -> dict[str, Any]:

@@ -1,4 +1,5 @@
-"""``python3 -m kratos_runner``: run a workload under ncu, or ``parse FILE`` for an existing export."""
+"""``python3 -m kratos_runner`` (or the one-file ``kratos-runner``): run a workload under ncu, or
+``parse FILE`` for an existing export."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import sys
 import tempfile
 from typing import Sequence, TextIO
 
+from kratos_runner.launch import cannot_start, child_environment, loader_failure, with_fix
 from kratos_runner.parse import Report, parse_report
 from kratos_runner.summary import encode_summary, summarise
 
@@ -24,6 +26,12 @@ PERMISSION_HELP = (
     "container CAP_SYS_ADMIN or CAP_PERFMON (profilingCapabilities: [PERFMON] in the KRATOS config)"
 )
 _NCU_GLOBS = ("/usr/local/cuda/bin/ncu", "/opt/nvidia/nsight-compute/*/ncu", "/usr/local/cuda-*/bin/ncu")
+# the one-file executable (PyInstaller) sets sys.frozen; the staged form runs ``python3 -m kratos_runner``
+FROZEN = bool(getattr(sys, "frozen", False))
+PROG = "kratos-runner" if FROZEN else "python3 -m kratos_runner"
+# ncu --help: "--target-processes arg (=all)  Select the processes you want to profile: application-only
+# (profile only the application process), all (profile the application and its child processes)"
+TARGET_PROCESSES = ("all", "application-only")
 
 
 def find_ncu(explicit: str | None) -> str | None:
@@ -41,11 +49,12 @@ def find_ncu(explicit: str | None) -> str | None:
     return None
 
 
-def ncu_version(ncu: str) -> str:
+def ncu_version(ncu: str, env: dict[str, str]) -> str:
     try:
         out = subprocess.run(
-            [ncu, "--version"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=60, check=False
-        )
+            [ncu, "--version"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=60, check=False,
+            env=env,
+        )  # fmt: skip
     except (OSError, subprocess.SubprocessError):
         return ""
     match = re.search(r"Version (\S+)", out.stdout.decode("utf-8", "replace"))
@@ -69,9 +78,9 @@ def _failed(reason: str, exit_code: int, version: str = "") -> dict[str, object]
     return summarise(Report("none"), exit_code=exit_code, ncu_version=version, reason=reason)
 
 
-def _run_streaming(command: list[str], stdout: TextIO) -> tuple[int, str]:
+def _run_streaming(command: list[str], stdout: TextIO, env: dict[str, str]) -> tuple[int, str]:
     """Run, copying the output through line by line (the Job's log), and keep it for inspection."""
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
     seen: list[str] = []
     assert process.stdout is not None
     for raw in process.stdout:
@@ -88,42 +97,49 @@ def profile(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> int:
         command = command[1:]
     if not command:
         print(
-            "kratos-runner: no workload given: python3 -m kratos_runner [options] -- EXE [ARGS...]",
+            f"kratos-runner: no workload given: {PROG} [options] -- EXE [ARGS...]",
             file=stderr,
         )
         return 2
     ncu = find_ncu(args.ncu)
     if ncu is None:
+        where = f"at {args.ncu}" if args.ncu else "on PATH or in /opt/nvidia/nsight-compute"
         write_summary(
             _failed(
-                "ncu not found on PATH or in /opt/nvidia/nsight-compute: run the profiling-runner with the Nsight Compute image",
+                f"ncu not found {where}: run the profiling-runner with the Nsight Compute image",
                 NOT_RUN,
             ),
             stdout,
             stderr,
         )
         return NOT_RUN
+    env = child_environment(os.environ, FROZEN)
+    unusable, status = cannot_start(ncu, "ncu")
+    if unusable:
+        write_summary(_failed(f"cannot start ncu: {unusable}", status), stdout, stderr)
+        return status
     exe = command[0]
-    if not (os.path.isfile(exe) and os.access(exe, os.X_OK)):
-        write_summary(
-            _failed(f"workload executable {exe} is missing or not executable (was it staged?)", NOT_RUN),
-            stdout,
-            stderr,
-        )
-        return NOT_RUN
-    version = ncu_version(ncu)
+    # the checks execve makes, before ncu runs: ncu's own words for a target it cannot launch are not
+    # documented, the kernel's rules are (execve(2)); the workload's PATH is the runner's environment
+    unusable, status = cannot_start(exe)
+    if unusable:
+        write_summary(_failed(with_fix(unusable, exe), status), stdout, stderr)
+        return status
+    version = ncu_version(ncu, env)
     with tempfile.TemporaryDirectory(prefix="kratos-") as workdir:
         report_base = os.path.join(workdir, "profile")
         # --kill: ncu ends the workload once --launch-count kernels are profiled (Nsight Compute CLI,
         # "Profile" options; a boolean read by boost program_options, so yes/no, on/off, 1/0 all work):
         # the profiling run measures, the execution Job does the work.
+        # --target-processes all (the default): child processes are profiled too, so a launcher or a
+        # wrapper (torchrun, mpirun, a shell script) has its workers' kernels measured
         run = [
-            ncu, "--set", args.set, "--target-processes", "all",
+            ncu, "--set", args.set, "--target-processes", args.target_processes,
             "--launch-skip", str(args.launch_skip), "--launch-count", str(args.launch_count), "--kill", "yes",
             "--export", report_base, "--force-overwrite", *args.ncu_arg, *command,
         ]  # fmt: skip
         try:
-            exit_code, output = _run_streaming(run, stdout)
+            exit_code, output = _run_streaming(run, stdout, env)
         except OSError as exc:
             write_summary(
                 _failed(f"cannot start ncu at {ncu}: {exc.strerror}", NOT_RUN, version), stdout, stderr
@@ -132,18 +148,23 @@ def profile(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> int:
         reason = PERMISSION_HELP if PERMISSION_MARKER in output else ""
         report_file = report_base + ".ncu-rep"
         if not os.path.exists(report_file):
-            summary = summarise(parse_report(output), exit_code=exit_code, ncu_version=version, reason=reason)
-            return _finish(summary, args, stdout, stderr)
-        export = subprocess.run(
-            [ncu, "--import", report_file, "--csv", "--page", "raw", "--print-units", "base"],
-            capture_output=True, check=False,
-        )  # fmt: skip
-        text = export.stdout.decode("utf-8", "replace")
-        if export.returncode != 0 and not text.strip():
-            reason = (
-                reason or "ncu --import failed: " + export.stderr.decode("utf-8", "replace").strip()[:300]
-            )
-        summary = summarise(parse_report(text), exit_code=exit_code, ncu_version=version, reason=reason)
+            report = parse_report(output)
+        else:
+            export = subprocess.run(
+                [ncu, "--import", report_file, "--csv", "--page", "raw", "--print-units", "base"],
+                capture_output=True, check=False, env=env,
+            )  # fmt: skip
+            text = export.stdout.decode("utf-8", "replace")
+            if export.returncode != 0 and not text.strip():
+                reason = (
+                    reason or "ncu --import failed: " + export.stderr.decode("utf-8", "replace").strip()[:300]
+                )
+            report = parse_report(text)
+        # nothing profiled and the dynamic loader refused the workload: that, not the empty report, is why
+        failed_launch = loader_failure(output) if not report.kernels else ""
+        if failed_launch:
+            reason = with_fix(failed_launch, exe)
+        summary = summarise(report, exit_code=exit_code, ncu_version=version, reason=reason)
     return _finish(summary, args, stdout, stderr)
 
 
@@ -193,12 +214,19 @@ def join_ncu_args(argv: list[str]) -> list[str]:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python3 -m kratos_runner",
+        prog=PROG,
         description="Run a CUDA workload under Nsight Compute and summarise its bottleneck; "
         "or 'parse FILE' to summarise an existing ncu export.",
     )
     parser.add_argument("--ncu", help="path to ncu (default: PATH, then /opt/nvidia/nsight-compute)")
     parser.add_argument("--set", default="basic", help="ncu section set (default: basic)")
+    parser.add_argument(
+        "--target-processes",
+        choices=TARGET_PROCESSES,
+        default="all",
+        help="ncu --target-processes: 'all' follows child processes (torchrun, mpirun, a shell wrapper), "
+        "'application-only' profiles the root process alone (default: all)",
+    )
     parser.add_argument(
         "--launch-skip",
         type=int,
@@ -224,7 +252,7 @@ def main(argv: Sequence[str], stdout: TextIO | None = None, stderr: TextIO | Non
     argv = list(argv)
     if argv[:1] == ["parse"]:
         if len(argv) != 2:
-            print("usage: python3 -m kratos_runner parse FILE", file=stderr)
+            print(f"usage: {PROG} parse FILE", file=stderr)
             return 2
         return parse_file(argv[1], stdout, stderr)
     args = build_parser().parse_args(join_ncu_args(argv))
