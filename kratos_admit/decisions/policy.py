@@ -13,14 +13,13 @@ from typing import Any, Literal
 from kratos_admit.decisions.calibration import NO_CALIBRATION, Calibration
 from kratos_admit.decisions.hints import apply_hints
 from kratos_admit.decisions.profiling import (
-    capability_warnings,
     profiling_demanded,
     profiling_plan,
     profiling_wanted,
-    rewrite_for_profiling,
     unprofilable_reason,
 )
 from kratos_admit.decisions.ranking import RankingSource
+from kratos_admit.decisions.rewrite import capability_warnings, rewrite_for_profiling
 from kratos_admit.decisions.validation import ValidationContext, new_violations, validate_workload
 from kratos_admit.domain import vocabulary as v
 from kratos_admit.domain.catalog import Catalog
