@@ -19,6 +19,7 @@ import socket
 import ssl
 import stat
 import subprocess
+import sys
 import threading
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -806,3 +807,20 @@ def program_missing_a_library(path: Path) -> Path:
             "no dynamically linked `true` needing libc.so.6 on this machine to make a program missing a library"
         )
     return executable(path, data.replace(b"libc.so.6\0", b"libq.so.6\0"))
+
+
+def build_onefile_runner(out: Path) -> Path:
+    """The runner as one self-contained executable, built by runner/build_onefile.py (PyInstaller) as
+    runner/Dockerfile builds it; skips the calling test where PyInstaller is not installed."""
+    pytest.importorskip(
+        "PyInstaller",
+        reason="PyInstaller is not installed (pip install -e '.[test]' brings it): the one-file runner cannot be built",
+    )
+    built = subprocess.run(
+        [sys.executable, str(REPO / "runner" / "build_onefile.py"), "--out", str(out)],
+        capture_output=True, text=True, check=False, timeout=300,
+    )  # fmt: skip
+    assert built.returncode == 0, built.stderr[-2000:]
+    path = out / "kratos-runner"
+    assert built.stdout.strip() == f"{path}: {path.stat().st_size} bytes"
+    return path

@@ -136,3 +136,120 @@ def test_a_missing_executable_fails_the_init_container_with_its_message(tmp_path
     )
     assert runs[0].exit_code == 66
     assert "executable /opt/app/matrixMul does not exist in this image" in runs[0].log
+
+
+TRAIN_PY = '''"""A few steps of a training loop: real Python, in the workload's own image and working directory."""
+import argparse, json, os
+parser = argparse.ArgumentParser()
+parser.add_argument("--steps", type=int, required=True)
+args = parser.parse_args()
+weights = [0.0] * 256
+for step in range(args.steps):
+    print("kernel", flush=True)  # one GPU kernel launch a step, as the stand-in ncu counts them
+    weights = [w + 0.01 * (i % 7 - 3) for i, w in enumerate(weights)]
+    print(f"step {step} loss {sum(w * w for w in weights):.4f}", flush=True)
+with open(os.path.join(os.environ["OUT_DIR"], "trained.json"), "w") as out:
+    json.dump({"steps": args.steps, "cwd": os.getcwd(), "uid": os.getuid()}, out)
+'''
+
+TRAINING_JOB = """
+apiVersion: batch/v1
+kind: Job
+metadata: {name: tiny-train, namespace: team-a, labels: {gpu.scheduler.io/workload: tiny-train}}
+spec:
+  template:
+    spec:
+      restartPolicy: Never
+      securityContext: {runAsNonRoot: true, runAsUser: 1000, runAsGroup: 1000, seccompProfile: {type: RuntimeDefault}}
+      containers:
+      - name: train
+        image: registry.example.com/team-a/tiny-train:1
+        command: [python3, train.py, --steps, "3"]
+        workingDir: /workspace
+        env: [{name: OUT_DIR, value: /scratch}]
+        volumeMounts: [{name: scratch, mountPath: /scratch}]
+        resources: {limits: {nvidia.com/gpu: 1}}
+        securityContext: {allowPrivilegeEscalation: false, capabilities: {drop: [ALL]}}
+      volumes: [{name: scratch, emptyDir: {}}]
+"""
+
+# The stand-in ncu as the in-image form meets it: Nsight Compute's tree copied into /kratos/tools, the
+# real program under target/ and nsight-compute/ncu a relative link to it (runner/Dockerfile's layout);
+# it runs in the workload's own image (which has python3) and finds its recorded export beside itself.
+STAND_IN_TARGET = "opt/kratos/tools/nsight-compute/target/linux-desktop-glibc_2_11_3-x64"
+STAND_IN_WRAPPER = """#!/usr/bin/python3
+import os
+here = os.path.dirname(os.path.realpath(__file__))
+os.environ.setdefault("FAKE_NCU_EXPORT", os.path.join(here, "export.csv"))
+os.environ.setdefault("FAKE_NCU_LOG", "/tmp/ncu-calls.log")
+exec(compile(open(os.path.join(here, "stand_in_ncu.py")).read(), "ncu", "exec"))
+"""
+
+
+def kratos_tools_image(tmp_path: Path, runner: Path) -> Image:
+    """The runner image as runner/Dockerfile builds it, for the in-image form: /opt/kratos/tools with
+    the one-file runner and Nsight Compute's command line, and a shell for stage-profiler's copy."""
+    root = layer(
+        tmp_path / "kratos-tools-image",
+        {
+            f"{STAND_IN_TARGET}/ncu": STAND_IN_WRAPPER,
+            f"{STAND_IN_TARGET}/stand_in_ncu.py": STAND_IN_NCU.format(python="/usr/bin/python3"),
+            f"{STAND_IN_TARGET}/export.csv": RAW_EXPORT.read_text(),
+        },
+        executable=(f"{STAND_IN_TARGET}/ncu",),
+    )
+    (root / "opt/kratos/tools/nsight-compute/ncu").symlink_to("target/linux-desktop-glibc_2_11_3-x64/ncu")
+    shutil.copy2(runner, root / "opt/kratos/tools/kratos-runner")
+    return Image(KRATOS_IMAGE, files=root, workdir="/kratos")
+
+
+async def test_the_in_image_form_profiles_a_python_script_in_its_own_image_and_the_execution_job_runs_it(
+    tmp_path: Path, onefile_runner: Path
+):
+    key = tmp_path / "signing.key"
+    key.write_text(SIGNING_KEY)
+    manifest = tmp_path / "job.yaml"
+    manifest.write_text(TRAINING_JOB)
+    profiling = review(manifest, key)
+    assert profiling["action"] == "profiling"
+    job = profiling["object"]
+    pod_spec = job["spec"]["template"]["spec"]
+    user_image = "registry.example.com/team-a/tiny-train:1"
+    images = {
+        # the user's image: python3 and the script in its working directory; no Nsight Compute, no runner
+        user_image: Image(user_image, files=layer(tmp_path / "user-image", {"workspace/train.py": TRAIN_PY})),
+        KRATOS_IMAGE: kratos_tools_image(tmp_path, onefile_runner),
+    }
+
+    stage, runner = run_pod(pod_spec, images, tmp_path / "pod")
+
+    assert (stage.name, stage.exit_code) == ("stage-profiler", 0), stage.log
+    tools = tmp_path / "pod" / "volumes" / "kratos-tools"
+    assert (tools / "kratos-runner").read_bytes()[:4] == b"\x7fELF", "the one-file runner, copied for real"
+    assert (tools / "nsight-compute" / "ncu").is_symlink(), "the link to the real program kept"
+    assert (runner.name, runner.exit_code) == ("profiling-runner", 0), runner.log
+    assert "step 2 loss" in runner.log, "the user's own script ran, in the user's image"
+    summary = json.loads(runner.termination_message)
+    assert summary["kernels"] == 3 and summary["boundType"] == "compute", summary
+    trained = json.loads((tmp_path / "pod" / "volumes" / "scratch" / "trained.json").read_text())
+    assert trained == {"steps": 3, "cwd": "/workspace", "uid": 1000}, (
+        "its env, mount, workingDir and user kept"
+    )
+    calls = (tmp_path / "pod" / "roots" / "profiling-runner" / "tmp" / "ncu-calls.log").read_text()
+    assert "'--target-processes', 'all'" in calls and "'python3', 'train.py', '--steps', '3']" in calls
+
+    profile, executions = await controller_outcome(
+        job, runner.termination_message, signing_key=load_signing_key(key)
+    )
+    assert profile is not None and profile["status"]["phase"] == "Ready"
+    assert profile["status"]["boundType"] == "compute"
+    [execution] = executions
+    container = execution["spec"]["template"]["spec"]["containers"][0]
+    original = yaml.safe_load(TRAINING_JOB)["spec"]["template"]["spec"]["containers"][0]
+    # exactly as written, plus what the API server fills in on create (the double defaults as it does)
+    assert {k: container[k] for k in original} == original, "the execution Job runs the user's container"
+    assert set(container) - set(original) <= {
+        "imagePullPolicy",
+        "terminationMessagePath",
+        "terminationMessagePolicy",
+    }

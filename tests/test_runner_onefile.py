@@ -18,7 +18,6 @@ import pytest
 
 from tests.harness import (
     DATA,
-    REPO,
     STAND_IN_NCU,
     T4_REPORT,
     executable,
@@ -42,17 +41,9 @@ SHOWS_ITS_ENVIRONMENT = (
 )
 
 
-@pytest.fixture(scope="module")
-def runner(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("onefile")
-    built = subprocess.run(
-        [sys.executable, str(REPO / "runner" / "build_onefile.py"), "--out", str(out)],
-        capture_output=True, text=True, check=False, timeout=300,
-    )  # fmt: skip
-    assert built.returncode == 0, built.stderr[-2000:]
-    path = out / "kratos-runner"
-    assert built.stdout.strip() == f"{path}: {path.stat().st_size} bytes"
-    return path
+@pytest.fixture
+def runner(onefile_runner: Path) -> Path:
+    return onefile_runner
 
 
 @pytest.fixture
