@@ -324,6 +324,7 @@ async def test_an_in_image_run_in_a_restricted_namespace_ends_in_the_users_origi
     execution = await run_loop_existing(namespace, "torch")
     assert execution["spec"]["template"]["spec"]["containers"][0]["command"] == command
     assert phase(namespace, "torch") == "Ready"
+    assert preferred(execution), "ranked hints from the profile the in-image run made"
 
 
 async def run_loop_existing(namespace: str, workload: str) -> Any:
