@@ -75,20 +75,26 @@ def run_profiling_pod(
     return status, out.getvalue(), (tmp_path / "termination-log").read_text()
 
 
-async def test_profile_once_then_every_run_is_placed_by_the_profile(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-):
+def vector_add_profiling_run(tmp_path: Path) -> tuple[Path, Path, dict[str, Any], dict[str, Any]]:
+    """The example Job reviewed with no profile: the signing key, the (empty) profiles directory, the
+    profiling Job it became and its runner container."""
     key = tmp_path / "signing.key"
     key.write_text(SIGNING_KEY)
     profiles = tmp_path / "profiles"
     profiles.mkdir()
-
-    # 1. the user's Job is admitted with no profile: rewritten into its profiling form
     first = review(EXAMPLES / "vector-add-job.yaml", profiles, key)
     assert first["action"] == "profiling"
     profiling_job = first["object"]
     runner = profiling_job["spec"]["template"]["spec"]["containers"][0]
     assert runner["name"] == "profiling-runner"
+    return key, profiles, profiling_job, runner
+
+
+async def test_profile_once_then_every_run_is_placed_by_the_profile(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    # 1. the user's Job is admitted with no profile: rewritten into its profiling form
+    key, profiles, profiling_job, runner = vector_add_profiling_run(tmp_path)
 
     # 2. the profiling pod runs: stage the workload, run the runner's own command under a stand-in ncu
     status, out, termination_message = run_profiling_pod(
@@ -137,14 +143,7 @@ async def test_a_staged_program_missing_its_libraries_fails_the_profile_and_the_
     """Issue 24: the staged form copies one executable into the Nsight Compute image; one that needs a
     shared library of its own image cannot start there. The profile says so and names the in-image
     form; the user's Job runs unchanged as the execution Job, with base hints."""
-    key = tmp_path / "signing.key"
-    key.write_text(SIGNING_KEY)
-    profiles = tmp_path / "profiles"
-    profiles.mkdir()
-    first = review(EXAMPLES / "vector-add-job.yaml", profiles, key)
-    assert first["action"] == "profiling"
-    profiling_job = first["object"]
-    runner = profiling_job["spec"]["template"]["spec"]["containers"][0]
+    key, profiles, profiling_job, runner = vector_add_profiling_run(tmp_path)
 
     status, out, termination_message = run_profiling_pod(
         runner, tmp_path, monkeypatch, program_missing_a_library
