@@ -29,6 +29,7 @@ PURE = [
     "kratos_admit.calibration",
     "kratos_admit.scheduling",
     "kratos_admit.simulation",
+    "kratos_admit.telemetry",
     "kratos_controller.reconcile",
 ]
 PACKAGES = {

@@ -1,0 +1,240 @@
+"""DCGM telemetry into a profile, pure (DESIGN "Telemetry profiles"; docs/ranking.md says why).
+
+dcgm-exporter's samples (labels and a value) -> the series of one Pod -> per GPU (a whole GPU, or
+one MIG instance) the mean of each counter -> the mean over the Pod's GPUs -> ``smThroughput``,
+``memoryThroughput`` and a bound type by the runner's speed-of-light rule. Also a reader of the
+Prometheus text exposition, for captures of ``/metrics`` and for tests.
+
+Layer: decisions (no I/O; ``kratos_admit/prometheus.py`` asks Prometheus and hands samples here).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Final
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from kratos_admit import vocabulary as v
+from kratos_admit.config import TelemetryLabels
+
+PREFIX: Final = "DCGM_FI_PROF_"
+GR_ENGINE_ACTIVE: Final = "DCGM_FI_PROF_GR_ENGINE_ACTIVE"
+PIPE_TENSOR_ACTIVE: Final = "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE"
+DRAM_ACTIVE: Final = "DCGM_FI_PROF_DRAM_ACTIVE"
+SM_ACTIVE: Final = "DCGM_FI_PROF_SM_ACTIVE"
+SM_OCCUPANCY: Final = "DCGM_FI_PROF_SM_OCCUPANCY"
+PIPE_FP16_ACTIVE: Final = "DCGM_FI_PROF_PIPE_FP16_ACTIVE"
+PIPE_FP32_ACTIVE: Final = "DCGM_FI_PROF_PIPE_FP32_ACTIVE"
+PIPE_FP64_ACTIVE: Final = "DCGM_FI_PROF_PIPE_FP64_ACTIVE"
+# dcgm-exporter's default counters CSV (the GPU Operator's), and what the extended set adds
+DEFAULT_COUNTERS: Final = (GR_ENGINE_ACTIVE, PIPE_TENSOR_ACTIVE, DRAM_ACTIVE)
+EXTENDED_COUNTERS: Final = (SM_ACTIVE, SM_OCCUPANCY, PIPE_FP16_ACTIVE, PIPE_FP32_ACTIVE, PIPE_FP64_ACTIVE)
+COUNTERS: Final = DEFAULT_COUNTERS + EXTENDED_COUNTERS
+# each the share of cycles one kind of arithmetic pipe was busy: compute throughput as a share of peak
+PIPE_COUNTERS: Final = (PIPE_TENSOR_ACTIVE, PIPE_FP16_ACTIVE, PIPE_FP32_ACTIVE, PIPE_FP64_ACTIVE)
+# a device field every GPU row has in every dcgm-exporter counters file, profiling or not: a GPU of
+# the Pod that has this but no profiling counter is a GPU without them (consumer boards, some MIG)
+PRESENCE: Final = "DCGM_FI_DEV_GPU_UTIL"
+QUERIED: Final = (*COUNTERS, PRESENCE)
+
+# the runner's speed-of-light rule (runner/kratos_runner/summary.py, Nsight Compute's SOLBottleneck)
+SOL_THRESHOLD: Final = 60.0
+SOL_GAP: Final = 10.0
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One series' value: a line of ``/metrics``, or one element of a Prometheus vector answer."""
+
+    name: str
+    labels: Mapping[str, str]
+    value: float
+
+
+@dataclass(frozen=True)
+class Exposition:
+    samples: tuple[Sample, ...]
+    skipped: tuple[str, ...] = ()  # "line N: why", for each sample line that could not be read
+
+
+_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
+
+
+def _samples_of(text: str) -> list[Sample]:
+    return [
+        Sample(s.name, dict(s.labels), float(s.value))
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    ]
+
+
+def parse_exposition(text: str) -> Exposition:
+    """Every sample of a Prometheus text exposition, read by prometheus-client's parser.
+
+    That parser stops at the first value it cannot read (dcgm-exporter has printed
+    ``ERROR - FAILED TO CONVERT TO STRING`` as a value), losing the whole scrape. Prometheus itself
+    rejects such a scrape too; a capture is evidence, so here the text is read again one line at a
+    time with the same parser, and each unreadable line is skipped and reported by number."""
+    try:
+        return Exposition(tuple(_samples_of(text)))
+    except ValueError:
+        pass
+    samples: list[Sample] = []
+    skipped: list[str] = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip() or line.startswith("#"):
+            continue
+        try:
+            samples += _samples_of(line + "\n")
+        except (ValueError, IndexError) as exc:
+            found = _NAME.match(line)
+            name = found.group(0) if found else line[:40]
+            skipped.append(f"line {number}: {name}: {exc}")
+    return Exposition(tuple(samples), tuple(skipped))
+
+
+def _first(labels: Mapping[str, str], names: Iterable[str]) -> str:
+    return next((labels[n] for n in names if labels.get(n)), "")
+
+
+def of_pod(sample: Sample, *, namespace: str, pod: str, labels: TelemetryLabels) -> bool:
+    """The sample is of this Pod under one of the configured (namespace, pod) label pairs."""
+    return any(
+        sample.labels.get(ns_label) == namespace and sample.labels.get(pod_label) == pod
+        for ns_label, pod_label in labels.pod_pairs()
+    )
+
+
+def pod_samples(
+    samples: Iterable[Sample], *, namespace: str, pod: str, labels: TelemetryLabels
+) -> list[Sample]:
+    return [s for s in samples if of_pod(s, namespace=namespace, pod=pod, labels=labels)]
+
+
+def gpu_key(sample: Sample, labels: TelemetryLabels) -> str:
+    """One GPU: its UUID (else its index), and for a MIG instance also the instance id, so the
+    instances of one GPU are apart and the whole GPU's row is not one of them."""
+    device = _first(sample.labels, labels.uuid) or _first(sample.labels, labels.gpu)
+    instance = _first(sample.labels, labels.gpu_instance_id)
+    return f"{device}/{instance}" if instance else device
+
+
+def product_of(samples: Iterable[Sample], labels: TelemetryLabels) -> str:
+    """GPU Feature Discovery's spelling of the GPU model dcgm-exporter names (``modelName``):
+    ``NVIDIA A100-SXM4-80GB`` -> ``NVIDIA-A100-SXM4-80GB``; "" when no sample names one."""
+    for sample in samples:
+        model = _first(sample.labels, labels.model_name)
+        if model:
+            return "-".join(model.split())
+    return ""
+
+
+@dataclass(frozen=True)
+class PodTelemetry:
+    """What one Pod's series say: per counter the mean over the Pod's GPUs of each GPU's mean."""
+
+    counters: dict[str, float]
+    gpus: tuple[str, ...]  # every GPU (or MIG instance) the Pod's series name
+    missing: tuple[str, ...]  # default counters some GPU of the Pod lacks
+
+
+def per_gpu(samples: Iterable[Sample], labels: TelemetryLabels) -> dict[str, dict[str, float]]:
+    """Each GPU's mean of each counter (several series of one GPU: a container each, or a Pod seen
+    under both label spellings), finite ratios only; the presence marker is kept as a GPU."""
+    values: dict[str, dict[str, list[float]]] = {}
+    for sample in samples:
+        if sample.name not in QUERIED or not math.isfinite(sample.value):
+            continue
+        values.setdefault(gpu_key(sample, labels), {}).setdefault(sample.name, []).append(sample.value)
+    return {
+        gpu: {name: sum(found) / len(found) for name, found in counters.items() if name != PRESENCE}
+        for gpu, counters in values.items()
+    }
+
+
+def pod_telemetry(samples: Iterable[Sample], labels: TelemetryLabels) -> PodTelemetry:
+    """The Pod's counters from its series (already selected: ``pod_samples``)."""
+    gpus = per_gpu(samples, labels)
+    counters: dict[str, float] = {}
+    for name in COUNTERS:
+        found = [c[name] for c in gpus.values() if name in c]
+        if found:
+            counters[name] = sum(found) / len(found)
+    missing = tuple(name for name in DEFAULT_COUNTERS if any(name not in c for c in gpus.values()))
+    return PodTelemetry(counters, tuple(sorted(gpus)), missing)
+
+
+@dataclass(frozen=True)
+class Derived:
+    """A profile's figures from counters: percent of peak, and the bound type (docs/ranking.md)."""
+
+    bound_type: v.BoundType
+    sm_throughput: float | None = None
+    memory_throughput: float | None = None
+    achieved_occupancy: float | None = None
+    used: tuple[str, ...] = ()  # the counters the figures come from
+    reason: str = ""  # why the bound type is unknown
+    metrics: dict[str, str] = field(default_factory=dict)
+
+
+def _percent(value: float) -> str:
+    return f"{min(max(value, 0.0), 1.0) * 100:.2f}"
+
+
+def derive(counters: Mapping[str, float]) -> Derived:
+    """``smThroughput`` = the busiest arithmetic pipe present, ``memoryThroughput`` = DRAM_ACTIVE,
+    both as percent of peak; then the speed-of-light rule. SM_ACTIVE and GR_ENGINE_ACTIVE say how
+    much of the time work was resident, not how much of the peak it reached: they never count as
+    throughput. With only the default counters, a run whose graphics engine was busy but whose
+    tensor pipe and DRAM were not may be CUDA-core compute as much as latency: that is ``unknown``."""
+    pipes = [name for name in PIPE_COUNTERS if name in counters]
+    metrics: dict[str, str] = {}
+    used: list[str] = []
+    sm = mem = occupancy = None
+    if pipes:
+        busiest = max(pipes, key=lambda name: counters[name])
+        sm = min(max(counters[busiest], 0.0), 1.0) * 100
+        metrics["smThroughput"] = _percent(counters[busiest])
+        used += pipes
+    if DRAM_ACTIVE in counters:
+        mem = min(max(counters[DRAM_ACTIVE], 0.0), 1.0) * 100
+        metrics["memoryThroughput"] = metrics["dramThroughput"] = _percent(counters[DRAM_ACTIVE])
+        used.append(DRAM_ACTIVE)
+    if SM_OCCUPANCY in counters and counters.get(SM_ACTIVE, 0.0) > 0:
+        # DCGM's occupancy is over all SMs and all the time; Nsight Compute's over active SMs
+        occupancy = min(counters[SM_OCCUPANCY] / counters[SM_ACTIVE], 1.0) * 100
+        metrics["achievedOccupancy"] = f"{occupancy:.2f}"
+        used += [SM_OCCUPANCY, SM_ACTIVE]
+    figures = {"sm_throughput": sm, "memory_throughput": mem, "achieved_occupancy": occupancy}
+    if sm is None or mem is None:
+        absent = " and ".join(
+            what
+            for what, value in (("a pipe counter (PIPE_*_ACTIVE)", sm), ("DRAM_ACTIVE", mem))
+            if value is None
+        )
+        return Derived("unknown", **figures, used=tuple(used), metrics=metrics, reason=f"no {absent}")
+    if sm < SOL_THRESHOLD and mem < SOL_THRESHOLD:
+        cuda_cores_unseen = PIPE_FP32_ACTIVE not in counters and PIPE_FP64_ACTIVE not in counters
+        engine = counters.get(GR_ENGINE_ACTIVE)
+        if cuda_cores_unseen and engine is not None and engine * 100 >= SOL_THRESHOLD:
+            return Derived(
+                "unknown",
+                **figures,
+                used=(*used, GR_ENGINE_ACTIVE),
+                metrics=metrics,
+                reason=(
+                    f"the GPU was busy {engine * 100:.0f} % of the time with tensor pipe and DRAM below "
+                    f"{SOL_THRESHOLD:.0f} %: CUDA-core (FP32/FP64) compute or latency, which only the "
+                    "extended counters (PIPE_FP32/FP64_ACTIVE) tell apart"
+                ),
+            )
+        bound: v.BoundType = "latency"
+    elif abs(sm - mem) >= SOL_GAP:
+        bound = "compute" if sm > mem else "memory"
+    else:
+        bound = "balanced"
+    return Derived(bound, **figures, used=tuple(used), metrics=metrics)
