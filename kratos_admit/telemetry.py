@@ -20,6 +20,13 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from kratos_admit import vocabulary as v
 from kratos_admit.config import TelemetryLabels
+from kratos_admit.profile import (
+    MAX_COUNTED_RUNS,
+    ProfileGpu,
+    ProfileMetrics,
+    ProfileStatus,
+    TelemetryRecord,
+)
 
 PREFIX: Final = "DCGM_FI_PROF_"
 GR_ENGINE_ACTIVE: Final = "DCGM_FI_PROF_GR_ENGINE_ACTIVE"
@@ -238,3 +245,80 @@ def derive(counters: Mapping[str, float]) -> Derived:
     else:
         bound = "balanced"
     return Derived(bound, **figures, used=tuple(used), metrics=metrics)
+
+
+# --- folding a run into the WorkloadProfile's status -------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TelemetryRun:
+    """One Pod's run as Prometheus saw it: its counters' means over ``seconds`` on ``gpus`` GPUs."""
+
+    uid: str  # the Pod's uid: counted once
+    product: str
+    seconds: float
+    gpus: int
+    counters: Mapping[str, float]
+
+
+def ratio(value: float) -> str:
+    """A counter as the status stores it: ``0.71``, ``0.0047``, ``0``."""
+    return f"{round(value, 4):g}"
+
+
+def folded(records: Iterable[TelemetryRecord], run: TelemetryRun) -> list[TelemetryRecord]:
+    """``records`` with ``run`` folded into its product's: runs + 1, GPU-seconds added, and each
+    counter's mean weighted by GPU-seconds. A counter the run lacks keeps its mean; one only the
+    run has starts from it."""
+    weight = run.seconds * max(run.gpus, 1)
+    by_product = {r.product: r for r in records}
+    seen = by_product.get(run.product)
+    before = float(seen.seconds) if seen else 0.0
+    counters = dict(seen.counters) if seen else {}
+    for name, value in run.counters.items():
+        old = counters.get(name)
+        mean = value if old is None else (float(old) * before + value * weight) / (before + weight)
+        counters[name] = ratio(mean)
+    by_product[run.product] = TelemetryRecord(
+        product=run.product,
+        runs=(seen.runs if seen else 0) + 1,
+        seconds=f"{before + weight:.0f}",
+        counters=dict(sorted(counters.items())),
+    )
+    return sorted(by_product.values(), key=lambda r: r.product)
+
+
+def nsight_compute_figures(status: ProfileStatus) -> bool:
+    """The bound type and metrics come from Nsight Compute (or a run of it is under way): they
+    keep precedence, telemetry only adds ``status.telemetry``."""
+    if status.phase == "Profiling":
+        return True
+    return status.phase == "Ready" and status.source != "telemetry"
+
+
+def with_telemetry(status: ProfileStatus | None, run: TelemetryRun, *, now: str) -> ProfileStatus | None:
+    """The profile's status with ``run`` folded in (None when that Pod was counted already). With
+    no Nsight Compute figures, the profile is Ready from telemetry: the product with the most
+    GPU-seconds gives ``gpu.product`` and, by ``derive``, the bound type and metrics."""
+    if status is not None and run.uid in status.counted_telemetry:
+        return None
+    current = status or ProfileStatus(phase="Ready", source="telemetry")
+    records = folded(current.telemetry, run)
+    counted = [*current.counted_telemetry, run.uid][-MAX_COUNTED_RUNS:]
+    update: dict[str, object] = {"telemetry": records, "counted_telemetry": counted}
+    if not nsight_compute_figures(current):
+        best = max(records, key=lambda r: (float(r.seconds), r.product))
+        derived = derive({name: float(value) for name, value in best.counters.items()})
+        runs = sum(r.runs for r in records)
+        note = f"from DCGM telemetry of {runs} run(s), {best.seconds} GPU-seconds on {best.product}"
+        update |= {
+            "phase": "Ready",
+            "source": "telemetry",
+            "bound_type": derived.bound_type,
+            "metrics": ProfileMetrics.model_validate(derived.metrics),
+            "gpu": ProfileGpu(product=best.product),
+            "profiled_at": now,
+            "source_job": None,
+            "message": f"{note}: {derived.reason}" if derived.reason else note,
+        }
+    return current.model_copy(update=update)

@@ -117,6 +117,21 @@ def test_complete_job_publishes_profile_and_summary_creates_and_marks_the_execut
     assert signature_valid(marked, namespace="team-a", key=TEST_KEY), "the original's block stays signed"
 
 
+def test_a_nsight_compute_result_replaces_a_telemetry_profile_and_keeps_its_telemetry():
+    telemetry = {
+        "phase": "Ready",
+        "boundType": "latency",
+        "source": "telemetry",
+        "telemetry": [{"product": "Tesla-T4", "runs": 2, "seconds": "900", "counters": {"DCGM_FI_PROF_DRAM_ACTIVE": "0.3"}}],
+        "countedTelemetry": ["pod-1", "pod-2"],
+    }  # fmt: skip
+    existing = as_profile(ProfileStatus.model_validate(telemetry))
+    profile = published(Observed(job=DONE, runner=ran(SUMMARY), profile=existing))["PublishProfile"]
+    status = profile.status.as_status()
+    assert (status["source"], status["boundType"]) == ("nsight-compute", "memory")
+    assert (status["telemetry"], status["countedTelemetry"]) == (telemetry["telemetry"], telemetry["countedTelemetry"])
+
+
 @pytest.mark.parametrize(
     ("report", "phase", "bound", "memory", "message_part"),
     [

@@ -23,6 +23,7 @@ from kratos_admit.telemetry import (
     SM_ACTIVE,
     SM_OCCUPANCY,
     Sample,
+    TelemetryRun,
     derive,
     gpu_key,
     parse_exposition,
@@ -30,7 +31,10 @@ from kratos_admit.telemetry import (
     pod_samples,
     pod_telemetry,
     product_of,
+    with_telemetry,
 )
+from kratos_admit.profile import MAX_COUNTED_RUNS, ProfileStatus
+from tests.builders import make_profile
 from tests.harness import DATA, require_fixtures
 
 LABELS = TelemetryLabels()
@@ -265,3 +269,96 @@ def test_occupancy_is_over_the_active_sms_as_nsight_compute_counts_it():
 
 def test_every_counter_name_is_a_dcgm_profiling_field():
     assert all(name.startswith(PREFIX) for name in COUNTERS) and len(set(COUNTERS)) == 8
+
+
+A100, L4 = "NVIDIA-A100-SXM4-80GB", "NVIDIA-L4"
+NOW = "2026-11-25T08:00:00Z"
+
+
+def _run(uid: str, product: str = A100, seconds: float = 100, gpus: int = 1, **counters: float) -> TelemetryRun:
+    named = {"DCGM_FI_PROF_" + name.upper(): value for name, value in counters.items()}
+    return TelemetryRun(uid, product, seconds, gpus, named)
+
+
+def test_a_workload_without_a_profile_gets_a_ready_one_from_telemetry():
+    status = with_telemetry(None, _run("pod-1", seconds=300, gpus=2, dram_active=0.8, pipe_fp32_active=0.15), now=NOW)
+    assert status is not None
+    assert status.as_status() == {
+        "phase": "Ready",
+        "boundType": "memory",
+        "source": "telemetry",
+        "metrics": {"smThroughput": "15.00", "memoryThroughput": "80.00", "dramThroughput": "80.00"},
+        "gpu": {"product": A100},
+        "profiledAt": NOW,
+        "message": f"from DCGM telemetry of 1 run(s), 600 GPU-seconds on {A100}",
+        "observations": [],
+        "countedRuns": [],
+        "observedRuns": 0,
+        "telemetry": [
+            {
+                "product": A100,
+                "runs": 1,
+                "seconds": "600",
+                "counters": {"DCGM_FI_PROF_DRAM_ACTIVE": "0.8", "DCGM_FI_PROF_PIPE_FP32_ACTIVE": "0.15"},
+            }
+        ],
+        "countedTelemetry": ["pod-1"],
+    }
+
+
+def test_runs_fold_by_gpu_seconds_and_a_pod_counts_once():
+    first = with_telemetry(None, _run("a", seconds=100, gpus=1, dram_active=0.9, pipe_tensor_active=0.1), now=NOW)
+    # 3 GPUs for 100 s weigh 300 against the first run's 100: DRAM (0.9*100 + 0.5*300) / 400 = 0.6
+    second = with_telemetry(first, _run("b", seconds=100, gpus=3, dram_active=0.5, gr_engine_active=0.7), now=NOW)
+    assert second is not None and with_telemetry(second, _run("b", dram_active=0.0), now=NOW) is None
+    (record,) = second.telemetry
+    assert (record.runs, record.seconds) == (2, "400")
+    assert record.counters == {
+        "DCGM_FI_PROF_DRAM_ACTIVE": "0.6",
+        "DCGM_FI_PROF_GR_ENGINE_ACTIVE": "0.7",  # only the second run had it
+        "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE": "0.1",  # only the first run had it: kept
+    }
+    # tensor 10 %, DRAM 60 %: not both under 60, 50 points apart
+    assert (second.bound_type, second.metrics.sm_throughput, second.metrics.memory_throughput) == (
+        "memory",
+        "10.00",
+        "60.00",
+    )
+
+
+def test_the_product_with_most_gpu_seconds_gives_the_figures():
+    status = with_telemetry(None, _run("a", A100, seconds=1000, dram_active=0.85, pipe_tensor_active=0.1), now=NOW)
+    status = with_telemetry(status, _run("b", L4, seconds=100, dram_active=0.2, pipe_tensor_active=0.9), now=NOW)
+    assert status is not None and [r.product for r in status.telemetry] == [A100, L4]
+    assert (status.gpu.product, status.bound_type) == (A100, "memory")
+
+
+@pytest.mark.parametrize(
+    ("phase", "source", "keeps_figures"),
+    [
+        pytest.param("Ready", "nsight-compute", True, id="nsight-compute-profile-keeps-precedence"),
+        pytest.param("Ready", None, True, id="profile-from-before-sources-is-nsight-compute"),
+        pytest.param("Profiling", None, True, id="nsight-compute-run-under-way"),
+        pytest.param("Failed", None, False, id="failed-profiling-run-is-no-profile"),
+        pytest.param("Ready", "telemetry", False, id="telemetry-profile-follows-telemetry"),
+    ],
+)
+def test_an_nsight_compute_profile_keeps_its_bound_type_and_metrics(phase, source, keeps_figures):
+    profile = make_profile(phase=phase, bound="compute", sm="88.00", mem="12.00", product=L4)
+    assert profile.status is not None
+    before = profile.status.model_copy(update={"source": source})
+    after = with_telemetry(before, _run("pod-9", A100, dram_active=0.8, pipe_fp32_active=0.15), now=NOW)
+    assert after is not None and [r.product for r in after.telemetry] == [A100]
+    figures = (after.phase, after.bound_type, after.metrics, after.gpu, after.source)
+    if keeps_figures:
+        assert figures == (before.phase, before.bound_type, before.metrics, before.gpu, before.source)
+    else:
+        assert (after.phase, after.bound_type, after.gpu.product, after.source) == ("Ready", "memory", A100, "telemetry")
+
+
+def test_the_counted_pods_are_bounded():
+    status: ProfileStatus | None = None
+    for i in range(MAX_COUNTED_RUNS + 5):
+        status = with_telemetry(status, _run(f"pod-{i}", dram_active=0.5), now=NOW)
+    assert status is not None and len(status.counted_telemetry) == MAX_COUNTED_RUNS
+    assert status.counted_telemetry[-1] == f"pod-{MAX_COUNTED_RUNS + 4}" and status.telemetry[0].runs == MAX_COUNTED_RUNS + 5

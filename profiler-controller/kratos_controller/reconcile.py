@@ -45,6 +45,7 @@ from kratos_admit.profile import (
     ProfileMetrics,
     ProfileStatus,
     RunnerSummary,
+    TelemetryRecord,
     WorkloadProfile,
     with_runs,
 )
@@ -256,6 +257,7 @@ def profile_status(observed: Observed, summary: Summary) -> ProfileStatus:
                 ),
                 "gpu": ProfileGpu.model_validate(gpu),
                 **common,
+                "source": "nsight-compute",
                 "message": message,
             }
         )
@@ -438,6 +440,8 @@ def reconcile(observed: Observed, *, signing_key: bytes) -> list[Action]:
             ],
             "counted_runs": [str(u) for u in as_list(existing_status.get("countedRuns"))],
             "observed_runs": int(existing_status.get("observedRuns") or 0),
+            "telemetry": [TelemetryRecord.model_validate(t) for t in as_list(existing_status.get("telemetry"))],
+            "counted_telemetry": [str(u) for u in as_list(existing_status.get("countedTelemetry"))],
         }
     )
     message = observed.runner.message if observed.runner else None
