@@ -129,7 +129,10 @@ def test_a_nsight_compute_result_replaces_a_telemetry_profile_and_keeps_its_tele
     profile = published(Observed(job=DONE, runner=ran(SUMMARY), profile=existing))["PublishProfile"]
     status = profile.status.as_status()
     assert (status["source"], status["boundType"]) == ("nsight-compute", "memory")
-    assert (status["telemetry"], status["countedTelemetry"]) == (telemetry["telemetry"], telemetry["countedTelemetry"])
+    assert (status["telemetry"], status["countedTelemetry"]) == (
+        telemetry["telemetry"],
+        telemetry["countedTelemetry"],
+    )
 
 
 @pytest.mark.parametrize(

@@ -253,7 +253,11 @@ def test_a_gpu_without_profiling_counters_is_named_missing_beside_one_with_them(
 )  # fmt: skip
 def test_counters_map_to_throughputs_and_a_bound_type(counters, bound, sm, memory):
     derived = derive(counters)
-    assert (derived.bound_type, derived.metrics.get("smThroughput"), derived.metrics.get("memoryThroughput")) == (
+    assert (
+        derived.bound_type,
+        derived.metrics.get("smThroughput"),
+        derived.metrics.get("memoryThroughput"),
+    ) == (
         bound,
         sm,
         memory,
@@ -275,13 +279,17 @@ A100, L4 = "NVIDIA-A100-SXM4-80GB", "NVIDIA-L4"
 NOW = "2026-11-25T08:00:00Z"
 
 
-def _run(uid: str, product: str = A100, seconds: float = 100, gpus: int = 1, **counters: float) -> TelemetryRun:
+def _run(
+    uid: str, product: str = A100, seconds: float = 100, gpus: int = 1, **counters: float
+) -> TelemetryRun:
     named = {"DCGM_FI_PROF_" + name.upper(): value for name, value in counters.items()}
     return TelemetryRun(uid, product, seconds, gpus, named)
 
 
 def test_a_workload_without_a_profile_gets_a_ready_one_from_telemetry():
-    status = with_telemetry(None, _run("pod-1", seconds=300, gpus=2, dram_active=0.8, pipe_fp32_active=0.15), now=NOW)
+    status = with_telemetry(
+        None, _run("pod-1", seconds=300, gpus=2, dram_active=0.8, pipe_fp32_active=0.15), now=NOW
+    )
     assert status is not None
     assert status.as_status() == {
         "phase": "Ready",
@@ -307,9 +315,13 @@ def test_a_workload_without_a_profile_gets_a_ready_one_from_telemetry():
 
 
 def test_runs_fold_by_gpu_seconds_and_a_pod_counts_once():
-    first = with_telemetry(None, _run("a", seconds=100, gpus=1, dram_active=0.9, pipe_tensor_active=0.1), now=NOW)
+    first = with_telemetry(
+        None, _run("a", seconds=100, gpus=1, dram_active=0.9, pipe_tensor_active=0.1), now=NOW
+    )
     # 3 GPUs for 100 s weigh 300 against the first run's 100: DRAM (0.9*100 + 0.5*300) / 400 = 0.6
-    second = with_telemetry(first, _run("b", seconds=100, gpus=3, dram_active=0.5, gr_engine_active=0.7), now=NOW)
+    second = with_telemetry(
+        first, _run("b", seconds=100, gpus=3, dram_active=0.5, gr_engine_active=0.7), now=NOW
+    )
     assert second is not None and with_telemetry(second, _run("b", dram_active=0.0), now=NOW) is None
     (record,) = second.telemetry
     assert (record.runs, record.seconds) == (2, "400")
@@ -327,8 +339,12 @@ def test_runs_fold_by_gpu_seconds_and_a_pod_counts_once():
 
 
 def test_the_product_with_most_gpu_seconds_gives_the_figures():
-    status = with_telemetry(None, _run("a", A100, seconds=1000, dram_active=0.85, pipe_tensor_active=0.1), now=NOW)
-    status = with_telemetry(status, _run("b", L4, seconds=100, dram_active=0.2, pipe_tensor_active=0.9), now=NOW)
+    status = with_telemetry(
+        None, _run("a", A100, seconds=1000, dram_active=0.85, pipe_tensor_active=0.1), now=NOW
+    )
+    status = with_telemetry(
+        status, _run("b", L4, seconds=100, dram_active=0.2, pipe_tensor_active=0.9), now=NOW
+    )
     assert status is not None and [r.product for r in status.telemetry] == [A100, L4]
     assert (status.gpu.product, status.bound_type) == (A100, "memory")
 
@@ -353,7 +369,12 @@ def test_an_nsight_compute_profile_keeps_its_bound_type_and_metrics(phase, sourc
     if keeps_figures:
         assert figures == (before.phase, before.bound_type, before.metrics, before.gpu, before.source)
     else:
-        assert (after.phase, after.bound_type, after.gpu.product, after.source) == ("Ready", "memory", A100, "telemetry")
+        assert (after.phase, after.bound_type, after.gpu.product, after.source) == (
+            "Ready",
+            "memory",
+            A100,
+            "telemetry",
+        )
 
 
 def test_the_counted_pods_are_bounded():
@@ -361,4 +382,7 @@ def test_the_counted_pods_are_bounded():
     for i in range(MAX_COUNTED_RUNS + 5):
         status = with_telemetry(status, _run(f"pod-{i}", dram_active=0.5), now=NOW)
     assert status is not None and len(status.counted_telemetry) == MAX_COUNTED_RUNS
-    assert status.counted_telemetry[-1] == f"pod-{MAX_COUNTED_RUNS + 4}" and status.telemetry[0].runs == MAX_COUNTED_RUNS + 5
+    assert (
+        status.counted_telemetry[-1] == f"pod-{MAX_COUNTED_RUNS + 4}"
+        and status.telemetry[0].runs == MAX_COUNTED_RUNS + 5
+    )

@@ -440,7 +440,9 @@ def reconcile(observed: Observed, *, signing_key: bytes) -> list[Action]:
             ],
             "counted_runs": [str(u) for u in as_list(existing_status.get("countedRuns"))],
             "observed_runs": int(existing_status.get("observedRuns") or 0),
-            "telemetry": [TelemetryRecord.model_validate(t) for t in as_list(existing_status.get("telemetry"))],
+            "telemetry": [
+                TelemetryRecord.model_validate(t) for t in as_list(existing_status.get("telemetry"))
+            ],
             "counted_telemetry": [str(u) for u in as_list(existing_status.get("countedTelemetry"))],
         }
     )
