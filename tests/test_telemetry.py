@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from kratos_admit.config import TelemetryLabels
+from kratos_admit.profile import MAX_COUNTED_RUNS, ProfileStatus
 from kratos_admit.telemetry import (
     COUNTERS,
     DEFAULT_COUNTERS,
@@ -33,7 +34,6 @@ from kratos_admit.telemetry import (
     product_of,
     with_telemetry,
 )
-from kratos_admit.profile import MAX_COUNTED_RUNS, ProfileStatus
 from tests.builders import make_profile
 from tests.harness import DATA, require_fixtures
 
