@@ -140,6 +140,21 @@ def product_of(samples: Iterable[Sample], labels: TelemetryLabels) -> str:
     return ""
 
 
+def _promql_string(value: str) -> str:
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
+
+
+def pod_query(name: str, *, namespace: str, pod: str, seconds: float, labels: TelemetryLabels) -> str:
+    """PromQL for one counter of one Pod, averaged over the last ``seconds`` (whole, at least 60:
+    Prometheus needs a range of some scrapes): one ``avg_over_time`` per (namespace, pod) label
+    pair, joined by ``or`` (series renamed by a ServiceMonitor scrape carry the ``exported_`` pair)."""
+    window = max(60, math.ceil(seconds))
+    return " or ".join(
+        f"avg_over_time({name}{{{ns_label}={_promql_string(namespace)},{pod_label}={_promql_string(pod)}}}[{window}s])"
+        for ns_label, pod_label in labels.pod_pairs()
+    )
+
+
 @dataclass(frozen=True)
 class PodTelemetry:
     """What one Pod's series say: per counter the mean over the Pod's GPUs of each GPU's mean."""
@@ -216,35 +231,32 @@ def derive(counters: Mapping[str, float]) -> Derived:
         occupancy = min(counters[SM_OCCUPANCY] / counters[SM_ACTIVE], 1.0) * 100
         metrics["achievedOccupancy"] = f"{occupancy:.2f}"
         used += [SM_OCCUPANCY, SM_ACTIVE]
-    figures = {"sm_throughput": sm, "memory_throughput": mem, "achieved_occupancy": occupancy}
+
+    def made(bound: v.BoundType, reason: str = "", also: tuple[str, ...] = ()) -> Derived:
+        return Derived(bound, sm, mem, occupancy, (*used, *also), reason, metrics)
+
     if sm is None or mem is None:
         absent = " and ".join(
             what
             for what, value in (("a pipe counter (PIPE_*_ACTIVE)", sm), ("DRAM_ACTIVE", mem))
             if value is None
         )
-        return Derived("unknown", **figures, used=tuple(used), metrics=metrics, reason=f"no {absent}")
+        return made("unknown", f"no {absent}")
     if sm < SOL_THRESHOLD and mem < SOL_THRESHOLD:
         cuda_cores_unseen = PIPE_FP32_ACTIVE not in counters and PIPE_FP64_ACTIVE not in counters
         engine = counters.get(GR_ENGINE_ACTIVE)
         if cuda_cores_unseen and engine is not None and engine * 100 >= SOL_THRESHOLD:
-            return Derived(
+            return made(
                 "unknown",
-                **figures,
-                used=(*used, GR_ENGINE_ACTIVE),
-                metrics=metrics,
-                reason=(
-                    f"the GPU was busy {engine * 100:.0f} % of the time with tensor pipe and DRAM below "
-                    f"{SOL_THRESHOLD:.0f} %: CUDA-core (FP32/FP64) compute or latency, which only the "
-                    "extended counters (PIPE_FP32/FP64_ACTIVE) tell apart"
-                ),
+                f"the GPU was busy {engine * 100:.0f} % of the time with tensor pipe and DRAM below "
+                f"{SOL_THRESHOLD:.0f} %: CUDA-core (FP32/FP64) compute or latency, which only the "
+                "extended counters (PIPE_FP32/FP64_ACTIVE) tell apart",
+                (GR_ENGINE_ACTIVE,),
             )
-        bound: v.BoundType = "latency"
-    elif abs(sm - mem) >= SOL_GAP:
-        bound = "compute" if sm > mem else "memory"
-    else:
-        bound = "balanced"
-    return Derived(bound, **figures, used=tuple(used), metrics=metrics)
+        return made("latency")
+    if abs(sm - mem) >= SOL_GAP:
+        return made("compute" if sm > mem else "memory")
+    return made("balanced")
 
 
 # --- folding a run into the WorkloadProfile's status -------------------------------------------------

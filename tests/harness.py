@@ -29,6 +29,7 @@ import jsonpatch
 import kubernetes_validate
 import pytest
 import yaml
+from aiohttp import web
 from aiohttp.test_utils import TestServer
 from kubernetes_asyncio import client
 
@@ -45,6 +46,7 @@ from kratos_admit.raw import clone
 from kratos_admit.request import Operation, admission_review, parse_review
 from kratos_admit.server import create_app, running_site
 from kratos_admit.stores import StaticNodeStore, StaticProfileStore
+from kratos_admit.telemetry import Sample, parse_exposition
 from kratos_admit.tls import ServingCertificate
 from kratos_controller.controller import ControllerMetrics, ProfilerController
 from kratos_runner.parse import parse_report
@@ -653,3 +655,86 @@ with open(export + ".ncu-rep", "w") as out:
 print("==PROF== Disconnected from process 4242", flush=True)
 sys.exit(128 - code if code < 0 else code)
 '''
+
+
+# --- Prometheus, as the controller's telemetry asks it ------------------------------------------------
+
+_AVG_OVER_TIME = re.compile(r"avg_over_time\((\w+)\{([^}]*)\}\[(\d+)s\]\)")
+_MATCHER = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+
+
+@dataclass
+class FakePrometheus:
+    """Prometheus's ``/api/v1/query`` for the PromQL the telemetry client writes
+    (``avg_over_time(NAME{l="v",...}[Ns]) or ...``): it answers each alternative with the held
+    samples of that name whose labels match, as Prometheus answers (``__name__`` dropped by
+    ``avg_over_time``, values as strings, ``[time, value]``), in the exact JSON shape of the HTTP
+    API. Any other query is a 400 ``bad_data``, as Prometheus says of a parse error. ``samples``
+    stand for the averages Prometheus would compute; ``delay``, ``fail`` and ``token`` make it slow,
+    failing or behind authentication; ``queries`` records what was asked."""
+
+    samples: list[Sample] = field(default_factory=list)
+    delay: float = 0.0
+    fail: tuple[int, str] | None = None  # (HTTP status, body) answered to every query
+    token: str | None = None  # the bearer token it demands
+    queries: list[dict[str, str]] = field(default_factory=list)
+
+    def load(self, path: Path) -> FakePrometheus:
+        self.samples += parse_exposition(path.read_text("utf-8")).samples
+        return self
+
+    def _answer(self, query: str) -> list[dict[str, Any]] | None:
+        alternatives = [a.strip() for a in query.split(" or ")]
+        found: list[dict[str, Any]] = []
+        seen: set[tuple[tuple[str, str], ...]] = set()
+        for alternative in alternatives:
+            parsed = _AVG_OVER_TIME.fullmatch(alternative)
+            if parsed is None:
+                return None
+            name, matchers = parsed.group(1), dict(_MATCHER.findall(parsed.group(2)))
+            matchers = {k: val.replace('\\"', '"').replace("\\\\", "\\") for k, val in matchers.items()}
+            for sample in self.samples:
+                if sample.name == name and all(sample.labels.get(k) == val for k, val in matchers.items()):
+                    key = tuple(sorted(sample.labels.items()))
+                    if key not in seen:  # `or` keeps the left side's series, and the right's others
+                        seen.add(key)
+                        found.append({"metric": dict(sample.labels), "value": [0.0, repr(sample.value)]})
+        return found
+
+    async def _query(self, request: web.Request) -> web.Response:
+        params = dict(request.query)
+        if request.method == "POST":
+            params.update({k: str(val) for k, val in (await request.post()).items()})
+        self.queries.append(params)
+        if self.token is not None and request.headers.get("Authorization") != f"Bearer {self.token}":
+            return web.Response(status=401, text="Unauthorized\n")
+        if self.delay:
+            await asyncio.sleep(self.delay)
+        if self.fail is not None:
+            return web.Response(status=self.fail[0], text=self.fail[1], content_type="application/json")
+        result = self._answer(params.get("query", ""))
+        if result is None:
+            return web.json_response(
+                {"status": "error", "errorType": "bad_data", "error": "1:1: parse error: unexpected query"},
+                status=400,
+            )
+        at = float(params.get("time", "0"))
+        for item in result:
+            item["value"][0] = at
+        return web.json_response({"status": "success", "data": {"resultType": "vector", "result": result}})
+
+    def app(self) -> web.Application:
+        app = web.Application()
+        app.router.add_route("*", "/api/v1/query", self._query)
+        return app
+
+
+@contextlib.asynccontextmanager
+async def prometheus_serving(fake: FakePrometheus) -> AsyncIterator[str]:
+    """The fake served on 127.0.0.1; yields its URL."""
+    server = TestServer(fake.app())
+    await server.start_server()
+    try:
+        yield str(server.make_url("")).rstrip("/")
+    finally:
+        await server.close()

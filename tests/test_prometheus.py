@@ -1,0 +1,146 @@
+"""The Prometheus HTTP API client (kratos_admit/prometheus.py) against a real aiohttp server that
+answers ``/api/v1/query`` as Prometheus does: a Pod's counters from a capture, label spellings,
+error answers, timeouts, an unreachable URL, a bearer token and a private CA."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import ssl
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp import web
+
+from kratos_admit.certs import generate
+from kratos_admit.config import TelemetryConfig
+from kratos_admit.prometheus import Prometheus, PrometheusError, vector_samples
+from kratos_admit.telemetry import DEFAULT_COUNTERS, DRAM_ACTIVE, QUERIED, derive, pod_telemetry
+from tests.harness import DATA, FakePrometheus, free_port, prometheus_serving
+
+END = dt.datetime(2026, 11, 25, 8, 0, tzinfo=dt.UTC)
+
+
+def settings(url: str, **more: Any) -> TelemetryConfig:
+    return TelemetryConfig.model_validate({"prometheusURL": url, **more})
+
+
+async def ask(url: str, namespace: str, pod: str, **more: Any) -> list[Any]:
+    client = Prometheus(settings(url, **more))
+    try:
+        return await client.pod_samples(namespace=namespace, pod=pod, end=END, seconds=1234.5)
+    finally:
+        await client.close()
+
+
+async def test_a_pods_counters_come_back_per_series_and_map_to_its_profile():
+    fake = FakePrometheus().load(DATA / "dcgm" / "k8s-h100x4-two-pods.txt")
+    async with prometheus_serving(fake) as url:
+        samples = await ask(url, "team-a", "train-llm-0-x7k2p")
+    found = pod_telemetry(samples, settings(url).labels)
+    assert len(found.gpus) == 2 and derive(found.counters).bound_type == "compute"
+    assert {q["time"] for q in fake.queries} == {f"{END.timestamp():.3f}"}
+    assert len(fake.queries) == len(QUERIED)
+    assert all("[1235s]" in q["query"] and " or " in q["query"] for q in fake.queries)
+
+
+async def test_series_renamed_by_a_servicemonitor_scrape_are_found_through_the_exported_labels():
+    fake = FakePrometheus().load(DATA / "dcgm" / "servicemonitor-a100-extended-exported-labels.txt")
+    async with prometheus_serving(fake) as url:
+        samples = await ask(url, "team-c", "stream-triad-5")
+        none_for_the_exporters_namespace = await ask(url, "team-c", "nvidia-dcgm-exporter-b8t4m")
+    assert derive(pod_telemetry(samples, settings(url).labels).counters).bound_type == "memory"
+    assert none_for_the_exporters_namespace == []
+
+
+async def test_a_gpu_without_profiling_counters_answers_only_its_presence():
+    fake = FakePrometheus().load(DATA / "dcgm" / "geforce-no-profiling-counters.txt")
+    async with prometheus_serving(fake) as url:
+        samples = await ask(url, "team-e", "render-job-8xq4t")
+    found = pod_telemetry(samples, settings(url).labels)
+    assert found.counters == {} and found.missing == DEFAULT_COUNTERS and len(found.gpus) == 1
+
+
+@pytest.mark.parametrize(
+    ("status", "body", "message"),
+    [
+        pytest.param(400, '{"status":"error","errorType":"bad_data","error":"invalid parameter \\"query\\": 1:15: parse error"}', "HTTP 400: bad_data: invalid parameter \"query\": 1:15: parse error", id="bad-data"),
+        pytest.param(503, '{"status":"error","errorType":"unavailable","error":"too many queries"}', "HTTP 503: unavailable: too many queries", id="unavailable"),
+        pytest.param(502, "<html><body>Bad Gateway</body></html>\n", "HTTP 502: <html><body>Bad Gateway</body></html>", id="proxy-page"),
+        pytest.param(200, '{"status":"success","data":{"resultType":"matrix","result":[]}}', "expected a vector answer, got matrix", id="matrix"),
+        pytest.param(200, "not json", "the answer is not JSON: not json", id="not-json"),
+        pytest.param(200, '{"status":"success","data":{"resultType":"vector","result":[{"metric":{},"value":[1,"lots"]}]}}', "a sample value is not a number: lots", id="bad-value"),
+    ],
+)  # fmt: skip
+async def test_an_error_answer_is_one_line_naming_the_url(status: int, body: str, message: str):
+    async with prometheus_serving(FakePrometheus(fail=(status, body))) as url:
+        with pytest.raises(PrometheusError) as err:
+            await ask(url, "team-a", "p")
+    assert str(err.value) == f"{url}: {message}"
+
+
+async def test_a_slow_prometheus_is_given_up_after_the_timeout():
+    async with prometheus_serving(FakePrometheus(delay=2.0)) as url:
+        with pytest.raises(PrometheusError) as err:
+            await ask(url, "team-a", "p", timeoutSeconds=0.2)
+    assert str(err.value) == f"{url}: no answer within 0.2 s"
+
+
+async def test_an_unreachable_prometheus_is_one_line_naming_the_url():
+    url = f"http://127.0.0.1:{free_port()}"
+    with pytest.raises(PrometheusError) as err:
+        await ask(url, "team-a", "p")
+    assert str(err.value).startswith(f"{url}: ") and "\n" not in str(err.value)
+    assert "connect" in str(err.value).lower()
+
+
+async def test_the_bearer_token_is_read_from_its_file_and_sent(tmp_path: Path):
+    token = tmp_path / "token"
+    token.write_text("s3cr3t\n")
+    fake = FakePrometheus(token="s3cr3t").load(DATA / "dcgm" / "k8s-h100x4-two-pods.txt")
+    async with prometheus_serving(fake) as url:
+        assert await ask(url, "team-a", "train-llm-0-x7k2p", bearerTokenFile=str(token))
+        with pytest.raises(PrometheusError) as refused:
+            await ask(url, "team-a", "train-llm-0-x7k2p")
+        with pytest.raises(PrometheusError) as unreadable:
+            await ask(url, "team-a", "train-llm-0-x7k2p", bearerTokenFile=str(tmp_path / "absent"))
+    assert str(refused.value) == f"{url}: HTTP 401: Unauthorized"
+    assert str(unreadable.value).startswith(f"{url}: cannot read bearerTokenFile {tmp_path / 'absent'}: ")
+
+
+async def test_a_prometheus_with_a_private_ca_is_trusted_through_ca_file(tmp_path: Path):
+    generate(service="localhost", namespace="monitoring", out=tmp_path)
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(tmp_path / "tls.crt", tmp_path / "tls.key")
+    fake = FakePrometheus().load(DATA / "dcgm" / "k8s-h100x4-two-pods.txt")
+    runner = web.AppRunner(fake.app())
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port, ssl_context=context).start()
+    url = f"https://localhost:{port}"
+    try:
+        assert await ask(url, "team-a", "train-llm-0-x7k2p", caFile=str(tmp_path / "ca.crt"))
+        with pytest.raises(PrometheusError) as untrusted:
+            await ask(url, "team-a", "train-llm-0-x7k2p")
+        with pytest.raises(PrometheusError) as bad_ca:
+            await ask(url, "team-a", "train-llm-0-x7k2p", caFile=str(tmp_path / "tls.key"))
+    finally:
+        await runner.cleanup()
+    assert "certificate verify failed" in str(untrusted.value) and str(untrusted.value).startswith(url)
+    assert str(bad_ca.value).startswith(f"{url}: cannot use caFile {tmp_path / 'tls.key'}: ")
+
+
+def test_a_vector_answer_keeps_the_series_labels_and_takes_the_queried_name():
+    body = json.loads(
+        '{"status":"success","data":{"resultType":"vector","result":['
+        '{"metric":{"UUID":"GPU-a","namespace":"ns","pod":"p"},"value":[1764057600,"0.71"]},'
+        '{"metric":{"__name__":"DCGM_FI_PROF_DRAM_ACTIVE","UUID":"GPU-b"},"value":[1764057600,"NaN"]}]}}'
+    )
+    first, second = vector_samples(body, DRAM_ACTIVE, url="http://p")
+    assert (first.name, dict(first.labels), first.value) == (
+        DRAM_ACTIVE,
+        {"UUID": "GPU-a", "namespace": "ns", "pod": "p"},
+        0.71,
+    )
+    assert second.name == DRAM_ACTIVE and second.value != second.value  # NaN: dropped by the pure core
