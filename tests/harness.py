@@ -657,6 +657,84 @@ sys.exit(128 - code if code < 0 else code)
 '''
 
 
+# --- dcgm-exporter, as the GPU Operator runs it in Kubernetes mode ------------------------------------
+
+_DCGM_HELP = {
+    "DCGM_FI_DEV_GPU_UTIL": ("GPU utilization (in %).", "gauge"),
+    "DCGM_FI_PROF_GR_ENGINE_ACTIVE": ("Ratio of time the graphics engine is active (in %).", "gauge"),
+    "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE": ("Ratio of cycles the tensor (HMMA) pipe is active (in %).", "gauge"),
+    "DCGM_FI_PROF_DRAM_ACTIVE": ("Ratio of cycles the device memory interface is active sending or receiving data (in %).", "gauge"),
+    "DCGM_FI_PROF_SM_ACTIVE": ("The ratio of cycles an SM has at least 1 warp assigned (in %).", "gauge"),
+    "DCGM_FI_PROF_SM_OCCUPANCY": ("The ratio of number of warps resident on an SM (in %).", "gauge"),
+    "DCGM_FI_PROF_PIPE_FP64_ACTIVE": ("Ratio of cycles the fp64 pipes are active (in %).", "gauge"),
+    "DCGM_FI_PROF_PIPE_FP32_ACTIVE": ("Ratio of cycles the fp32 pipes are active (in %).", "gauge"),
+    "DCGM_FI_PROF_PIPE_FP16_ACTIVE": ("Ratio of cycles the fp16 pipes are active (in %).", "gauge"),
+}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class DcgmGpu:
+    """One GPU (or MIG instance, with ``instance``) as dcgm-exporter labels it; ``pod`` empty when no
+    Pod holds it (4.x then prints no pod labels at all)."""
+
+    index: int
+    uuid: str
+    namespace: str = ""
+    pod: str = ""
+    container: str = "main"
+    counters: tuple[tuple[str, float], ...] = ()  # (DCGM field name, value); GPU_UTIL is always printed
+    model: str = "NVIDIA A100-SXM4-80GB"
+    hostname: str = "gpu-0"
+    instance: tuple[str, str] | None = None  # (GPU_I_PROFILE, GPU_I_ID)
+
+    def labels(self) -> str:
+        pairs = [("gpu", str(self.index)), ("UUID", self.uuid), ("pci_bus_id", f"00000000:{0x10 + self.index:02X}:00.0"),
+                 ("device", f"nvidia{self.index}"), ("modelName", self.model)]  # fmt: skip
+        if self.instance:
+            pairs += [("GPU_I_PROFILE", self.instance[0]), ("GPU_I_ID", self.instance[1])]
+        pairs += [("Hostname", self.hostname), ("DCGM_FI_DRIVER_VERSION", "580.105.08")]
+        if self.pod:
+            pairs += [
+                ("container", self.container),
+                ("namespace", self.namespace),
+                ("pod", self.pod),
+                ("pod_uid", ""),
+            ]
+        return ",".join(f'{k}="{val}"' for k, val in pairs)
+
+
+def dcgm_exposition(gpus: Iterable[DcgmGpu]) -> str:
+    """``/metrics`` as dcgm-exporter 4.x prints it (the shape of tests/data/dcgm): per family its
+    HELP and TYPE lines, then one sample per GPU that has the field, values with six decimals."""
+    gpus = list(gpus)
+    lines: list[str] = []
+    for name, (help_text, kind) in _DCGM_HELP.items():
+        rows = []
+        for gpu in gpus:
+            values = dict(gpu.counters) | {
+                "DCGM_FI_DEV_GPU_UTIL": 100.0 * dict(gpu.counters).get("DCGM_FI_PROF_GR_ENGINE_ACTIVE", 0.0)
+            }
+            if name in values:
+                value = f"{values[name]:.0f}" if name == "DCGM_FI_DEV_GPU_UTIL" else f"{values[name]:.6f}"
+                rows.append(f"{name}{{{gpu.labels()}}} {value}")
+        if rows:
+            lines += [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}", *rows]
+    return "\n".join(lines) + "\n"
+
+
+def dcgm_exporter_app(gpus: Callable[[], Iterable[DcgmGpu]]) -> web.Application:
+    """A stand-in for dcgm-exporter's ``/metrics`` (port 9400) that a real Prometheus can scrape:
+    what ``gpus()`` says at each scrape, so a test moves Pods on and off GPUs as its kubelet
+    stand-in runs them."""
+
+    async def metrics(_: web.Request) -> web.Response:
+        return web.Response(text=dcgm_exposition(gpus()), content_type="text/plain", charset="utf-8")
+
+    app = web.Application()
+    app.router.add_get("/metrics", metrics)
+    return app
+
+
 # --- Prometheus, as the controller's telemetry asks it ------------------------------------------------
 
 _AVG_OVER_TIME = re.compile(r"avg_over_time\((\w+)\{([^}]*)\}\[(\d+)s\]\)")
@@ -680,7 +758,10 @@ class FakePrometheus:
     queries: list[dict[str, str]] = field(default_factory=list)
 
     def load(self, path: Path) -> FakePrometheus:
-        self.samples += parse_exposition(path.read_text("utf-8")).samples
+        return self.load_text(path.read_text("utf-8"))
+
+    def load_text(self, text: str) -> FakePrometheus:
+        self.samples += parse_exposition(text).samples
         return self
 
     def _answer(self, query: str) -> list[dict[str, Any]] | None:

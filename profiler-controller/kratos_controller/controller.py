@@ -193,6 +193,7 @@ class ProfilerController:
         self.telemetry_queued: set[tuple[str, str]] = set()  # (namespace, Pod) waiting in the queue
         self.telemetry_timers: set[tuple[str, str]] = set()  # running Pods waiting for their window
         self.telemetry_retries: dict[tuple[str, str], Backoff] = {}
+        self.telemetry_retry_base = 5.0  # seconds, doubling per failure up to 5 min (jittered)
         self.telemetry_failing: dict[str, str] = {}  # workload -> the error already logged for it
         self.telemetry_done: set[str] = set()  # Pod uids asked, whatever the answer: never asked again
         self.informer = self._informer(
@@ -555,7 +556,8 @@ class ProfilerController:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
-                delay = self.telemetry_retries.setdefault(key, Backoff(base=5.0, cap=300.0)).next_delay()
+                backoff = Backoff(base=self.telemetry_retry_base, cap=300.0)
+                delay = self.telemetry_retries.setdefault(key, backoff).next_delay()
                 if not isinstance(exc, PrometheusError):
                     log.warning(
                         "telemetry failed, retrying",
