@@ -163,25 +163,28 @@ async def test_a_failing_prometheus_makes_no_profile_says_so_once_and_is_retried
     body = '{"status":"error","errorType":"unavailable","error":"too many queries"}'
     gpu = DcgmGpu(0, "GPU-a", "team-a", "infer-0", counters=MEMORY_BOUND)
     fake = FakePrometheus(fail=(503, body)).load_text(dcgm_exposition([gpu]))
-    async with api_server(kube) as server, prometheus_serving(fake) as url:
-        async with controller_running(server, config=telemetry_config(url)) as controller:
-            controller.telemetry_retry_base = 0.05
-            errors = controller.metrics.telemetry_queries.labels("error")
-            await eventually(lambda: errors._value.get() >= 3)
-            assert kube.get(*PROFILES, "team-a", "infer-profile") is None, "no profile from a failed query"
-            [event] = events(kube, "TelemetryUnavailable")
-            assert event["regarding"] == {
-                "apiVersion": "v1",
-                "kind": "Pod",
-                "namespace": "team-a",
-                "name": "infer-0",
-                "uid": "uid-infer-0",
-            }
-            assert event["note"] == f"{url}: HTTP 503: unavailable: too many queries"
-            assert event["type"] == "Warning"
-            fake.fail = None
-            status = await eventually(lambda: status_of(kube).get("telemetry") and status_of(kube))
-            assert status["source"] == "telemetry" and controller.metrics.reconcile_errors._value.get() == 0
+    async with (
+        api_server(kube) as server,
+        prometheus_serving(fake) as url,
+        controller_running(server, config=telemetry_config(url)) as controller,
+    ):
+        controller.telemetry_retry_base = 0.05
+        errors = controller.metrics.telemetry_queries.labels("error")
+        await eventually(lambda: errors._value.get() >= 3)
+        assert kube.get(*PROFILES, "team-a", "infer-profile") is None, "no profile from a failed query"
+        [event] = events(kube, "TelemetryUnavailable")
+        assert event["regarding"] == {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "namespace": "team-a",
+            "name": "infer-0",
+            "uid": "uid-infer-0",
+        }
+        assert event["note"] == f"{url}: HTTP 503: unavailable: too many queries"
+        assert event["type"] == "Warning"
+        fake.fail = None
+        status = await eventually(lambda: status_of(kube).get("telemetry") and status_of(kube))
+        assert status["source"] == "telemetry" and controller.metrics.reconcile_errors._value.get() == 0
 
 
 async def test_a_gpu_without_profiling_counters_is_named_in_an_event_and_makes_no_profile():
@@ -192,16 +195,19 @@ async def test_a_gpu_without_profiling_counters_is_named_in_an_event_and_makes_n
     )
     kube.put(*PODS, pod.obj())
     fake = FakePrometheus().load(DATA / "dcgm" / "geforce-no-profiling-counters.txt")
-    async with api_server(kube) as server, prometheus_serving(fake) as url:
-        async with controller_running(server, config=telemetry_config(url)) as controller:
-            [event] = await eventually(lambda: events(kube, "TelemetryUnavailable"))
-            assert (
-                "DCGM_FI_PROF_GR_ENGINE_ACTIVE, DCGM_FI_PROF_PIPE_TENSOR_ACTIVE, DCGM_FI_PROF_DRAM_ACTIVE"
-                in event["note"]
-            )
-            assert url in event["note"] and "team-e/render-job-8xq4t" in event["note"]
-            assert controller.metrics.telemetry_queries.labels("incomplete")._value.get() == 1
-            assert kube.get(*PROFILES, "team-e", "render-profile") is None
+    async with (
+        api_server(kube) as server,
+        prometheus_serving(fake) as url,
+        controller_running(server, config=telemetry_config(url)) as controller,
+    ):
+        [event] = await eventually(lambda: events(kube, "TelemetryUnavailable"))
+        assert (
+            "DCGM_FI_PROF_GR_ENGINE_ACTIVE, DCGM_FI_PROF_PIPE_TENSOR_ACTIVE, DCGM_FI_PROF_DRAM_ACTIVE"
+            in event["note"]
+        )
+        assert url in event["note"] and "team-e/render-job-8xq4t" in event["note"]
+        assert controller.metrics.telemetry_queries.labels("incomplete")._value.get() == 1
+        assert kube.get(*PROFILES, "team-e", "render-profile") is None
 
 
 async def test_a_slow_prometheus_never_delays_a_profiling_run_or_a_release():
@@ -209,11 +215,12 @@ async def test_a_slow_prometheus_never_delays_a_profiling_run_or_a_release():
     kube.put(*NODES, node("gpu-0", A100))
     kube.put(*PODS, gpu_pod("infer-0").ran("gpu-0", "2026-11-25T07:00:00Z", "2026-11-25T07:10:00Z").obj())
     fake = FakePrometheus(delay=30.0)
-    async with api_server(kube) as server, prometheus_serving(fake) as url:
-        async with controller_running(server, config=telemetry_config(url, timeoutSeconds=20)):
-            await eventually(lambda: fake.queries)
-            seed_finished(kube, "vector-add", runner_summary())
-            published = await eventually(
-                lambda: status_of(kube, "vector-add").get("phase") == "Ready", timeout=5
-            )
-            assert published and kube.get(*PROFILES, "team-a", "infer-profile") is None
+    async with (
+        api_server(kube) as server,
+        prometheus_serving(fake) as url,
+        controller_running(server, config=telemetry_config(url, timeoutSeconds=20)),
+    ):
+        await eventually(lambda: fake.queries)
+        seed_finished(kube, "vector-add", runner_summary())
+        published = await eventually(lambda: status_of(kube, "vector-add").get("phase") == "Ready", timeout=5)
+        assert published and kube.get(*PROFILES, "team-a", "infer-profile") is None
