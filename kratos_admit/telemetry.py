@@ -162,6 +162,23 @@ class PodTelemetry:
     counters: dict[str, float]
     gpus: tuple[str, ...]  # every GPU (or MIG instance) the Pod's series name
     missing: tuple[str, ...]  # default counters some GPU of the Pod lacks
+    lacking: tuple[str, ...] = ()  # those GPUs, as a person finds them (``describe_gpu``)
+
+
+def describe_gpu(sample: Sample, labels: TelemetryLabels) -> str:
+    """A GPU as a person finds it: its UUID (else index), MIG instance and profile, host, container."""
+    parts = [_first(sample.labels, labels.uuid) or f"gpu {_first(sample.labels, labels.gpu)}"]
+    instance = _first(sample.labels, labels.gpu_instance_id)
+    if instance:
+        profile = _first(sample.labels, labels.gpu_instance_profile)
+        parts.append(f"MIG instance {instance}" + (f" ({profile})" if profile else ""))
+    host = _first(sample.labels, labels.hostname)
+    if host:
+        parts.append(f"on {host}")
+    container = _first(sample.labels, labels.container)
+    if container:
+        parts.append(f"container {container}")
+    return " ".join(parts)
 
 
 def per_gpu(samples: Iterable[Sample], labels: TelemetryLabels) -> dict[str, dict[str, float]]:
@@ -180,6 +197,7 @@ def per_gpu(samples: Iterable[Sample], labels: TelemetryLabels) -> dict[str, dic
 
 def pod_telemetry(samples: Iterable[Sample], labels: TelemetryLabels) -> PodTelemetry:
     """The Pod's counters from its series (already selected: ``pod_samples``)."""
+    samples = list(samples)
     gpus = per_gpu(samples, labels)
     counters: dict[str, float] = {}
     for name in COUNTERS:
@@ -187,7 +205,11 @@ def pod_telemetry(samples: Iterable[Sample], labels: TelemetryLabels) -> PodTele
         if found:
             counters[name] = sum(found) / len(found)
     missing = tuple(name for name in DEFAULT_COUNTERS if any(name not in c for c in gpus.values()))
-    return PodTelemetry(counters, tuple(sorted(gpus)), missing)
+    described = {gpu_key(s, labels): describe_gpu(s, labels) for s in samples}
+    lacking = tuple(
+        described[gpu] for gpu in sorted(gpus) if any(name not in gpus[gpu] for name in DEFAULT_COUNTERS)
+    )
+    return PodTelemetry(counters, tuple(sorted(gpus)), missing, lacking)
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,8 @@
 """What tests share, beside the object builders (tests/builders.py): paths and the test key,
 schema validation, engines and one-call admission, AdmissionReviews, the API double served
 in-process, API clients and waiting, the controller and the webhook running against the double,
-and the profiling Job, runner Pod and runner summary as the webhook and runner write them.
+the profiling Job, runner Pod and runner summary as the webhook and runner write them, and
+dcgm-exporter's exposition with a Prometheus HTTP API that answers from it.
 Test modules import from here and from builders, never from each other or from conftest."""
 
 from __future__ import annotations

@@ -10,14 +10,32 @@ import ssl
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 from aiohttp import web
+from aiohttp.test_utils import TestServer
 
 from kratos_admit.certs import generate
 from kratos_admit.config import TelemetryConfig
 from kratos_admit.prometheus import Prometheus, PrometheusError, vector_samples
-from kratos_admit.telemetry import DEFAULT_COUNTERS, DRAM_ACTIVE, QUERIED, derive, pod_telemetry
-from tests.harness import DATA, FakePrometheus, free_port, prometheus_serving
+from kratos_admit.telemetry import (
+    DEFAULT_COUNTERS,
+    DRAM_ACTIVE,
+    PIPE_TENSOR_ACTIVE,
+    QUERIED,
+    derive,
+    parse_exposition,
+    pod_samples,
+    pod_telemetry,
+)
+from tests.harness import (
+    DATA,
+    DcgmGpu,
+    FakePrometheus,
+    dcgm_exporter_app,
+    free_port,
+    prometheus_serving,
+)
 
 END = dt.datetime(2026, 11, 25, 8, 0, tzinfo=dt.UTC)
 
@@ -144,3 +162,31 @@ def test_a_vector_answer_keeps_the_series_labels_and_takes_the_queried_name():
         0.71,
     )
     assert second.name == DRAM_ACTIVE and second.value != second.value  # NaN: dropped by the pure core
+
+
+async def test_the_dcgm_exporter_stand_in_serves_what_its_pods_run_as_the_captures_show():
+    """The stand-in a real Prometheus scrapes in the end-to-end suite: Kubernetes-mode labels for
+    the Pods on its GPUs at each scrape, read back by the same parser as the real captures."""
+    running = [
+        DcgmGpu(0, "GPU-a", "team-a", "train-0", counters=((DRAM_ACTIVE, 0.25), (PIPE_TENSOR_ACTIVE, 0.8)))
+    ]
+    server = TestServer(dcgm_exporter_app(lambda: running))
+    await server.start_server()
+    try:
+        async with aiohttp.ClientSession() as session:
+            async with session.get(server.make_url("/metrics")) as response:
+                first = await response.text()
+                assert response.content_type == "text/plain"
+            running.clear()
+            async with session.get(server.make_url("/metrics")) as response:
+                later = await response.text()
+    finally:
+        await server.close()
+    exposition = parse_exposition(first)
+    assert not exposition.skipped and "# TYPE DCGM_FI_PROF_DRAM_ACTIVE gauge" in first
+    labels = settings("http://p").labels
+    found = pod_telemetry(
+        pod_samples(exposition.samples, namespace="team-a", pod="train-0", labels=labels), labels
+    )
+    assert found.counters[DRAM_ACTIVE] == 0.25 and derive(found.counters).bound_type == "compute"
+    assert parse_exposition(later).samples == ()

@@ -26,6 +26,7 @@ from kratos_admit.telemetry import (
     Sample,
     TelemetryRun,
     derive,
+    describe_gpu,
     gpu_key,
     parse_exposition,
     per_gpu,
@@ -235,7 +236,15 @@ def test_a_gpu_without_profiling_counters_is_named_missing_beside_one_with_them(
     ]
     found = pod_telemetry(samples, LABELS)
     assert found.gpus == ("GPU-a", "GPU-b") and found.missing == DEFAULT_COUNTERS
-    assert set(found.counters) == set(DEFAULT_COUNTERS)
+    assert set(found.counters) == set(DEFAULT_COUNTERS) and found.lacking == ("GPU-a",)
+
+
+def test_a_mig_instance_is_described_with_its_profile_host_and_container():
+    sample = _sample(
+        DRAM_ACTIVE, 0.1, gpu="0", UUID="GPU-a", GPU_I_PROFILE="2g.20gb", GPU_I_ID="5",
+        hostname="node-1", exported_container="main",
+    )  # fmt: skip
+    assert describe_gpu(sample, LABELS) == "GPU-a MIG instance 5 (2g.20gb) on node-1 container main"
 
 
 @pytest.mark.parametrize(

@@ -16,9 +16,10 @@ from kratos_admit.telemetry import (
     PIPE_TENSOR_ACTIVE,
     SM_ACTIVE,
 )
-from tests.builders import PodBuilder, make_pod
+from tests.builders import PodBuilder, make_job, make_pod
 from tests.harness import (
     DATA,
+    JOBS,
     NODES,
     PODS,
     PROFILES,
@@ -224,3 +225,32 @@ async def test_a_slow_prometheus_never_delays_a_profiling_run_or_a_release():
         seed_finished(kube, "vector-add", runner_summary())
         published = await eventually(lambda: status_of(kube, "vector-add").get("phase") == "Ready", timeout=5)
         assert published and kube.get(*PROFILES, "team-a", "infer-profile") is None
+
+
+async def test_a_jobs_run_without_a_profile_reports_on_the_job():
+    kube = KubeDouble()
+    kube.put(*NODES, node("workstation-3", "NVIDIA-GeForce-RTX-4090"))
+    job = kube.put(*JOBS, make_job("render", "team-e").obj())
+    pod = gpu_pod("render-job-8xq4t", "render", "team-e").ran(
+        "workstation-3", "2026-11-25T07:00:00Z", "2026-11-25T07:10:00Z"
+    )
+    pod = pod.label("job-name", "render").obj()
+    pod["metadata"]["ownerReferences"] = [
+        {
+            "apiVersion": "batch/v1",
+            "kind": "Job",
+            "name": "render",
+            "uid": job["metadata"]["uid"],
+            "controller": True,
+        }
+    ]
+    kube.put(*PODS, pod)
+    fake = FakePrometheus().load(DATA / "dcgm" / "geforce-no-profiling-counters.txt")
+    async with (
+        api_server(kube) as server,
+        prometheus_serving(fake) as url,
+        controller_running(server, config=telemetry_config(url)),
+    ):
+        [event] = await eventually(lambda: events(kube, "TelemetryUnavailable"))
+        assert (event["regarding"]["kind"], event["regarding"]["name"]) == ("Job", "render")
+        assert "DCGM_FI_PROF_DRAM_ACTIVE" in event["note"]

@@ -530,8 +530,8 @@ class ProfilerController:
     async def _telemetry_unavailable(
         self, due: TelemetryDue, profile: dict[str, Any] | None, note: str, *, detail: str
     ) -> None:
-        """One log line and one Event per workload and cause: on its WorkloadProfile, or on the Pod
-        while the workload has none."""
+        """One log line and one Event per workload and cause: on its WorkloadProfile, or while the
+        workload has none on the run's Job (a Pod of a Job), else on the Pod."""
         if self.telemetry_failing.get(due.workload) != detail:
             self.telemetry_failing[due.workload] = detail
             log.warning(
@@ -540,8 +540,19 @@ class ProfilerController:
             )
         if profile is not None:
             await self.report(profile, "WorkloadProfile", "TelemetryUnavailable", note, detail=detail)
+            return
+        pod = self.pods.get((due.namespace, due.pod)) or {}
+        owner = next(
+            (
+                self.jobs.get((due.namespace, str(ref.get("name"))))
+                for ref in as_list(as_mapping(pod.get("metadata")).get("ownerReferences"))
+                if as_mapping(ref).get("kind") == "Job"
+            ),
+            None,
+        )
+        if owner is not None:  # the run's Job, where kubectl describe job shows it
+            await self.report(owner, "Job", "TelemetryUnavailable", note, detail=f"{due.workload}/{detail}")
         else:
-            pod = self.pods.get((due.namespace, due.pod)) or {}
             await self.report(pod, "Pod", "TelemetryUnavailable", note, detail=f"{due.workload}/{detail}")
 
     async def _telemetry_worker(self) -> None:

@@ -804,9 +804,9 @@ def missing_counters_note(due: TelemetryDue, found: PodTelemetry, url: str) -> s
     """Why a run's profile lacks counters, naming them (a GPU without DCGM profiling support, or a
     counters file that leaves them out)."""
     names = ", ".join(found.missing)
-    gpus = ", ".join(found.gpus)
+    gpus = "; ".join(found.lacking)
     return (
-        f"Prometheus at {url} has no {names} for Pod {due.namespace}/{due.pod} (GPU {gpus}): the GPU "
+        f"Prometheus at {url} has no {names} for Pod {due.namespace}/{due.pod} ({gpus}): the GPU "
         "does not support DCGM profiling (consumer boards, some MIG setups) or dcgm-exporter's "
         "counters file leaves them out"
     )
