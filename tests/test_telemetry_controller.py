@@ -231,10 +231,12 @@ async def test_a_jobs_run_without_a_profile_reports_on_the_job():
     kube = KubeDouble()
     kube.put(*NODES, node("workstation-3", "NVIDIA-GeForce-RTX-4090"))
     job = kube.put(*JOBS, make_job("render", "team-e").obj())
-    pod = gpu_pod("render-job-8xq4t", "render", "team-e").ran(
-        "workstation-3", "2026-11-25T07:00:00Z", "2026-11-25T07:10:00Z"
+    pod = (
+        gpu_pod("render-job-8xq4t", "render", "team-e")
+        .label("job-name", "render")
+        .ran("workstation-3", "2026-11-25T07:00:00Z", "2026-11-25T07:10:00Z")
+        .obj()
     )
-    pod = pod.label("job-name", "render").obj()
     pod["metadata"]["ownerReferences"] = [
         {
             "apiVersion": "batch/v1",
