@@ -820,3 +820,83 @@ async def prometheus_serving(fake: FakePrometheus) -> AsyncIterator[str]:
         yield str(server.make_url("")).rstrip("/")
     finally:
         await server.close()
+
+
+@dataclass(frozen=True)
+class ScrapeJob:
+    """One scrape job of a real Prometheus: a target, and how its labels meet the target's own.
+    ``target_labels`` with ``honor_labels`` off is what a ServiceMonitor does: the exporter's
+    ``namespace``/``pod``/``container`` clash with the target's and become ``exported_*``."""
+
+    name: str
+    target: str  # host:port
+    honor_labels: bool = True
+    target_labels: tuple[tuple[str, str], ...] = ()
+
+
+def prometheus_binary() -> str:
+    """Debian's ``prometheus`` package (the end-to-end suite's real server), or a skip."""
+    found = shutil.which("prometheus")
+    if found is None:
+        pytest.skip(
+            "no prometheus binary on PATH: the tests against a real Prometheus need Debian's prometheus package"
+        )
+    return found
+
+
+@contextlib.asynccontextmanager
+async def real_prometheus(
+    jobs: Iterable[ScrapeJob], tmp_path: Path, *, interval: float = 0.5
+) -> AsyncIterator[str]:
+    """A real Prometheus scraping ``jobs`` every ``interval`` seconds, on 127.0.0.1; yields its URL
+    once it is ready. Its own storage lives under ``tmp_path``; it is stopped on the way out."""
+    binary = prometheus_binary()
+    scrape = [
+        {
+            "job_name": job.name,
+            "honor_labels": job.honor_labels,
+            "static_configs": [{"targets": [job.target], "labels": dict(job.target_labels)}],
+        }
+        for job in jobs
+    ]
+    config = {
+        # Prometheus durations have no fractions
+        "global": {
+            "scrape_interval": f"{round(interval * 1000)}ms",
+            "scrape_timeout": f"{round(interval * 1000)}ms",
+        },
+        "scrape_configs": scrape,
+    }
+    (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(config))
+    port = free_port()
+    log = (tmp_path / "prometheus.log").open("wb")
+    process = await asyncio.create_subprocess_exec(
+        binary, f"--config.file={tmp_path / 'prometheus.yml'}", f"--storage.tsdb.path={tmp_path / 'data'}",
+        f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn",
+        stdout=asyncio.subprocess.DEVNULL, stderr=log,
+    )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    try:
+        async with aiohttp.ClientSession() as session:
+
+            async def ready() -> bool:
+                try:
+                    async with session.get(f"{url}/-/ready") as response:
+                        return response.status == 200
+                except aiohttp.ClientError:
+                    return False
+
+            deadline = asyncio.get_running_loop().time() + 30
+            while not await ready():
+                if process.returncode is not None or asyncio.get_running_loop().time() > deadline:
+                    said = (tmp_path / "prometheus.log").read_text(errors="replace")[-500:]
+                    pytest.fail(
+                        f"prometheus did not become ready at {url} (exit {process.returncode}): {said}"
+                    )
+                await asyncio.sleep(0.2)
+        yield url
+    finally:
+        if process.returncode is None:
+            process.terminate()
+            await process.wait()
+        log.close()

@@ -4,6 +4,7 @@ error answers, timeouts, an unreachable URL, a bearer token and a private CA."""
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import json
 import ssl
@@ -21,6 +22,8 @@ from kratos_admit.prometheus import Prometheus, PrometheusError, vector_samples
 from kratos_admit.telemetry import (
     DEFAULT_COUNTERS,
     DRAM_ACTIVE,
+    GR_ENGINE_ACTIVE,
+    PIPE_FP32_ACTIVE,
     PIPE_TENSOR_ACTIVE,
     QUERIED,
     derive,
@@ -32,9 +35,12 @@ from tests.harness import (
     DATA,
     DcgmGpu,
     FakePrometheus,
+    ScrapeJob,
     dcgm_exporter_app,
     free_port,
+    prometheus_binary,
     prometheus_serving,
+    real_prometheus,
 )
 
 END = dt.datetime(2026, 11, 25, 8, 0, tzinfo=dt.UTC)
@@ -190,3 +196,66 @@ async def test_the_dcgm_exporter_stand_in_serves_what_its_pods_run_as_the_captur
     )
     assert found.counters[DRAM_ACTIVE] == 0.25 and derive(found.counters).bound_type == "compute"
     assert parse_exposition(later).samples == ()
+
+
+async def test_a_real_prometheus_answers_the_pod_queries_under_both_label_spellings(tmp_path: Path):
+    """Debian's prometheus scrapes two dcgm-exporter stand-ins: one keeps the exporter's labels
+    (honor_labels), one is scraped as a ServiceMonitor does, its namespace/pod clashing with the
+    target's and renamed exported_*. The client's PromQL finds each Pod's GPUs either way."""
+    prometheus_binary()
+    memory_bound = (
+        (DRAM_ACTIVE, 0.8),
+        (PIPE_FP32_ACTIVE, 0.15),
+        (PIPE_TENSOR_ACTIVE, 0.0),
+        (GR_ENGINE_ACTIVE, 0.97),
+    )
+    direct = [DcgmGpu(i, f"GPU-{i}", "team-a", "train-0", counters=memory_bound) for i in range(2)]
+    renamed = [DcgmGpu(0, "GPU-9", "team-c", "stream-triad-5", counters=memory_bound, hostname="gpu-1")]
+    exporters = [
+        TestServer(dcgm_exporter_app(lambda: direct)),
+        TestServer(dcgm_exporter_app(lambda: renamed)),
+    ]
+    for exporter in exporters:
+        await exporter.start_server()
+    operator_labels = (
+        ("namespace", "gpu-operator"),
+        ("pod", "nvidia-dcgm-exporter-b8t4m"),
+        ("container", "nvidia-dcgm-exporter"),
+    )
+    jobs = [
+        ScrapeJob("dcgm-exporter", f"127.0.0.1:{exporters[0].port}"),
+        ScrapeJob("dcgm-servicemonitor", f"127.0.0.1:{exporters[1].port}", honor_labels=False, target_labels=operator_labels),
+    ]  # fmt: skip
+    try:
+        async with real_prometheus(jobs, tmp_path) as url:
+            client = Prometheus(settings(url))
+            try:
+                found = {}
+                deadline = asyncio.get_running_loop().time() + 20
+                while len(found) < 2 and asyncio.get_running_loop().time() < deadline:
+                    for namespace, pod in (("team-a", "train-0"), ("team-c", "stream-triad-5")):
+                        end = dt.datetime.now(dt.UTC)
+                        samples = await client.pod_samples(namespace=namespace, pod=pod, end=end, seconds=30)
+                        if any(s.name == DRAM_ACTIVE for s in samples):
+                            found[pod] = samples
+                    await asyncio.sleep(0.5)
+                assert set(found) == {"train-0", "stream-triad-5"}
+                renamed_labels = found["stream-triad-5"][0].labels
+                assert (
+                    renamed_labels["exported_pod"] == "stream-triad-5"
+                    and renamed_labels["pod"] == "nvidia-dcgm-exporter-b8t4m"
+                )
+                labels = settings(url).labels
+                for pod, gpus in (("train-0", 2), ("stream-triad-5", 1)):
+                    namespace = "team-a" if pod == "train-0" else "team-c"
+                    telemetry = pod_telemetry(
+                        pod_samples(found[pod], namespace=namespace, pod=pod, labels=labels), labels
+                    )
+                    assert len(telemetry.gpus) == gpus and telemetry.missing == ()
+                    assert telemetry.counters[DRAM_ACTIVE] == pytest.approx(0.8)
+                    assert derive(telemetry.counters).bound_type == "memory"
+            finally:
+                await client.close()
+    finally:
+        for exporter in exporters:
+            await exporter.close()
