@@ -26,6 +26,7 @@ from kratos_admit.telemetry import (
     PIPE_FP32_ACTIVE,
     PIPE_TENSOR_ACTIVE,
     QUERIED,
+    Sample,
     derive,
     parse_exposition,
     pod_samples,
@@ -230,7 +231,7 @@ async def test_a_real_prometheus_answers_the_pod_queries_under_both_label_spelli
         async with real_prometheus(jobs, tmp_path) as url:
             client = Prometheus(settings(url))
             try:
-                found = {}
+                found: dict[str, list[Sample]] = {}
                 deadline = asyncio.get_running_loop().time() + 20
                 while len(found) < 2 and asyncio.get_running_loop().time() < deadline:
                     for namespace, pod in (("team-a", "train-0"), ("team-c", "stream-triad-5")):
