@@ -8,7 +8,8 @@ add a dependency and its own precedence rules for no gain here.
 Errors are in KRATOS's words, one line each: the key (and the file or variable it came from), what
 was given and what is allowed, never pydantic's ("Extra inputs are not permitted"). A ``KRATOS_*``
 variable that names no setting stops start-up too (a typo in an overlay must not pass silently),
-except the few that are not settings (``NOT_SETTINGS``).
+except the few that are not settings (``NOT_SETTINGS``). A variable holding a mapping
+(``KRATOS_TELEMETRY``) sets the keys it names and keeps the file's others.
 """
 
 from __future__ import annotations
