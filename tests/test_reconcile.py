@@ -577,7 +577,8 @@ def _telemetry_run(pod: str, uid: str) -> tuple[Any, Any]:
 def test_a_run_of_a_workload_without_a_profile_creates_a_ready_telemetry_profile():
     due, run = _telemetry_run("infer-0", "uid-1")
     action = record_telemetry(None, due, run, now="2026-11-25T08:00:00Z")
-    assert isinstance(action, PublishProfile) and (action.namespace, action.name) == (
+    assert isinstance(action, PublishProfile) and action.only_new, "never over a profile made meanwhile"
+    assert (action.namespace, action.name) == (
         "team-a",
         "infer-profile",
     )

@@ -256,3 +256,35 @@ async def test_a_jobs_run_without_a_profile_reports_on_the_job():
         [event] = await eventually(lambda: events(kube, "TelemetryUnavailable"))
         assert (event["regarding"]["kind"], event["regarding"]["name"]) == ("Job", "render")
         assert "DCGM_FI_PROF_DRAM_ACTIVE" in event["note"]
+
+
+async def test_a_profile_made_meanwhile_is_never_overwritten_and_the_run_folds_into_it():
+    """The profile was absent when the controller read it, and a profiling run's Profiling phase
+    appeared before the telemetry profile was created: the create finds it there and leaves it
+    alone, and the next attempt folds the run into it."""
+    kube = KubeDouble()
+    kube.put(*NODES, node("gpu-0", A100))
+    kube.put(*PODS, gpu_pod("infer-0").ran("gpu-0", "2026-11-25T07:00:00Z", "2026-11-25T07:10:00Z").obj())
+    fake = FakePrometheus().load_text(
+        dcgm_exposition([DcgmGpu(0, "GPU-a", "team-a", "infer-0", counters=MEMORY_BOUND)])
+    )
+    async with (
+        api_server(kube) as server,
+        prometheus_serving(fake) as url,
+        controller_running(server, config=telemetry_config(url)) as controller,
+    ):
+        original_get = controller.io.get_profile
+        reads = 0
+
+        async def absent_then_made(namespace: str, name: str) -> dict[str, Any] | None:
+            nonlocal reads
+            reads += 1
+            if reads == 1:  # the profiling run publishes just after this read
+                kube.put(*PROFILES, profile("infer", phase="Profiling"))
+                return None
+            return await original_get(namespace, name)
+
+        controller.io.get_profile = absent_then_made  # type: ignore[method-assign]
+        status = await eventually(lambda: status_of(kube).get("telemetry") and status_of(kube))
+        assert status["phase"] == "Profiling" and "source" not in status, "the profiling run's profile stays"
+        assert status["telemetry"][0]["runs"] == 1 and reads >= 2

@@ -504,6 +504,9 @@ class ProfilerController:
         action = record_telemetry(profile, due, run, now=now) if run is not None else None
         if action is not None:
             outcome = await self.io.apply(action)
+            if outcome == "exists":  # a profile appeared since it was read: fold into it next time
+                asyncio.get_running_loop().call_later(1.0, self.enqueue_telemetry, (namespace, name))
+                return
             if isinstance(action, PublishProfile) and outcome == "created":
                 self.metrics.profiles_published.labels("ready").inc()
                 ref = {"metadata": {"namespace": action.namespace, "name": action.name}}

@@ -112,6 +112,8 @@ class PublishProfile(_Named):
     spec: dict[str, Any]
     status: ProfileStatus
     labels: dict[str, str] = field(default_factory=dict)
+    # a new profile only: one that appeared meanwhile (a profiling run's) is left as it is
+    only_new: bool = False
 
 
 @dataclass(frozen=True)
@@ -779,7 +781,7 @@ def record_telemetry(
             return None
         name = v.profile_name(due.workload)
         labels = {v.WORKLOAD_LABEL: due.workload}
-        return PublishProfile(due.namespace, name, {"workload": due.workload}, status, labels)
+        return PublishProfile(due.namespace, name, {"workload": due.workload}, status, labels, only_new=True)
     meta = as_mapping(profile.get("metadata"))
     try:
         current = ProfileStatus.model_validate(profile.get("status") or {"phase": "Profiling"})
