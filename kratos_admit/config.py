@@ -39,6 +39,7 @@ NOT_SETTINGS: frozenset[str] = frozenset(
         "KRATOS_E2E_KUBECONFIG",  # the end-to-end tests' cluster (tests/e2e)
         "KRATOS_TERMINATION_LOG",  # where the profiling runner writes its summary (runner/)
         "KRATOS_FUZZ_EXAMPLES",  # how many examples the property-based server test tries
+        "KRATOS_TEST_OUTSIDE_DATA",  # where the tests find real outside data (tests/harness.py)
     }
 )
 
