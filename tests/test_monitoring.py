@@ -147,6 +147,7 @@ def _anchor(heading: str) -> str:
         ("KratosAdmissionSlow", "kratos_admission_duration_seconds_bucket"),
         ("KratosObjectsHeldTooLong", "kratos_held_oldest_age_seconds"),
         ("KratosControllerNoLeader", "kratos_controller_leader"),
+        ("KratosTelemetryUnavailable", "kratos_telemetry_queries_total"),
     ],
 )
 def test_each_alert_design_names_has_a_summary_a_description_and_a_runbook_in_the_readme(
