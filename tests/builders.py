@@ -170,6 +170,31 @@ class PodBuilder(_PodTemplateBuilder):
     def __init__(self, name: str, namespace: str = NAMESPACE) -> None:
         super().__init__("v1", "Pod", name, namespace, _vector_add())
 
+    def owned_by(self, kind: str, name: str, api_version: str = "apps/v1") -> Self:
+        self._obj["metadata"]["ownerReferences"] = [
+            {"apiVersion": api_version, "kind": kind, "name": name, "uid": f"uid-{name}", "controller": True}
+        ]
+        return self
+
+    def ran(self, node: str, started: str, finished: str | None = None, *, exit_code: int = 0) -> Self:
+        """Bound to ``node``, its first container started at ``started``: Running, or ended at
+        ``finished`` (Succeeded with exit 0, else Failed), as the kubelet reports it."""
+        self.pod_spec["nodeName"] = node
+        self._obj["metadata"].setdefault("uid", f"uid-{self._obj['metadata']['name']}")
+        name = self.container()["name"]
+        if finished is None:
+            state: dict[str, Any] = {"running": {"startedAt": started}}
+            phase = "Running"
+        else:
+            state = {"terminated": {"exitCode": exit_code, "startedAt": started, "finishedAt": finished}}
+            phase = "Succeeded" if exit_code == 0 else "Failed"
+        self._obj["status"] = {
+            "phase": phase,
+            "startTime": started,
+            "containerStatuses": [{"name": name, "ready": finished is None, "state": state}],
+        }
+        return self
+
 
 def make_job(name: str = "vector-add", namespace: str = NAMESPACE) -> JobBuilder:
     return JobBuilder(name, namespace)

@@ -1,7 +1,8 @@
 """What tests share, beside the object builders (tests/builders.py): paths and the test key,
 schema validation, engines and one-call admission, AdmissionReviews, the API double served
 in-process, API clients and waiting, the controller and the webhook running against the double,
-and the profiling Job, runner Pod and runner summary as the webhook and runner write them.
+the profiling Job, runner Pod and runner summary as the webhook and runner write them, and
+dcgm-exporter's exposition with a Prometheus HTTP API that answers from it.
 Test modules import from here and from builders, never from each other or from conftest."""
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ import jsonpatch
 import kubernetes_validate
 import pytest
 import yaml
+from aiohttp import web
 from aiohttp.test_utils import TestServer
 from kubernetes_asyncio import client
 
@@ -38,6 +40,7 @@ from kratos_admit.admission.engine import AdmissionEngine, ReviewResult, Webhook
 from kratos_admit.admission.request import Operation, admission_review, parse_review
 from kratos_admit.decisions.policy import PolicyContext
 from kratos_admit.decisions.stores import StaticNodeStore, StaticProfileStore
+from kratos_admit.decisions.telemetry import Sample, parse_exposition
 from kratos_admit.domain import vocabulary as v
 from kratos_admit.domain.catalog import load_catalog
 from kratos_admit.domain.config import Config
@@ -824,3 +827,247 @@ def build_onefile_runner(out: Path) -> Path:
     path = out / "kratos-runner"
     assert built.stdout.strip() == f"{path}: {path.stat().st_size} bytes"
     return path
+
+
+# --- dcgm-exporter, as the GPU Operator runs it in Kubernetes mode ------------------------------------
+
+_DCGM_HELP = {
+    "DCGM_FI_DEV_GPU_UTIL": ("GPU utilization (in %).", "gauge"),
+    "DCGM_FI_PROF_GR_ENGINE_ACTIVE": ("Ratio of time the graphics engine is active (in %).", "gauge"),
+    "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE": ("Ratio of cycles the tensor (HMMA) pipe is active (in %).", "gauge"),
+    "DCGM_FI_PROF_DRAM_ACTIVE": ("Ratio of cycles the device memory interface is active sending or receiving data (in %).", "gauge"),
+    "DCGM_FI_PROF_SM_ACTIVE": ("The ratio of cycles an SM has at least 1 warp assigned (in %).", "gauge"),
+    "DCGM_FI_PROF_SM_OCCUPANCY": ("The ratio of number of warps resident on an SM (in %).", "gauge"),
+    "DCGM_FI_PROF_PIPE_FP64_ACTIVE": ("Ratio of cycles the fp64 pipes are active (in %).", "gauge"),
+    "DCGM_FI_PROF_PIPE_FP32_ACTIVE": ("Ratio of cycles the fp32 pipes are active (in %).", "gauge"),
+    "DCGM_FI_PROF_PIPE_FP16_ACTIVE": ("Ratio of cycles the fp16 pipes are active (in %).", "gauge"),
+}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class DcgmGpu:
+    """One GPU (or MIG instance, with ``instance``) as dcgm-exporter labels it; ``pod`` empty when no
+    Pod holds it (4.x then prints no pod labels at all)."""
+
+    index: int
+    uuid: str
+    namespace: str = ""
+    pod: str = ""
+    container: str = "main"
+    counters: tuple[tuple[str, float], ...] = ()  # (DCGM field name, value); GPU_UTIL is always printed
+    model: str = "NVIDIA A100-SXM4-80GB"
+    hostname: str = "gpu-0"
+    instance: tuple[str, str] | None = None  # (GPU_I_PROFILE, GPU_I_ID)
+
+    def labels(self) -> str:
+        pairs = [("gpu", str(self.index)), ("UUID", self.uuid), ("pci_bus_id", f"00000000:{0x10 + self.index:02X}:00.0"),
+                 ("device", f"nvidia{self.index}"), ("modelName", self.model)]  # fmt: skip
+        if self.instance:
+            pairs += [("GPU_I_PROFILE", self.instance[0]), ("GPU_I_ID", self.instance[1])]
+        pairs += [("Hostname", self.hostname), ("DCGM_FI_DRIVER_VERSION", "580.105.08")]
+        if self.pod:
+            pairs += [
+                ("container", self.container),
+                ("namespace", self.namespace),
+                ("pod", self.pod),
+                ("pod_uid", ""),
+            ]
+        return ",".join(f'{k}="{val}"' for k, val in pairs)
+
+
+def dcgm_exposition(gpus: Iterable[DcgmGpu]) -> str:
+    """``/metrics`` as dcgm-exporter 4.x prints it (the shape of tests/data/dcgm): per family its
+    HELP and TYPE lines, then one sample per GPU that has the field, values with six decimals."""
+    gpus = list(gpus)
+    lines: list[str] = []
+    for name, (help_text, kind) in _DCGM_HELP.items():
+        rows = []
+        for gpu in gpus:
+            values = dict(gpu.counters) | {
+                "DCGM_FI_DEV_GPU_UTIL": 100.0 * dict(gpu.counters).get("DCGM_FI_PROF_GR_ENGINE_ACTIVE", 0.0)
+            }
+            if name in values:
+                value = f"{values[name]:.0f}" if name == "DCGM_FI_DEV_GPU_UTIL" else f"{values[name]:.6f}"
+                rows.append(f"{name}{{{gpu.labels()}}} {value}")
+        if rows:
+            lines += [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}", *rows]
+    return "\n".join(lines) + "\n"
+
+
+def dcgm_exporter_app(gpus: Callable[[], Iterable[DcgmGpu]]) -> web.Application:
+    """A stand-in for dcgm-exporter's ``/metrics`` (port 9400) that a real Prometheus can scrape:
+    what ``gpus()`` says at each scrape, so a test moves Pods on and off GPUs as its kubelet
+    stand-in runs them."""
+
+    async def metrics(_: web.Request) -> web.Response:
+        return web.Response(text=dcgm_exposition(gpus()), content_type="text/plain", charset="utf-8")
+
+    app = web.Application()
+    app.router.add_get("/metrics", metrics)
+    return app
+
+
+# --- Prometheus, as the controller's telemetry asks it ------------------------------------------------
+
+_AVG_OVER_TIME = re.compile(r"avg_over_time\((\w+)\{([^}]*)\}\[(\d+)s\]\)")
+_MATCHER = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+
+
+@dataclass
+class FakePrometheus:
+    """Prometheus's ``/api/v1/query`` for the PromQL the telemetry client writes
+    (``avg_over_time(NAME{l="v",...}[Ns]) or ...``): it answers each alternative with the held
+    samples of that name whose labels match, as Prometheus answers (``__name__`` dropped by
+    ``avg_over_time``, values as strings, ``[time, value]``), in the exact JSON shape of the HTTP
+    API. Any other query is a 400 ``bad_data``, as Prometheus says of a parse error. ``samples``
+    stand for the averages Prometheus would compute; ``delay``, ``fail`` and ``token`` make it slow,
+    failing or behind authentication; ``queries`` records what was asked."""
+
+    samples: list[Sample] = field(default_factory=list)
+    delay: float = 0.0
+    fail: tuple[int, str] | None = None  # (HTTP status, body) answered to every query
+    token: str | None = None  # the bearer token it demands
+    queries: list[dict[str, str]] = field(default_factory=list)
+
+    def load(self, path: Path) -> FakePrometheus:
+        return self.load_text(path.read_text("utf-8"))
+
+    def load_text(self, text: str) -> FakePrometheus:
+        self.samples += parse_exposition(text).samples
+        return self
+
+    def _answer(self, query: str) -> list[dict[str, Any]] | None:
+        alternatives = [a.strip() for a in query.split(" or ")]
+        found: list[dict[str, Any]] = []
+        seen: set[tuple[tuple[str, str], ...]] = set()
+        for alternative in alternatives:
+            parsed = _AVG_OVER_TIME.fullmatch(alternative)
+            if parsed is None:
+                return None
+            name, matchers = parsed.group(1), dict(_MATCHER.findall(parsed.group(2)))
+            matchers = {k: val.replace('\\"', '"').replace("\\\\", "\\") for k, val in matchers.items()}
+            for sample in self.samples:
+                if sample.name == name and all(sample.labels.get(k) == val for k, val in matchers.items()):
+                    key = tuple(sorted(sample.labels.items()))
+                    if key not in seen:  # `or` keeps the left side's series, and the right's others
+                        seen.add(key)
+                        found.append({"metric": dict(sample.labels), "value": [0.0, repr(sample.value)]})
+        return found
+
+    async def _query(self, request: web.Request) -> web.Response:
+        params = dict(request.query)
+        if request.method == "POST":
+            params.update({k: str(val) for k, val in (await request.post()).items()})
+        self.queries.append(params)
+        if self.token is not None and request.headers.get("Authorization") != f"Bearer {self.token}":
+            return web.Response(status=401, text="Unauthorized\n")
+        if self.delay:
+            await asyncio.sleep(self.delay)
+        if self.fail is not None:
+            return web.Response(status=self.fail[0], text=self.fail[1], content_type="application/json")
+        result = self._answer(params.get("query", ""))
+        if result is None:
+            return web.json_response(
+                {"status": "error", "errorType": "bad_data", "error": "1:1: parse error: unexpected query"},
+                status=400,
+            )
+        at = float(params.get("time", "0"))
+        for item in result:
+            item["value"][0] = at
+        return web.json_response({"status": "success", "data": {"resultType": "vector", "result": result}})
+
+    def app(self) -> web.Application:
+        app = web.Application()
+        app.router.add_route("*", "/api/v1/query", self._query)
+        return app
+
+
+@contextlib.asynccontextmanager
+async def prometheus_serving(fake: FakePrometheus) -> AsyncIterator[str]:
+    """The fake served on 127.0.0.1; yields its URL."""
+    server = TestServer(fake.app())
+    await server.start_server()
+    try:
+        yield str(server.make_url("")).rstrip("/")
+    finally:
+        await server.close()
+
+
+@dataclass(frozen=True)
+class ScrapeJob:
+    """One scrape job of a real Prometheus: a target, and how its labels meet the target's own.
+    ``target_labels`` with ``honor_labels`` off is what a ServiceMonitor does: the exporter's
+    ``namespace``/``pod``/``container`` clash with the target's and become ``exported_*``."""
+
+    name: str
+    target: str  # host:port
+    honor_labels: bool = True
+    target_labels: tuple[tuple[str, str], ...] = ()
+
+
+def prometheus_binary() -> str:
+    """Debian's ``prometheus`` package (the end-to-end suite's real server), or a skip."""
+    found = shutil.which("prometheus")
+    if found is None:
+        pytest.skip(
+            "no prometheus binary on PATH: the tests against a real Prometheus need Debian's prometheus package"
+        )
+    return found
+
+
+@contextlib.asynccontextmanager
+async def real_prometheus(
+    jobs: Iterable[ScrapeJob], tmp_path: Path, *, interval: float = 0.5
+) -> AsyncIterator[str]:
+    """A real Prometheus scraping ``jobs`` every ``interval`` seconds, on 127.0.0.1; yields its URL
+    once it is ready. Its own storage lives under ``tmp_path``; it is stopped on the way out."""
+    binary = prometheus_binary()
+    scrape = [
+        {
+            "job_name": job.name,
+            "honor_labels": job.honor_labels,
+            "static_configs": [{"targets": [job.target], "labels": dict(job.target_labels)}],
+        }
+        for job in jobs
+    ]
+    config = {
+        # Prometheus durations have no fractions
+        "global": {
+            "scrape_interval": f"{round(interval * 1000)}ms",
+            "scrape_timeout": f"{round(interval * 1000)}ms",
+        },
+        "scrape_configs": scrape,
+    }
+    (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(config))
+    port = free_port()
+    log = (tmp_path / "prometheus.log").open("wb")
+    process = await asyncio.create_subprocess_exec(
+        binary, f"--config.file={tmp_path / 'prometheus.yml'}", f"--storage.tsdb.path={tmp_path / 'data'}",
+        f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn",
+        stdout=asyncio.subprocess.DEVNULL, stderr=log,
+    )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    try:
+        async with aiohttp.ClientSession() as session:
+
+            async def ready() -> bool:
+                try:
+                    async with session.get(f"{url}/-/ready") as response:
+                        return response.status == 200
+                except aiohttp.ClientError:
+                    return False
+
+            deadline = asyncio.get_running_loop().time() + 30
+            while not await ready():
+                if process.returncode is not None or asyncio.get_running_loop().time() > deadline:
+                    said = (tmp_path / "prometheus.log").read_text(errors="replace")[-500:]
+                    pytest.fail(
+                        f"prometheus did not become ready at {url} (exit {process.returncode}): {said}"
+                    )
+                await asyncio.sleep(0.2)
+        yield url
+    finally:
+        if process.returncode is None:
+            process.terminate()
+            await process.wait()
+        log.close()

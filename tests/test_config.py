@@ -57,6 +57,11 @@ def test_env_names_follow_the_yaml_keys():
         pytest.param("", {"KRATOS_PROFILING_CAPABILITIES": "[PERFMON"}, "KRATOS_PROFILING_CAPABILITIES: '[PERFMON' is not valid YAML", id="env-not-yaml"),
         pytest.param("", {"KRATOS_BOGUS_KEY": "1"}, "KRATOS_BOGUS_KEY: no such setting", id="env-unknown"),
         pytest.param("", {"KRATOS_SCHEDULR": "kai"}, "KRATOS_SCHEDULR: no such setting (did you mean KRATOS_SCHEDULER?)", id="env-typo"),
+        pytest.param("telemetry: {prometheusURL: prometheus:9090}\n", {}, "telemetry.prometheusURL: 'prometheus:9090' is not an http:// or https:// URL", id="telemetry-url-without-scheme"),
+        pytest.param("telemetry: {windowSeconds: 10}\n", {}, "telemetry.windowSeconds: 10 given, must be at least 60", id="telemetry-window-too-short"),
+        pytest.param("telemetry: {labels: {pod: [exported-pod]}}\n", {}, "telemetry.labels.pod: 'exported-pod' is not a Prometheus label name", id="telemetry-bad-label-name"),
+        pytest.param("telemetry: {labels: {pods: [pod]}}\n", {}, "telemetry.labels.pods: no such setting (did you mean pod?)", id="telemetry-unknown-label-key"),
+        pytest.param("", {"KRATOS_TELEMETRY": "{prometheusUrl: http://p}"}, "KRATOS_TELEMETRY: telemetry.prometheusUrl: no such setting (did you mean prometheusURL?)", id="env-telemetry-key-case"),
         pytest.param("- a list\n", {}, "must be a mapping", id="not-a-mapping"),
         pytest.param("key: [\n", {}, "not valid YAML", id="not-yaml"),
     ],
@@ -93,3 +98,25 @@ def test_text_settings_from_the_environment_are_taken_as_written():
     assert config.profiles_dir == Path("on") and config.tls_cert_file == Path("0755")
     assert config.metrics_listen == "127.0.0.1:9090" and config.kai_queue == "yes"
     assert config.profiling_default is False  # non-text settings are still read as YAML
+
+
+def test_a_telemetry_variable_sets_its_own_keys_and_keeps_the_files_labels(tmp_path: Path):
+    path = tmp_path / "config.yaml"
+    path.write_text(
+        "telemetry: {labels: {pod: [pod_name], namespace: [pod_namespace]}, windowSeconds: 300}\n"
+    )
+    config = load_config(
+        path, environ={"KRATOS_TELEMETRY": "{prometheusURL: 'https://prometheus.monitoring:9090/'}"}
+    )
+    telemetry = config.telemetry
+    assert (
+        telemetry.prometheus_url == "https://prometheus.monitoring:9090" and telemetry.window_seconds == 300
+    )
+    assert telemetry.labels.pod_pairs() == [("pod_namespace", "pod_name")]
+
+
+def test_telemetry_is_off_by_default_and_its_labels_fit_the_gpu_operator():
+    telemetry = load_config(environ={}).telemetry
+    assert telemetry.prometheus_url is None
+    assert telemetry.labels.pod_pairs() == [("namespace", "pod"), ("exported_namespace", "exported_pod")]
+    assert telemetry.labels.hostname == ("Hostname", "hostname") and telemetry.labels.uuid == ("UUID",)

@@ -107,5 +107,57 @@ def test_the_header_counts_the_observations_actually_used(tmp_path: Path, observ
     header, table = out.split("\n\n", 1)
     lines = header.splitlines()
     assert f"observed runtimes used for {used} of 2 products" in lines[1]
-    assert lines[2:] == said
+    assert lines[2] == "source: nsight-compute" and lines[3:] == said
     assert table.count(" observed ") == used
+
+
+def header_of(profile: Path) -> list[str]:
+    status, out, err = run("placement", "-p", str(profile), "--nodes", str(EXAMPLES / "nodes.yaml"))
+    assert status == ExitStatus.OK, err
+    return out.split("\n\n", 1)[0].splitlines()
+
+
+def test_a_telemetry_profile_shows_its_source_and_the_counters_used():
+    header = header_of(EXAMPLES / "profiles" / "embed-server-profile.yaml")
+    assert "source: telemetry" in header
+    assert f"telemetry on {A100}: 3 runs, 5400 GPU-seconds (the figures come from these)" in header
+    [used] = [line for line in header if line.startswith("counters used: ")]
+    # the pipes and DRAM give the throughputs, occupancy over active SMs; never GR_ENGINE_ACTIVE
+    assert "DCGM_FI_PROF_PIPE_FP32_ACTIVE 0.21" in used and "DCGM_FI_PROF_DRAM_ACTIVE 0.62" in used
+    assert "GR_ENGINE_ACTIVE" not in used
+
+
+def test_an_nsight_compute_profile_with_telemetry_says_whose_figures_come_first(tmp_path: Path):
+    profile = yaml.safe_load((EXAMPLES / "profiles" / "vector-add-profile.yaml").read_text())
+    profile["status"]["telemetry"] = [
+        {"product": A100, "runs": 2, "seconds": "900", "counters": {"DCGM_FI_PROF_DRAM_ACTIVE": "0.4"}}
+    ]
+    path = tmp_path / "profile.yaml"
+    path.write_text(yaml.safe_dump(profile))
+    header = header_of(path)
+    assert "source: nsight-compute" in header
+    assert (
+        f"telemetry on {A100}: 2 runs, 900 GPU-seconds (kept as evidence; Nsight Compute's figures come first)"
+        in header
+    )
+    assert not [line for line in header if line.startswith("counters used")]
+
+
+def test_a_telemetry_profile_the_default_counters_cannot_settle_says_why(tmp_path: Path):
+    counters = {
+        "DCGM_FI_PROF_DRAM_ACTIVE": "0.3",
+        "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE": "0",
+        "DCGM_FI_PROF_GR_ENGINE_ACTIVE": "0.95",
+    }
+    profile = {
+        "apiVersion": "gpu.scheduler.io/v1alpha1", "kind": "WorkloadProfile",
+        "metadata": {"name": "stencil-profile", "namespace": "team-a"}, "spec": {"workload": "stencil"},
+        "status": {"phase": "Ready", "source": "telemetry", "boundType": "unknown", "gpu": {"product": A100},
+                   "metrics": {"smThroughput": "0.00", "memoryThroughput": "30.00"},
+                   "telemetry": [{"product": A100, "runs": 1, "seconds": "600", "counters": counters}]},
+    }  # fmt: skip
+    path = tmp_path / "profile.yaml"
+    path.write_text(yaml.safe_dump(profile))
+    header = header_of(path)
+    [why] = [line for line in header if line.startswith("bound type unknown: ")]
+    assert "CUDA-core (FP32/FP64) compute or latency" in why and "extended counters" in why

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from kratos_admit.decisions.profiling import decode_original_template
+from kratos_admit.decisions.telemetry import DRAM_ACTIVE, PIPE_FP32_ACTIVE, PodTelemetry
 from kratos_admit.domain import vocabulary as v
 from kratos_admit.domain.profile import ProfileStatus, RunnerSummary, WorkloadProfile
 from kratos_admit.domain.signing import sign_block, signature_valid
@@ -21,6 +22,7 @@ from kratos_controller.reconcile import (
     Observed,
     PublishConfigMap,
     PublishProfile,
+    RecordObservations,
     ReleaseFollower,
     RemoveFinalizer,
     Run,
@@ -32,10 +34,13 @@ from kratos_controller.reconcile import (
     read_summary,
     reconcile,
     record_runs,
+    record_telemetry,
     release_followers,
     runs_of,
+    telemetry_due,
+    telemetry_run,
 )
-from tests.builders import make_job, make_pod, make_profile
+from tests.builders import PodBuilder, make_job, make_pod, make_profile
 from tests.harness import (
     CATALOG,
     DATA,
@@ -116,6 +121,24 @@ def test_complete_job_publishes_profile_and_summary_creates_and_marks_the_execut
     marked = copy.deepcopy(JOB["metadata"])
     marked["annotations"].update(mark.annotations)
     assert signature_valid(marked, namespace="team-a", key=TEST_KEY), "the original's block stays signed"
+
+
+def test_a_nsight_compute_result_replaces_a_telemetry_profile_and_keeps_its_telemetry():
+    telemetry = {
+        "phase": "Ready",
+        "boundType": "latency",
+        "source": "telemetry",
+        "telemetry": [{"product": "Tesla-T4", "runs": 2, "seconds": "900", "counters": {"DCGM_FI_PROF_DRAM_ACTIVE": "0.3"}}],
+        "countedTelemetry": ["pod-1", "pod-2"],
+    }  # fmt: skip
+    existing = as_profile(ProfileStatus.model_validate(telemetry))
+    profile = published(Observed(job=DONE, runner=ran(SUMMARY), profile=existing))["PublishProfile"]
+    status = profile.status.as_status()
+    assert (status["source"], status["boundType"]) == ("nsight-compute", "memory")
+    assert (status["telemetry"], status["countedTelemetry"]) == (
+        telemetry["telemetry"],
+        telemetry["countedTelemetry"],
+    )
 
 
 @pytest.mark.parametrize(
@@ -536,3 +559,82 @@ def test_followers_of_a_run_that_never_started_are_released_with_base_hints():
     assert isinstance(action, ReleaseFollower) and action.released["spec"]["suspend"] is False
     record = json.loads(action.released["metadata"]["annotations"][v.HINTS_ANNOTATION])
     assert "never started" not in record["reason"] and "is Failed" in record["reason"]
+
+
+# --- telemetry -------------------------------------------------------------------------------------
+
+NOW = dt.datetime(2026, 11, 25, 8, 0, tzinfo=dt.UTC)
+STARTED = "2026-11-25T07:00:00Z"  # an hour before NOW
+
+
+def gpu_pod(name: str = "infer-0") -> PodBuilder:
+    return make_pod(name).label(v.WORKLOAD_LABEL, "infer")
+
+
+@pytest.mark.parametrize(
+    ("pod", "due"),
+    [
+        pytest.param(gpu_pod().ran("gpu-0", STARTED, "2026-11-25T07:05:00Z"), ("2026-11-25T07:05:00+00:00", 300.0), id="bare-pod-succeeded-whole-run"),
+        pytest.param(gpu_pod("job-pod").label("job-name", "j").ran("gpu-0", STARTED, "2026-11-25T07:30:00Z"), ("2026-11-25T07:30:00+00:00", 1800.0), id="job-pod-succeeded"),
+        pytest.param(gpu_pod("web-5d9c-x").owned_by("ReplicaSet", "web-5d9c").ran("gpu-0", STARTED), ("2026-11-25T07:10:00+00:00", 600.0), id="deployment-pod-running-past-its-window"),
+        pytest.param(gpu_pod("db-0").owned_by("StatefulSet", "db").ran("gpu-0", "2026-11-25T07:58:00Z"), 480.0, id="statefulset-pod-inside-its-window-waits"),
+        pytest.param(gpu_pod().ran("gpu-0", STARTED, "2026-11-25T07:05:00Z", exit_code=1), None, id="failed-run"),
+        pytest.param(gpu_pod().label(v.ROLE_LABEL, "profiling").ran("gpu-0", STARTED, "2026-11-25T07:05:00Z"), None, id="profiling-run-under-ncu"),
+        pytest.param(gpu_pod().no_resources().ran("gpu-0", STARTED, "2026-11-25T07:05:00Z"), None, id="no-gpu"),
+        pytest.param(gpu_pod().limits({"nvidia.com/mig-1g.10gb": 1}).ran("gpu-0", STARTED, "2026-11-25T07:05:00Z"), ("2026-11-25T07:05:00+00:00", 300.0), id="mig-slice"),
+        pytest.param(make_pod("x").unlabelled().ran("gpu-0", STARTED, "2026-11-25T07:05:00Z"), None, id="not-opted-in"),
+        pytest.param(gpu_pod(), None, id="not-scheduled"),
+    ],
+)  # fmt: skip
+def test_an_opted_in_gpu_pod_of_any_owner_is_due_when_it_succeeds_or_its_window_passes(pod, due):
+    found = telemetry_due(pod.obj(), now=NOW, window_seconds=600)
+    if isinstance(due, tuple):
+        assert not isinstance(found, (float, type(None)))
+        assert (found.end.isoformat(), found.seconds, found.workload, found.node) == (*due, "infer", "gpu-0")
+    else:
+        assert found == due
+
+
+def _telemetry_run(pod: str, uid: str) -> tuple[Any, Any]:
+    obj = gpu_pod(pod).ran("gpu-0", STARTED, "2026-11-25T07:05:00Z").obj()
+    obj["metadata"]["uid"] = uid
+    due = telemetry_due(obj, now=NOW, window_seconds=600)
+    found = PodTelemetry({DRAM_ACTIVE: 0.8, PIPE_FP32_ACTIVE: 0.15}, ("GPU-a", "GPU-b"), ())
+    run = telemetry_run(due, found, "NVIDIA-L4")  # type: ignore[arg-type]
+    return due, run
+
+
+def test_a_run_of_a_workload_without_a_profile_creates_a_ready_telemetry_profile():
+    due, run = _telemetry_run("infer-0", "uid-1")
+    action = record_telemetry(None, due, run, now="2026-11-25T08:00:00Z")
+    assert isinstance(action, PublishProfile) and action.only_new, "never over a profile made meanwhile"
+    assert (action.namespace, action.name) == (
+        "team-a",
+        "infer-profile",
+    )
+    assert action.labels == {v.WORKLOAD_LABEL: "infer"} and action.spec == {"workload": "infer"}
+    status = action.status.as_status()
+    assert (status["phase"], status["source"], status["boundType"]) == ("Ready", "telemetry", "memory")
+    assert status["telemetry"] == [
+        {
+            "product": "NVIDIA-L4",
+            "runs": 1,
+            "seconds": "600",
+            "counters": {DRAM_ACTIVE: "0.8", PIPE_FP32_ACTIVE: "0.15"},
+        }
+    ]
+
+
+def test_a_run_folds_into_an_existing_profile_once_guarded_by_its_resource_version():
+    due, run = _telemetry_run("infer-0", "uid-1")
+    existing = as_profile(make_profile("infer", bound="compute").status)  # type: ignore[arg-type]
+    action = record_telemetry(existing, due, run, now="2026-11-25T08:00:00Z")
+    assert isinstance(action, RecordObservations) and action.resource_version == "9"
+    assert action.status.bound_type == "compute" and action.status.counted_telemetry == ["uid-1"]
+    again = {**existing, "status": action.status.as_status()}
+    assert record_telemetry(again, due, run, now="2026-11-25T08:01:00Z") is None
+
+
+def test_no_profiling_counter_means_no_run_to_fold():
+    due, _ = _telemetry_run("infer-0", "uid-1")
+    assert telemetry_run(due, PodTelemetry({}, ("GPU-a",), (DRAM_ACTIVE,)), "NVIDIA-L4") is None

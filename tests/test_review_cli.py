@@ -23,6 +23,7 @@ from kratos_admit.cli.main import main
 from kratos_admit.domain import vocabulary as v
 from kratos_admit.domain.config import Config
 from kratos_admit.edge.files import FileNodeStore, FileProfileStore
+from tests.builders import make_pod
 from tests.harness import (
     DATA,
     EXAMPLES,
@@ -543,3 +544,26 @@ def test_forked_review_workers_give_exactly_what_one_process_gives(form: OutputF
     assert forked == one and len(one) == 4
     assert [b.allowed for b in one] == [False, True, False, True]
     assert sum(b.entries for b in one) == (5 if form == "yaml" else 7)  # yaml: the allowed only
+
+
+def test_a_telemetry_profile_hints_a_deployments_pod_as_any_ready_profile_does(tmp_path: Path):
+    """A WorkloadProfile the controller made from DCGM telemetry (source: telemetry) is read by the
+    offline review like any other: the Pod of an inference server is hinted, memory-bound."""
+    pod = (
+        make_pod("embed-server-7c9d-x")
+        .label(v.WORKLOAD_LABEL, "embed-server")
+        .owned_by("ReplicaSet", "embed-server-7c9d")
+    )
+    manifest = tmp_path / "pod.yaml"
+    manifest.write_text(yaml.safe_dump(pod.obj()))
+    status, out, err = run(
+        ["review", "-f", str(manifest), "--profiles", str(EXAMPLES / "profiles"),
+         "--nodes", str(EXAMPLES / "nodes.yaml"), "-o", "json"]
+    )  # fmt: skip
+    assert status == 0, err
+    decision = json.loads(out)
+    assert decision["action"] == "hints"
+    annotations = decision["object"]["metadata"]["annotations"]
+    assert annotations[v.PROFILE_ANNOTATION] == "embed-server-profile@5120"
+    hints = json.loads(annotations[v.HINTS_ANNOTATION])
+    assert hints["boundType"] == "memory" and hints["ranked"][0]["product"] == "NVIDIA-H100-80GB-HBM3"

@@ -10,10 +10,14 @@ from tests.harness import EXAMPLES
 
 def test_example_profiles_and_nodes_load():
     profiles = FileProfileStore(EXAMPLES / "profiles")
-    assert len(profiles) == 2 and profiles.ready()
+    assert len(profiles) == 3 and profiles.ready()  # vector-add, nbody, embed-server (from telemetry)
     profile = profiles.get("team-a", "vector-add")
     assert profile is not None and profile.ready and profile.reference == "vector-add-profile@4711"
     assert profiles.get("team-b", "vector-add") is None
+    embed = profiles.get("team-a", "embed-server")
+    assert (
+        embed is not None and embed.ready and embed.status is not None and embed.status.source == "telemetry"
+    )
     nodes = FileNodeStore(EXAMPLES / "nodes.yaml")
     assert nodes.gpu_products() == {
         "NVIDIA-A100-SXM4-80GB",

@@ -27,7 +27,7 @@ from tests.harness import (
     runner_summary,
 )
 
-COMPONENTS = ["cert-manager", "failure-policy-ignore", "scheduler-kai", "scheduler-volcano"]
+COMPONENTS = ["cert-manager", "failure-policy-ignore", "scheduler-kai", "scheduler-volcano", "telemetry"]
 # kinds that are not part of Kubernetes itself (their CRDs come with cert-manager)
 FOREIGN = {("cert-manager.io/v1", "Issuer"), ("cert-manager.io/v1", "Certificate")}
 
@@ -137,8 +137,47 @@ def test_scheduler_components_set_the_backend(rendered, component: str, schedule
         assert effective_config(rendered[component], deployment, tmp_path).scheduler == scheduler
 
 
+def test_the_telemetry_component_sets_the_controllers_prometheus_and_nothing_else(rendered, tmp_path: Path):
+    controller = effective_config(rendered["telemetry"], "kratos-controller", tmp_path)
+    assert controller.telemetry.prometheus_url == "http://prometheus-operated.monitoring.svc:9090"
+    assert controller.telemetry.labels == Config().telemetry.labels, "the default label names stay"
+    assert (
+        effective_config(rendered["telemetry"], "kratos-webhook", tmp_path).telemetry.prometheus_url is None
+    )
+    dumped = controller.model_dump(by_alias=True, mode="json")
+    base = effective_config(rendered["base"], "kratos-controller", tmp_path).model_dump(
+        by_alias=True, mode="json"
+    )
+    assert {k for k in dumped if dumped[k] != base[k]} == {"telemetry"}
+    pod = find(rendered["telemetry"], "Deployment", "kratos-controller")["spec"]["template"]["spec"]
+    [volume] = [vol for vol in pod["volumes"] if vol["name"] == "prometheus-client"]
+    assert volume["secret"] == {"secretName": "kratos-prometheus-client", "optional": True}
+    assert {"name": "prometheus-client", "mountPath": "/etc/kratos/prometheus", "readOnly": True} in pod[
+        "containers"
+    ][0]["volumeMounts"]
+
+
+def test_the_dcgm_counters_file_is_dcgm_exporters_csv_with_every_counter_kratos_reads(rendered):
+    from kratos_admit.decisions.telemetry import QUERIED
+
+    configmap = find(rendered["telemetry"], "ConfigMap", "kratos-dcgm-metrics")
+    assert configmap["metadata"]["namespace"] == "gpu-operator" and set(configmap["data"]) == {
+        "dcgm-metrics.csv"
+    }
+    fields = {}
+    for line in configmap["data"]["dcgm-metrics.csv"].splitlines():
+        if not line.strip() or line.startswith("#"):
+            continue
+        name, kind, help_text = (part.strip() for part in line.split(",", 2))
+        assert (
+            re.fullmatch(r"DCGM_FI_[A-Z0-9_]+", name) and kind in ("gauge", "counter", "label") and help_text
+        )
+        fields[name] = kind
+    assert set(QUERIED) <= set(fields) and all(fields[name] == "gauge" for name in QUERIED)
+
+
 def test_the_shipped_config_loads(rendered, tmp_path: Path):
-    for variant in ("base", "scheduler-kai", "scheduler-volcano"):
+    for variant in ("base", "scheduler-kai", "scheduler-volcano", "telemetry"):
         assert effective_config(rendered[variant], "kratos-webhook", tmp_path).source == "cluster"
 
 
@@ -151,7 +190,7 @@ def test_base_components_and_the_readme_overlay_compose(tmp_path: Path, schedule
     overlay = yaml.safe_load(readme_overlay())
     overlay["components"] = [
         f"../webhook-config/components/{c}"
-        for c in ("cert-manager", "failure-policy-ignore", f"scheduler-{scheduler}")
+        for c in ("cert-manager", "failure-policy-ignore", f"scheduler-{scheduler}", "telemetry")
     ]
     (tmp_path / "my-kratos").mkdir()
     (tmp_path / "my-kratos" / "kustomization.yaml").write_text(yaml.safe_dump(overlay))
@@ -159,8 +198,9 @@ def test_base_components_and_the_readme_overlay_compose(tmp_path: Path, schedule
     base = yaml.safe_load(find(render(REPO / "webhook-config"), "ConfigMap")["data"]["config.yaml"])
     webhook = effective_config(objects, "kratos-webhook", tmp_path)
     controller = effective_config(objects, "kratos-controller", tmp_path)
-    # the scheduler component, on both Deployments
+    # the scheduler component, on both Deployments; the telemetry component, on the controller
     assert webhook.scheduler == controller.scheduler == scheduler
+    assert controller.telemetry.prometheus_url and webhook.telemetry.prometheus_url is None
     if scheduler == "kai":
         assert webhook.kai_queue == controller.kai_queue == "default-queue"
     # the overlay's own setting and images

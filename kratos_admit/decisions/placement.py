@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass
 from kratos_admit.decisions.calibration import NO_CALIBRATION, Calibration
 from kratos_admit.decisions.hints import ranking_of
 from kratos_admit.decisions.ranking import throughput_shares
+from kratos_admit.decisions.telemetry import derive, nsight_compute_figures
 from kratos_admit.domain.catalog import Catalog, mig_profile_of
 from kratos_admit.domain.config import Config
 from kratos_admit.domain.profile import WorkloadProfile
@@ -100,6 +101,7 @@ def placement_header(profile: WorkloadProfile, config: Config, rows: list[Placem
             f"{sum(r.time_from == 'observed' for r in rows)} of {len(rows)} products (they replace the "
             f"model once 2 products have {config.min_observed_runs} successful runs each)"
         )
+    lines += _source_lines(profile)
     for o in status.observations if status else []:
         why = (
             "used" if o.product in used
@@ -108,6 +110,33 @@ def placement_header(profile: WorkloadProfile, config: Config, rows: list[Placem
             else f"not used: no second product has {config.min_observed_runs} runs"
         )  # fmt: skip
         lines.append(f"observed on {o.product}: {o.runs} runs, mean {o.mean_seconds} s ({why})")
+    return lines
+
+
+def _source_lines(profile: WorkloadProfile) -> list[str]:
+    """Where the bound type and metrics come from, and for a telemetry profile the DCGM counters
+    the mapping used (docs/ranking.md "Telemetry profiles")."""
+    status = profile.status
+    if status is None:
+        return []
+    lines = [f"source: {status.source or 'nsight-compute'}"]
+    telemetry_figures = not nsight_compute_figures(status) and status.source == "telemetry"
+    best = next((r for r in status.telemetry if r.product == status.gpu.product), None)
+    for record in status.telemetry:
+        role = (
+            "the figures come from these" if telemetry_figures and record is best
+            else "kept as evidence; Nsight Compute's figures come first" if not telemetry_figures
+            else "kept as evidence"
+        )  # fmt: skip
+        lines.append(
+            f"telemetry on {record.product}: {record.runs} runs, {record.seconds} GPU-seconds ({role})"
+        )
+    if telemetry_figures and best is not None:
+        derived = derive({name: float(value) for name, value in best.counters.items()})
+        used = ", ".join(f"{name} {best.counters[name]}" for name in derived.used)
+        lines.append(f"counters used: {used or 'none'}")
+        if derived.reason:
+            lines.append(f"bound type unknown: {derived.reason}")
     return lines
 
 

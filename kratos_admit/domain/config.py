@@ -8,7 +8,8 @@ add a dependency and its own precedence rules for no gain here.
 Errors are in KRATOS's words, one line each: the key (and the file or variable it came from), what
 was given and what is allowed, never pydantic's ("Extra inputs are not permitted"). A ``KRATOS_*``
 variable that names no setting stops start-up too (a typo in an overlay must not pass silently),
-except the few that are not settings (``NOT_SETTINGS``).
+except the few that are not settings (``NOT_SETTINGS``). A variable holding a mapping
+(``KRATOS_TELEMETRY``) sets the keys it names and keeps the file's others.
 """
 
 from __future__ import annotations
@@ -88,6 +89,57 @@ class ResourceRequirements(BaseModel):
         return {k: dict(val) for k, val in (("requests", self.requests), ("limits", self.limits)) if val}
 
 
+class TelemetryLabels(BaseModel):
+    """The label names dcgm-exporter's series carry, each a list tried in order (docs/ranking.md,
+    "Telemetry profiles"). The defaults fit the GPU Operator's dcgm-exporter in Kubernetes mode;
+    the ``exported_*`` names are what a ServiceMonitor scrape makes of labels that clash with the
+    target's own ``namespace``/``pod``/``container``."""
+
+    model_config = ConfigDict(extra="forbid", alias_generator=to_camel, populate_by_name=True, frozen=True)
+
+    namespace: tuple[str, ...] = Field(default=("namespace", "exported_namespace"), min_length=1)
+    pod: tuple[str, ...] = Field(default=("pod", "exported_pod"), min_length=1)
+    container: tuple[str, ...] = Field(default=("container", "exported_container"), min_length=1)
+    gpu: tuple[str, ...] = Field(default=("gpu",), min_length=1)
+    uuid: tuple[str, ...] = Field(default=("UUID",), min_length=1, alias="UUID")
+    gpu_instance_profile: tuple[str, ...] = Field(default=("GPU_I_PROFILE",), min_length=1)
+    gpu_instance_id: tuple[str, ...] = Field(default=("GPU_I_ID",), min_length=1)
+    hostname: tuple[str, ...] = Field(default=("Hostname", "hostname"), min_length=1)
+    model_name: tuple[str, ...] = Field(default=("modelName",), min_length=1)
+
+    @field_validator("*")
+    @classmethod
+    def _label_names(cls, names: tuple[str, ...]) -> tuple[str, ...]:
+        for name in names:
+            if not re.fullmatch(r"[a-zA-Z_][a-zA-Z0-9_]*", name):
+                raise ValueError(f"{name!r} is not a Prometheus label name")
+        return names
+
+    def pod_pairs(self) -> list[tuple[str, str]]:
+        """(namespace label, pod label) pairs, in order: a ServiceMonitor renames both together."""
+        return list(zip(self.namespace, self.pod, strict=False))
+
+
+class TelemetryConfig(BaseModel):
+    """Where the controller reads DCGM telemetry (DESIGN "Telemetry profiles"); off without a URL."""
+
+    model_config = ConfigDict(extra="forbid", alias_generator=to_camel, populate_by_name=True, frozen=True)
+
+    prometheus_url: str | None = Field(default=None, alias="prometheusURL")
+    window_seconds: float = Field(default=600.0, ge=60)
+    timeout_seconds: float = Field(default=10.0, gt=0, le=120)
+    labels: TelemetryLabels = Field(default_factory=TelemetryLabels)
+    bearer_token_file: Path | None = None
+    ca_file: Path | None = None
+
+    @field_validator("prometheus_url")
+    @classmethod
+    def _is_http_url(cls, url: str | None) -> str | None:
+        if url is not None and not re.fullmatch(r"https?://[^\s/]+(/\S*)?", url):
+            raise ValueError(f"{url!r} is not an http:// or https:// URL")
+        return url.rstrip("/") if url else url
+
+
 class Config(BaseModel):
     model_config = ConfigDict(extra="forbid", alias_generator=to_camel, populate_by_name=True, frozen=True)
 
@@ -137,6 +189,7 @@ class Config(BaseModel):
     follower_release_seconds: float = Field(default=180.0, ge=60)
     controller_metrics_listen: str = "0.0.0.0:9090"
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    telemetry: TelemetryConfig = Field(default_factory=TelemetryConfig)
 
     @field_validator("profiling_capabilities")
     @classmethod
@@ -360,7 +413,13 @@ def load_config(
             )
         data.update(loaded or {})
     env_values, origin = _env_overrides(os.environ if environ is None else environ)
-    data.update(env_values)
+    for key, value in env_values.items():
+        # a mapping (``KRATOS_TELEMETRY``) sets its own keys of the file's mapping and keeps the rest,
+        # so a component that sets the Prometheus URL composes with labels set in config.yaml
+        if isinstance(value, dict) and isinstance(data.get(key), dict):
+            data[key] = {**data[key], **value}
+        else:
+            data[key] = value
     given = {k: val for k, val in overrides.items() if val is not None}
     data.update(given)
     origin.update({k: flags[k] for k in given if k in flags})

@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from kratos_admit.domain import vocabulary as v
 
 Phase = Literal["Profiling", "Ready", "Failed"]
+Source = Literal["nsight-compute", "telemetry"]  # what the bound type and metrics come from
 
 
 class _Strict(BaseModel):
@@ -81,6 +82,15 @@ class RunnerSummary(BaseModel):
     reason: str = ""
 
 
+class TelemetryRecord(_Strict):
+    """DCGM profiling counters averaged over a workload's runs on one GPU product."""
+
+    product: str
+    runs: int = Field(ge=0)
+    seconds: str  # GPU-seconds the averages cover, the weight of the next fold
+    counters: dict[str, str] = Field(default_factory=dict)  # DCGM_FI_PROF_* -> ratio 0..1
+
+
 MAX_COUNTED_RUNS = 256  # the Pod uids the observations remember, so no run is counted twice
 
 
@@ -90,6 +100,7 @@ class ProfileStatus(_Strict):
     metrics: ProfileMetrics = Field(default_factory=ProfileMetrics)
     gpu: ProfileGpu = Field(default_factory=ProfileGpu)
     profiled_at: str | None = Field(default=None, alias="profiledAt")
+    source: Source | None = None  # absent on profiles from before telemetry: nsight-compute
     source_job: str | None = Field(default=None, alias="sourceJob")
     message: str = ""
     observations: list[Observation] = Field(default_factory=list)
@@ -97,6 +108,9 @@ class ProfileStatus(_Strict):
     # restarted controller never counts a run twice
     counted_runs: list[str] = Field(default_factory=list, alias="countedRuns")
     observed_runs: int = Field(default=0, ge=0, alias="observedRuns")  # for kubectl get -o wide
+    telemetry: list[TelemetryRecord] = Field(default_factory=list)
+    # the last MAX_COUNTED_RUNS Pods whose telemetry was folded in, as countedRuns for observations
+    counted_telemetry: list[str] = Field(default_factory=list, alias="countedTelemetry")
 
     def as_status(self) -> dict[str, Any]:
         """The status as the CRD stores it: camelCase keys, unset optional fields left out."""

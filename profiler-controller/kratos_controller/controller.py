@@ -1,9 +1,11 @@
 """The controller loop: watch KRATOS's Jobs and Pods, reconcile, apply the actions.
 
 Observe -> pure ``reconcile`` -> apply, per key, from a de-duplicating work queue; failures are
-retried with backoff, and a periodic resync re-checks everything so nothing is missed. Three kinds
+retried with backoff, and a periodic resync re-checks everything so nothing is missed. Four kinds
 of work share the queue (``reconcile``'s module docstring): a profiling run, the release of the
-followers of a workload, and the observation of a finished hinted Job.
+followers of a workload, the observation of a finished hinted Job, and the calibration. Telemetry
+(a Pod's DCGM counters from Prometheus) has a queue and worker of its own, so a slow or absent
+Prometheus never delays a release.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from kratos_admit.decisions.calibration import CONFIGMAP_NAME, NO_CALIBRATION, Calibration
 from kratos_admit.decisions.hints import recorded_ranking_source
+from kratos_admit.decisions.telemetry import pod_samples, pod_telemetry, product_of
 from kratos_admit.domain import vocabulary as v
 from kratos_admit.domain.catalog import Catalog, load_catalog
 from kratos_admit.domain.config import Config
@@ -27,6 +30,7 @@ from kratos_admit.domain.profile import WorkloadProfile
 from kratos_admit.domain.raw import as_list, as_mapping, string_map
 from kratos_admit.domain.workload import Kind
 from kratos_admit.edge.kube import Backoff, Informer, one_line
+from kratos_admit.edge.prometheus import Prometheus, PrometheusError
 from kratos_controller.events import Reason, Regarding, event_body
 from kratos_controller.kube_io import KubeIO
 from kratos_controller.leader import LeaderElector
@@ -34,19 +38,26 @@ from kratos_controller.reconcile import (
     CreateExecutionJob,
     PublishProfile,
     ReleaseFollower,
+    TelemetryDue,
     calibrate,
+    counted_telemetry,
+    missing_counters_note,
     observed_job,
     orphan_profile,
     orphaned,
     reconcile,
     record_runs,
+    record_telemetry,
     release_followers,
     runs_of,
+    telemetry_due,
+    telemetry_run,
 )
 
 log = logging.getLogger("kratos.controller")
 Work = Literal["run", "release", "observe", "calibrate"]
 Key = tuple[Work, str, str]  # (work, namespace, Job name or workload)
+TELEMETRY_DONE_LIMIT = 10_000  # Pod uids remembered as asked; past that the memory starts again
 
 
 class ControllerMetrics:
@@ -87,6 +98,14 @@ class ControllerMetrics:
         self.held_oldest_age = Gauge(
             "kratos_held_oldest_age_seconds",
             "Age since creation of the oldest object KRATOS holds; 0 when it holds none.",
+            registry=self.registry,
+        )
+        self.telemetry_queries = Counter(
+            "kratos_telemetry_queries",
+            "Pod runs asked of Prometheus for their DCGM counters, by result (ok; incomplete: some "
+            "default counter missing; empty: no series for the Pod; error: Prometheus unreachable, "
+            "slow or refusing).",
+            ["result"],
             registry=self.registry,
         )
         self.profiling_deadline = Gauge(
@@ -150,6 +169,7 @@ class ProfilerController:
         config: Config | None = None,
         catalog: Catalog | None = None,
         identity: str = "kratos-controller",
+        prometheus: Prometheus | None = None,
     ) -> None:
         self.io = KubeIO(api)
         self.identity = identity  # reportingInstance of its Events
@@ -167,6 +187,15 @@ class ProfilerController:
         self.attempts: dict[Key, Backoff] = {}
         self.calibration: Calibration = NO_CALIBRATION  # the last fit, for releasing followers
         self.calibrate_key: Key = ("calibrate", self.config.lease_namespace, CONFIGMAP_NAME)
+        telemetry = self.config.telemetry
+        self.prometheus = prometheus or (Prometheus(telemetry) if telemetry.prometheus_url else None)
+        self.telemetry_queue: asyncio.Queue[tuple[str, str]] = asyncio.Queue()
+        self.telemetry_queued: set[tuple[str, str]] = set()  # (namespace, Pod) waiting in the queue
+        self.telemetry_timers: set[tuple[str, str]] = set()  # running Pods waiting for their window
+        self.telemetry_retries: dict[tuple[str, str], Backoff] = {}
+        self.telemetry_retry_base = 5.0  # seconds, doubling per failure up to 5 min (jittered)
+        self.telemetry_failing: dict[str, str] = {}  # workload -> the error already logged for it
+        self.telemetry_done: set[str] = set()  # Pod uids asked, whatever the answer: never asked again
         self.informer = self._informer(
             client.BatchV1Api(api).list_job_for_all_namespaces, self.jobs, "Job", watch_timeout
         )
@@ -206,6 +235,31 @@ class ProfilerController:
             self.enqueue(("release", namespace, labels[v.WORKLOAD_LABEL]))
         if kind == "Job" and observed_job(obj, signing_key=self.signing_key):
             self.enqueue(("observe", namespace, name))
+        if kind == "Pod" and self.prometheus is not None:
+            self._telemetry_for(obj)
+
+    def _telemetry_for(self, pod: dict[str, Any]) -> None:
+        """Queue the Pod's telemetry when due, or look again when its window will have passed."""
+        key = (_meta(pod)[0], _meta(pod)[1])
+        window = self.config.telemetry.window_seconds
+        due = telemetry_due(pod, now=dt.datetime.now(dt.UTC), window_seconds=window)
+        if isinstance(due, TelemetryDue):
+            if due.uid not in self.telemetry_done:
+                self.enqueue_telemetry(key)
+        elif isinstance(due, float) and key not in self.telemetry_timers:
+            self.telemetry_timers.add(key)
+            asyncio.get_running_loop().call_later(due + 1.0, self._window_passed, key)
+
+    def _window_passed(self, key: tuple[str, str]) -> None:
+        self.telemetry_timers.discard(key)
+        pod = self.pods.get(key)
+        if pod is not None:
+            self._telemetry_for(pod)
+
+    def enqueue_telemetry(self, key: tuple[str, str]) -> None:
+        if key not in self.telemetry_queued:
+            self.telemetry_queued.add(key)
+            self.telemetry_queue.put_nowait(key)
 
     def _replace(
         self, cache: dict[tuple[str, str], dict[str, Any]], items: list[dict[str, Any]], kind: Kind
@@ -404,6 +458,132 @@ class ProfilerController:
             log.info("runs observed", extra={"namespace": namespace, "job": name, "runs": len(runs)})
             self.enqueue(self.calibrate_key)
 
+    async def _telemetry(self, namespace: str, name: str) -> None:
+        """Ask Prometheus for the Pod's counters and fold them into its workload's profile. A failed
+        query makes no profile: it raises PrometheusError, and the telemetry worker retries."""
+        pod = self.pods.get((namespace, name))
+        if pod is None or self.prometheus is None:
+            return
+        settings = self.config.telemetry
+        due = telemetry_due(pod, now=dt.datetime.now(dt.UTC), window_seconds=settings.window_seconds)
+        if not isinstance(due, TelemetryDue) or due.uid in self.telemetry_done:
+            return
+        profile = await self.io.get_profile(namespace, v.profile_name(due.workload))
+        if counted_telemetry(profile, due.uid):
+            self._asked(due.uid)
+            return
+        try:
+            samples = await self.prometheus.pod_samples(
+                namespace=namespace, pod=name, end=due.end, seconds=due.seconds
+            )
+        except PrometheusError as exc:
+            self.metrics.telemetry_queries.labels("error").inc()
+            await self._telemetry_unavailable(due, profile, str(exc), detail="prometheus")
+            raise
+        self.telemetry_failing.pop(due.workload, None)
+        found = pod_telemetry(
+            pod_samples(samples, namespace=namespace, pod=name, labels=settings.labels), settings.labels
+        )
+        url = self.prometheus.url
+        if not found.gpus:
+            self.metrics.telemetry_queries.labels("empty").inc()
+            note = (
+                f"Prometheus at {url} has no DCGM series for Pod {namespace}/{name}: is dcgm-exporter "
+                "running in its Kubernetes mode on node " + due.node + ", and scraped?"
+            )
+            await self._telemetry_unavailable(due, profile, note, detail=f"empty/{due.uid}")
+            self._asked(due.uid)
+            return
+        self.metrics.telemetry_queries.labels("incomplete" if found.missing else "ok").inc()
+        if found.missing:
+            note = missing_counters_note(due, found, url)
+            await self._telemetry_unavailable(due, profile, note, detail="missing/" + ",".join(found.missing))
+        product = await self.io.product_of(due.node) or product_of(samples, settings.labels)
+        run = telemetry_run(due, found, product)
+        now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        action = record_telemetry(profile, due, run, now=now) if run is not None else None
+        if action is not None:
+            outcome = await self.io.apply(action)
+            if outcome == "exists":  # a profile appeared since it was read: fold into it next time
+                asyncio.get_running_loop().call_later(1.0, self.enqueue_telemetry, (namespace, name))
+                return
+            if isinstance(action, PublishProfile) and outcome == "created":
+                self.metrics.profiles_published.labels("ready").inc()
+                ref = {"metadata": {"namespace": action.namespace, "name": action.name}}
+                note = f"WorkloadProfile {action.name} is Ready from DCGM telemetry: {action.status.bound_type}-bound"
+                await self.report(ref, "WorkloadProfile", "ProfileReady", note)
+            log.info(
+                "telemetry counted",
+                extra={
+                    "namespace": namespace,
+                    "pod": name,
+                    "workload": due.workload,
+                    "product": product,
+                    "gpus": len(found.gpus),
+                    "seconds": round(due.seconds, 1),
+                },
+            )
+        self._asked(due.uid)
+
+    def _asked(self, uid: str) -> None:
+        if len(self.telemetry_done) > TELEMETRY_DONE_LIMIT:  # the profiles' countedTelemetry still dedupes
+            self.telemetry_done.clear()
+        self.telemetry_done.add(uid)
+
+    async def _telemetry_unavailable(
+        self, due: TelemetryDue, profile: dict[str, Any] | None, note: str, *, detail: str
+    ) -> None:
+        """One log line and one Event per workload and cause: on its WorkloadProfile, or while the
+        workload has none on the run's Job (a Pod of a Job), else on the Pod."""
+        if self.telemetry_failing.get(due.workload) != detail:
+            self.telemetry_failing[due.workload] = detail
+            log.warning(
+                "telemetry unavailable",
+                extra={"namespace": due.namespace, "workload": due.workload, "pod": due.pod, "reason": note},
+            )
+        if profile is not None:
+            await self.report(profile, "WorkloadProfile", "TelemetryUnavailable", note, detail=detail)
+            return
+        pod = self.pods.get((due.namespace, due.pod)) or {}
+        owner = next(
+            (
+                self.jobs.get((due.namespace, str(ref.get("name"))))
+                for ref in as_list(as_mapping(pod.get("metadata")).get("ownerReferences"))
+                if as_mapping(ref).get("kind") == "Job"
+            ),
+            None,
+        )
+        if owner is not None:  # the run's Job, where kubectl describe job shows it
+            await self.report(owner, "Job", "TelemetryUnavailable", note, detail=f"{due.workload}/{detail}")
+        else:
+            await self.report(pod, "Pod", "TelemetryUnavailable", note, detail=f"{due.workload}/{detail}")
+
+    async def _telemetry_worker(self) -> None:
+        """Telemetry's own worker: a query waits for Prometheus at most ``timeoutSeconds``, and a
+        failure is retried with backoff (5 s doubling to 5 min), never on the main queue."""
+        while True:
+            key = await self.telemetry_queue.get()
+            self.telemetry_queued.discard(key)
+            try:
+                await self._telemetry(*key)
+                self.telemetry_retries.pop(key, None)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                backoff = Backoff(base=self.telemetry_retry_base, cap=300.0)
+                delay = self.telemetry_retries.setdefault(key, backoff).next_delay()
+                if not isinstance(exc, PrometheusError):
+                    log.warning(
+                        "telemetry failed, retrying",
+                        extra={
+                            "namespace": key[0],
+                            "pod": key[1],
+                            "reason": one_line(exc),
+                            "retryIn": round(delay, 2),
+                        },
+                    )
+                asyncio.get_running_loop().call_later(delay, self.enqueue_telemetry, key)
+
     async def _calibrate(self, namespace: str) -> None:
         """Refit every product's calibration from all profiles; write the ConfigMap if it changed."""
         calibration, action = calibrate(
@@ -479,6 +659,8 @@ class ProfilerController:
             asyncio.create_task(self._resync()),
         ]
         tasks += [asyncio.create_task(self._worker()) for _ in range(workers)]
+        if self.prometheus is not None:
+            tasks.append(asyncio.create_task(self._telemetry_worker()))
         self.enqueue(self.calibrate_key)  # what the runs counted so far say, after a restart too
         try:
             await asyncio.gather(*tasks)
@@ -488,6 +670,8 @@ class ProfilerController:
             for task in tasks:
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
+            if self.prometheus is not None:
+                await self.prometheus.close()
 
 
 async def run_when_leading(controller: ProfilerController, elector: LeaderElector) -> None:

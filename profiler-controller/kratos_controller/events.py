@@ -25,6 +25,7 @@ Reason = Literal[
     "ProfileFailed",
     "ExecutionJobCreated",
     "Observed",
+    "TelemetryUnavailable",
 ]
 # what the controller was doing when it reported each reason (the Event's ``action``)
 ACTIONS: dict[Reason, str] = {
@@ -35,8 +36,9 @@ ACTIONS: dict[Reason, str] = {
     "ProfileFailed": "Publish",
     "ExecutionJobCreated": "Create",
     "Observed": "Observe",
+    "TelemetryUnavailable": "Observe",
 }
-WARNINGS: frozenset[Reason] = frozenset({"ProfileFailed"})
+WARNINGS: frozenset[Reason] = frozenset({"ProfileFailed", "TelemetryUnavailable"})
 NOTE_LIMIT = 1024  # the API server refuses a longer note
 
 

@@ -224,6 +224,8 @@ class KubeIO:
             except ApiException as exc:
                 if exc.status != 409:
                     raise
+                if action.only_new:
+                    return "exists"
             # the whole status, replaced (a JSON patch "add" of /status replaces it): a merge patch
             # would keep the metrics of an earlier result. _content_type is accepted at run time but
             # missing from the generated signature.

@@ -10,11 +10,15 @@ work is done it gives none, so a restart half-way simply finishes it. Three loop
   hints once the profile is Ready or Failed;
 - finished hinted and execution Jobs: their runs' durations per GPU product, into the profile's
   ``observations``, each run counted once; then the calibration of each GPU product, refitted from
-  every profile's observations, into the ConfigMap ``kratos-gpu-calibration``.
+  every profile's observations, into the ConfigMap ``kratos-gpu-calibration``;
+- telemetry: an opted-in GPU Pod of any owner that succeeded or has run ``telemetry.windowSeconds``
+  is due; its DCGM counters (asked of Prometheus by the shell) fold into the profile's
+  ``status.telemetry``, making a Ready profile from telemetry where Nsight Compute gave none.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import hashlib
 from collections.abc import Iterable, Mapping
@@ -37,6 +41,7 @@ from kratos_admit.decisions.calibration import (
 )
 from kratos_admit.decisions.hints import release_hold
 from kratos_admit.decisions.profiling import OriginalTemplateError, decode_original_template
+from kratos_admit.decisions.telemetry import PodTelemetry, TelemetryRun, with_telemetry
 from kratos_admit.domain import vocabulary as v
 from kratos_admit.domain.catalog import Catalog
 from kratos_admit.domain.config import Config
@@ -46,6 +51,7 @@ from kratos_admit.domain.profile import (
     ProfileMetrics,
     ProfileStatus,
     RunnerSummary,
+    TelemetryRecord,
     WorkloadProfile,
     with_runs,
 )
@@ -106,6 +112,8 @@ class PublishProfile(_Named):
     spec: dict[str, Any]
     status: ProfileStatus
     labels: dict[str, str] = field(default_factory=dict)
+    # a new profile only: one that appeared meanwhile (a profiling run's) is left as it is
+    only_new: bool = False
 
 
 @dataclass(frozen=True)
@@ -265,6 +273,7 @@ def profile_status(observed: Observed, summary: Summary) -> ProfileStatus:
                 ),
                 "gpu": ProfileGpu.model_validate(gpu),
                 **common,
+                "source": "nsight-compute",
                 "message": message,
             }
         )
@@ -447,6 +456,10 @@ def reconcile(observed: Observed, *, signing_key: bytes) -> list[Action]:
             ],
             "counted_runs": [str(u) for u in as_list(existing_status.get("countedRuns"))],
             "observed_runs": int(existing_status.get("observedRuns") or 0),
+            "telemetry": [
+                TelemetryRecord.model_validate(t) for t in as_list(existing_status.get("telemetry"))
+            ],
+            "counted_telemetry": [str(u) for u in as_list(existing_status.get("countedTelemetry"))],
         }
     )
     message = observed.runner.message if observed.runner else None
@@ -684,3 +697,127 @@ def calibrate(
     if configmap is not None and same_calibration(fitted, before):
         return before, None
     return fitted, PublishConfigMap(namespace, CONFIGMAP_NAME, {CONFIGMAP_KEY: fitted.to_json()})
+
+
+# --- telemetry: DCGM counters of every opted-in GPU run ---------------------------------------------
+
+
+@dataclass(frozen=True)
+class TelemetryDue:
+    """A Pod whose run is to be asked of Prometheus: the counters averaged over ``seconds`` up to ``end``."""
+
+    uid: str
+    namespace: str
+    pod: str
+    workload: str
+    node: str
+    end: dt.datetime
+    seconds: float
+
+
+def _asks_for_gpus(container: Mapping[str, Any]) -> bool:
+    limits = as_mapping(as_mapping(container.get("resources")).get("limits"))
+    return any(str(k) == v.GPU_RESOURCE or str(k).startswith(v.MIG_RESOURCE_PREFIX) for k in limits)
+
+
+def telemetry_due(
+    pod: Mapping[str, Any], *, now: dt.datetime, window_seconds: float
+) -> TelemetryDue | float | None:
+    """The Pod's run when it is due (succeeded, or has run ``window_seconds``: the first window is
+    its evidence); the seconds until it is due while it runs; None when it never will be (not
+    opted in, no GPU, a profiling run under ncu, failed, or not started)."""
+    meta, spec, status = (as_mapping(pod.get(k)) for k in ("metadata", "spec", "status"))
+    labels = string_map(meta.get("labels"))
+    workload = labels.get(v.WORKLOAD_LABEL, "")
+    if not v.is_dns1123_label(workload) or labels.get(v.ROLE_LABEL) == "profiling" or not meta.get("uid"):
+        return None
+    gpu_names = {
+        str(as_mapping(c).get("name"))
+        for c in as_list(spec.get("containers"))
+        if _asks_for_gpus(as_mapping(c))
+    }
+    node = str(spec.get("nodeName") or "")
+    phase = status.get("phase")
+    if not gpu_names or not node or phase not in ("Running", "Succeeded"):
+        return None
+    started: dt.datetime | None = None
+    ended: dt.datetime | None = None
+    for container in as_list(status.get("containerStatuses")):
+        c = as_mapping(container)
+        if c.get("name") not in gpu_names:
+            continue
+        state = as_mapping(c.get("state"))
+        run = as_mapping(state.get("running") or state.get("terminated"))
+        begun = _timestamp(run.get("startedAt"))
+        if begun is not None and (started is None or begun < started):
+            started = begun
+        finished_at = _timestamp(as_mapping(state.get("terminated")).get("finishedAt"))
+        if finished_at is not None and (ended is None or finished_at > ended):
+            ended = finished_at
+    if started is None:
+        return None
+    due = TelemetryDue(
+        str(meta["uid"]), str(meta.get("namespace", "")), str(meta.get("name", "")), workload, node, now, 0.0
+    )
+    if phase == "Succeeded" and ended is not None and ended > started:
+        return dataclasses.replace(due, end=ended, seconds=(ended - started).total_seconds())
+    if phase == "Running":
+        ran = (now - started).total_seconds()
+        if ran < window_seconds:
+            return window_seconds - ran
+        return dataclasses.replace(
+            due, end=started + dt.timedelta(seconds=window_seconds), seconds=window_seconds
+        )
+    return None
+
+
+def telemetry_run(due: TelemetryDue, found: PodTelemetry, product: str) -> TelemetryRun | None:
+    """What the run adds to the profile; None when Prometheus had no profiling counter for it."""
+    if not found.counters or not product:
+        return None
+    return TelemetryRun(due.uid, product, due.seconds, len(found.gpus), found.counters)
+
+
+def record_telemetry(
+    profile: Obj | None, due: TelemetryDue, run: TelemetryRun, *, now: str
+) -> PublishProfile | RecordObservations | None:
+    """The write that folds ``run`` into the workload's profile: a new profile (Ready, from
+    telemetry) when there is none, else its status replaced (guarded by its resourceVersion);
+    None when the Pod was counted already or the profile cannot be read."""
+    if profile is None:
+        status = with_telemetry(None, run, now=now)
+        if status is None:
+            return None
+        name = v.profile_name(due.workload)
+        labels = {v.WORKLOAD_LABEL: due.workload}
+        return PublishProfile(due.namespace, name, {"workload": due.workload}, status, labels, only_new=True)
+    meta = as_mapping(profile.get("metadata"))
+    try:
+        current = ProfileStatus.model_validate(profile.get("status") or {"phase": "Profiling"})
+    except ValidationError:
+        return None
+    updated = with_telemetry(current, run, now=now)
+    if updated is None:
+        return None
+    return RecordObservations(
+        str(meta.get("namespace", "")),
+        str(meta.get("name", "")),
+        str(meta.get("resourceVersion", "")),
+        updated,
+    )
+
+
+def counted_telemetry(profile: Obj | None, uid: str) -> bool:
+    return uid in as_list(as_mapping(as_mapping(profile).get("status")).get("countedTelemetry"))
+
+
+def missing_counters_note(due: TelemetryDue, found: PodTelemetry, url: str) -> str:
+    """Why a run's profile lacks counters, naming them (a GPU without DCGM profiling support, or a
+    counters file that leaves them out)."""
+    names = ", ".join(found.missing)
+    gpus = "; ".join(found.lacking)
+    return (
+        f"Prometheus at {url} has no {names} for Pod {due.namespace}/{due.pod} ({gpus}): the GPU "
+        "does not support DCGM profiling (consumer boards, some MIG setups) or dcgm-exporter's "
+        "counters file leaves them out"
+    )

@@ -1,0 +1,290 @@
+"""The controller's telemetry (DESIGN "Telemetry profiles") through the API double, which enforces
+the install's RBAC, with a Prometheus that answers the HTTP API from dcgm-exporter-shaped samples:
+runs of any owner become evidence; failures never make a profile and never delay other work."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from kratos_admit.decisions.telemetry import (
+    DRAM_ACTIVE,
+    GR_ENGINE_ACTIVE,
+    PIPE_FP32_ACTIVE,
+    PIPE_TENSOR_ACTIVE,
+    SM_ACTIVE,
+)
+from kratos_admit.domain import vocabulary as v
+from kratos_admit.domain.config import Config
+from tests.builders import PodBuilder, make_job, make_pod
+from tests.harness import (
+    DATA,
+    JOBS,
+    NODES,
+    PODS,
+    PROFILES,
+    DcgmGpu,
+    FakePrometheus,
+    api_server,
+    controller_running,
+    dcgm_exposition,
+    eventually,
+    node,
+    profile,
+    prometheus_serving,
+    runner_summary,
+    seed_finished,
+)
+from tests.kube_double import EVENTS, KubeDouble
+
+A100 = "NVIDIA-A100-SXM4-80GB"
+# DESIGN's example, with the extended counters (which include the default ones)
+MEMORY_BOUND = (
+    (DRAM_ACTIVE, 0.8),
+    (PIPE_FP32_ACTIVE, 0.15),
+    (PIPE_TENSOR_ACTIVE, 0.0),
+    (SM_ACTIVE, 0.95),
+    (GR_ENGINE_ACTIVE, 0.97),
+)
+
+
+def telemetry_config(url: str, **more: Any) -> Config:
+    return Config.model_validate({"telemetry": {"prometheusURL": url, **more}})
+
+
+def gpu_pod(name: str, workload: str = "infer", namespace: str = "team-a") -> PodBuilder:
+    return make_pod(name, namespace).label(v.WORKLOAD_LABEL, workload)
+
+
+def finished_at(minutes_ago: float) -> str:
+    return (dt.datetime.now(dt.UTC) - dt.timedelta(minutes=minutes_ago)).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def events(kube: KubeDouble, reason: str) -> list[dict[str, Any]]:
+    return [e for e in kube.items(*EVENTS) if e.get("reason") == reason]
+
+
+def status_of(kube: KubeDouble, workload: str = "infer", namespace: str = "team-a") -> dict[str, Any]:
+    found = kube.get(*PROFILES, namespace, f"{workload}-profile")
+    return dict((found or {}).get("status") or {})
+
+
+async def test_a_bare_pods_run_makes_a_ready_profile_from_telemetry():
+    kube = KubeDouble()
+    kube.put(*NODES, node("gpu-0", A100))
+    pod = kube.put(
+        *PODS, gpu_pod("infer-0").ran("gpu-0", "2026-11-25T07:00:00Z", "2026-11-25T07:10:00Z").obj()
+    )
+    text = dcgm_exposition(
+        [
+            DcgmGpu(0, "GPU-a", "team-a", "infer-0", counters=MEMORY_BOUND),
+            DcgmGpu(1, "GPU-b", counters=MEMORY_BOUND),
+        ]
+    )
+    fake = FakePrometheus().load_text(text)
+    async with api_server(kube) as server, prometheus_serving(fake) as url:
+        async with controller_running(server, config=telemetry_config(url)) as controller:
+            status = await eventually(lambda: status_of(kube).get("telemetry") and status_of(kube))
+            assert (status["phase"], status["source"], status["boundType"]) == (
+                "Ready",
+                "telemetry",
+                "memory",
+            )
+            assert status["metrics"]["memoryThroughput"] == "80.00" and status["gpu"] == {"product": A100}
+            assert status["telemetry"] == [
+                {
+                    "product": A100,
+                    "runs": 1,
+                    "seconds": "600",  # one GPU (GPU-b holds no Pod), 600 s
+                    "counters": {
+                        DRAM_ACTIVE: "0.8",
+                        GR_ENGINE_ACTIVE: "0.97",
+                        PIPE_FP32_ACTIVE: "0.15",
+                        PIPE_TENSOR_ACTIVE: "0",
+                        SM_ACTIVE: "0.95",
+                    },
+                }
+            ]
+            assert status["countedTelemetry"] == [pod["metadata"]["uid"]]
+            [ready] = await eventually(lambda: events(kube, "ProfileReady"))
+            assert ready["regarding"]["kind"] == "WorkloadProfile" and "from DCGM telemetry" in ready["note"]
+            assert controller.metrics.telemetry_queries.labels("ok")._value.get() == 1
+            end = dt.datetime(2026, 11, 25, 7, 10, tzinfo=dt.UTC).timestamp()
+            assert {q["time"] for q in fake.queries} == {f"{end:.3f}"}
+            assert all("[600s]" in q["query"] for q in fake.queries)
+        async with controller_running(server, config=telemetry_config(url), agent="controller-restarted"):
+            await eventually(lambda: kube.calls("GET", r"/workloadprofiles/infer-profile$"))
+            asked = len(fake.queries)
+            kube.put(*PODS, pod)  # a replayed event after the restart: counted once, never asked again
+            await eventually(lambda: len(kube.calls("GET", r"/workloadprofiles/infer-profile$")) >= 2)
+            assert len(fake.queries) == asked and status_of(kube)["telemetry"][0]["runs"] == 1
+
+
+async def test_a_deployment_pod_running_past_its_window_adds_telemetry_and_nsight_compute_keeps_precedence():
+    kube = KubeDouble()
+    kube.put(*NODES, node("gpu-0", A100))
+    kube.put(*PROFILES, profile("web", bound="compute"))
+    # the owner, live: the double's garbage collector deletes Pods whose owners are gone
+    replicaset = {
+        "apiVersion": "apps/v1",
+        "kind": "ReplicaSet",
+        "metadata": {"name": "web-5d9c", "namespace": "team-a", "uid": "uid-web-5d9c"},
+    }
+    kube.put("apis/apps/v1", "replicasets", replicaset)
+    started = finished_at(minutes_ago=5)
+    pods = [
+        gpu_pod(f"web-5d9c-{i}", "web").owned_by("ReplicaSet", "web-5d9c").ran("gpu-0", started).obj()
+        for i in range(2)
+    ]
+    gpus = [
+        DcgmGpu(
+            i,
+            f"GPU-{i}",
+            "team-a",
+            f"web-5d9c-{i}",
+            counters=((DRAM_ACTIVE, 0.2), (PIPE_TENSOR_ACTIVE, 0.9), (GR_ENGINE_ACTIVE, 0.99)),
+        )
+        for i in range(2)
+    ]
+    fake = FakePrometheus().load_text(dcgm_exposition(gpus))
+    async with api_server(kube) as server, prometheus_serving(fake) as url:
+        for pod in pods:
+            kube.put(*PODS, pod)
+        async with controller_running(server, config=telemetry_config(url, windowSeconds=60)):
+            await eventually(lambda: (status_of(kube, "web").get("telemetry") or [{}])[0].get("runs") == 2)
+            status = status_of(kube, "web")
+            assert (status["boundType"], status["metrics"]["smThroughput"]) == ("compute", "12.0"), "kept"
+            assert "source" not in status and status["telemetry"][0]["seconds"] == "120"  # 2 Pods x 60 s
+
+
+async def test_a_failing_prometheus_makes_no_profile_says_so_once_and_is_retried():
+    kube = KubeDouble()
+    kube.put(*NODES, node("gpu-0", A100))
+    kube.put(*PODS, gpu_pod("infer-0").ran("gpu-0", "2026-11-25T07:00:00Z", "2026-11-25T07:10:00Z").obj())
+    body = '{"status":"error","errorType":"unavailable","error":"too many queries"}'
+    gpu = DcgmGpu(0, "GPU-a", "team-a", "infer-0", counters=MEMORY_BOUND)
+    fake = FakePrometheus(fail=(503, body)).load_text(dcgm_exposition([gpu]))
+    async with (
+        api_server(kube) as server,
+        prometheus_serving(fake) as url,
+        controller_running(server, config=telemetry_config(url)) as controller,
+    ):
+        controller.telemetry_retry_base = 0.05
+        errors = controller.metrics.telemetry_queries.labels("error")
+        await eventually(lambda: errors._value.get() >= 3)
+        assert kube.get(*PROFILES, "team-a", "infer-profile") is None, "no profile from a failed query"
+        [event] = events(kube, "TelemetryUnavailable")
+        assert event["regarding"] == {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "namespace": "team-a",
+            "name": "infer-0",
+            "uid": "uid-infer-0",
+        }
+        assert event["note"] == f"{url}: HTTP 503: unavailable: too many queries"
+        assert event["type"] == "Warning"
+        fake.fail = None
+        status = await eventually(lambda: status_of(kube).get("telemetry") and status_of(kube))
+        assert status["source"] == "telemetry" and controller.metrics.reconcile_errors._value.get() == 0
+
+
+async def test_a_gpu_without_profiling_counters_is_named_in_an_event_and_makes_no_profile():
+    kube = KubeDouble()
+    kube.put(*NODES, node("workstation-3", "NVIDIA-GeForce-RTX-4090"))
+    pod = gpu_pod("render-job-8xq4t", "render", "team-e").ran(
+        "workstation-3", "2026-11-25T07:00:00Z", "2026-11-25T07:10:00Z"
+    )
+    kube.put(*PODS, pod.obj())
+    fake = FakePrometheus().load(DATA / "dcgm" / "geforce-no-profiling-counters.txt")
+    async with (
+        api_server(kube) as server,
+        prometheus_serving(fake) as url,
+        controller_running(server, config=telemetry_config(url)) as controller,
+    ):
+        [event] = await eventually(lambda: events(kube, "TelemetryUnavailable"))
+        assert (
+            "DCGM_FI_PROF_GR_ENGINE_ACTIVE, DCGM_FI_PROF_PIPE_TENSOR_ACTIVE, DCGM_FI_PROF_DRAM_ACTIVE"
+            in event["note"]
+        )
+        assert url in event["note"] and "team-e/render-job-8xq4t" in event["note"]
+        assert controller.metrics.telemetry_queries.labels("incomplete")._value.get() == 1
+        assert kube.get(*PROFILES, "team-e", "render-profile") is None
+
+
+async def test_a_slow_prometheus_never_delays_a_profiling_run_or_a_release():
+    kube = KubeDouble()
+    kube.put(*NODES, node("gpu-0", A100))
+    kube.put(*PODS, gpu_pod("infer-0").ran("gpu-0", "2026-11-25T07:00:00Z", "2026-11-25T07:10:00Z").obj())
+    fake = FakePrometheus(delay=30.0)
+    async with (
+        api_server(kube) as server,
+        prometheus_serving(fake) as url,
+        controller_running(server, config=telemetry_config(url, timeoutSeconds=20)),
+    ):
+        await eventually(lambda: fake.queries)
+        seed_finished(kube, "vector-add", runner_summary())
+        published = await eventually(lambda: status_of(kube, "vector-add").get("phase") == "Ready", timeout=5)
+        assert published and kube.get(*PROFILES, "team-a", "infer-profile") is None
+
+
+async def test_a_jobs_run_without_a_profile_reports_on_the_job():
+    kube = KubeDouble()
+    kube.put(*NODES, node("workstation-3", "NVIDIA-GeForce-RTX-4090"))
+    job = kube.put(*JOBS, make_job("render", "team-e").obj())
+    pod = (
+        gpu_pod("render-job-8xq4t", "render", "team-e")
+        .label("job-name", "render")
+        .ran("workstation-3", "2026-11-25T07:00:00Z", "2026-11-25T07:10:00Z")
+        .obj()
+    )
+    pod["metadata"]["ownerReferences"] = [
+        {
+            "apiVersion": "batch/v1",
+            "kind": "Job",
+            "name": "render",
+            "uid": job["metadata"]["uid"],
+            "controller": True,
+        }
+    ]
+    kube.put(*PODS, pod)
+    fake = FakePrometheus().load(DATA / "dcgm" / "geforce-no-profiling-counters.txt")
+    async with (
+        api_server(kube) as server,
+        prometheus_serving(fake) as url,
+        controller_running(server, config=telemetry_config(url)),
+    ):
+        [event] = await eventually(lambda: events(kube, "TelemetryUnavailable"))
+        assert (event["regarding"]["kind"], event["regarding"]["name"]) == ("Job", "render")
+        assert "DCGM_FI_PROF_DRAM_ACTIVE" in event["note"]
+
+
+async def test_a_profile_made_meanwhile_is_never_overwritten_and_the_run_folds_into_it():
+    """The profile was absent when the controller read it, and a profiling run's Profiling phase
+    appeared before the telemetry profile was created: the create finds it there and leaves it
+    alone, and the next attempt folds the run into it."""
+    kube = KubeDouble()
+    kube.put(*NODES, node("gpu-0", A100))
+    kube.put(*PODS, gpu_pod("infer-0").ran("gpu-0", "2026-11-25T07:00:00Z", "2026-11-25T07:10:00Z").obj())
+    fake = FakePrometheus().load_text(
+        dcgm_exposition([DcgmGpu(0, "GPU-a", "team-a", "infer-0", counters=MEMORY_BOUND)])
+    )
+    async with (
+        api_server(kube) as server,
+        prometheus_serving(fake) as url,
+        controller_running(server, config=telemetry_config(url)) as controller,
+    ):
+        original_get = controller.io.get_profile
+        reads = 0
+
+        async def absent_then_made(namespace: str, name: str) -> dict[str, Any] | None:
+            nonlocal reads
+            reads += 1
+            if reads == 1:  # the profiling run publishes just after this read
+                kube.put(*PROFILES, profile("infer", phase="Profiling"))
+                return None
+            return await original_get(namespace, name)
+
+        controller.io.get_profile = absent_then_made  # type: ignore[method-assign]
+        status = await eventually(lambda: status_of(kube).get("telemetry") and status_of(kube))
+        assert status["phase"] == "Profiling" and "source" not in status, "the profiling run's profile stays"
+        assert status["telemetry"][0]["runs"] == 1 and reads >= 2
