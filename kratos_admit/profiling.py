@@ -6,10 +6,12 @@ import base64
 import gzip
 import json
 import posixpath
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from kratos_admit import vocabulary as v
+from kratos_admit.calibration import Calibration
+from kratos_admit.catalog import Catalog
 from kratos_admit.config import Config
 from kratos_admit.fields import METADATA, FieldError
 from kratos_admit.gpu_requests import ContainerGpus, PodGpus
@@ -280,6 +282,38 @@ def capability_warnings(config: Config) -> list[str]:
         f'profilingCapabilities {", ".join(forbidden)} are not allowed under Pod Security "restricted" '
         "(only NET_BIND_SERVICE may be added): a namespace that enforces it refuses the profiling pod"
     ]
+
+
+def profiling_products(
+    node_products: Iterable[str],
+    product_nodes: Mapping[str, int],
+    *,
+    calibration: Calibration,
+    catalog: Catalog,
+    config: Config,
+) -> tuple[str, ...]:
+    """The node label values a profiling run prefers (DESIGN "Learning the cluster's GPUs"), so its
+    shares are measured where the figures are known: config ``profilingProducts`` (those in the
+    cluster, all of them when the node list is unknown); else the best-calibrated product in the
+    cluster (both factors qualify; the most runs behind the weaker one); before any qualifies, the
+    product with the most Nodes. Empty when the cluster's products are unknown."""
+    present = sorted(node_products)
+    if config.profiling_products:
+        chosen = [p for p in config.profiling_products if p in present] if present else []
+        return tuple(chosen or config.profiling_products)
+    if not present:
+        return ()
+    qualified: dict[str, int] = {}
+    for label in present:
+        entry = catalog.placement(label)
+        found = calibration.get(entry.product) if entry is not None else None
+        if found is not None and found.qualifies(config.min_calibration_runs):
+            qualified[label] = found.runs
+    if qualified:
+        best = max(qualified.values())
+        return tuple(label for label in present if qualified.get(label) == best)
+    most = max(product_nodes.get(label, 0) for label in present)
+    return tuple(label for label in present if product_nodes.get(label, 0) == most)
 
 
 def rewrite_for_profiling(

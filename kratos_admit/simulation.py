@@ -21,6 +21,7 @@ import heapq
 import itertools
 import math
 import random
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -283,7 +284,7 @@ class PolicyRun:
             config,
             signing_key=DEVELOPMENT_KEY,
             profiles=self.profiles,
-            nodes=StaticNodeStore(self.products),
+            nodes=StaticNodeStore(self.products, Counter(n.product for n in nodes if n.product)),
             catalog=catalog,
             calibration=self.calibration,
         )

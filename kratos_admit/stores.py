@@ -42,6 +42,9 @@ class ProfileStore(Protocol):
 
 class NodeStore(Protocol):
     def gpu_products(self) -> frozenset[str]: ...
+    def product_nodes(self) -> Mapping[str, int]:
+        """How many Nodes carry each GPU product label (where profiling runs go first)."""
+
     def ready(self) -> bool: ...
     async def run(self) -> None:
         """Keep the store current until cancelled; a store read once at start returns at once."""
@@ -239,11 +242,15 @@ class FileProfileStore(StaticProfileStore):
 class StaticNodeStore:
     """The GPU products of a cluster, fixed at start."""
 
-    def __init__(self, products: Iterable[str] = ()) -> None:
+    def __init__(self, products: Iterable[str] = (), nodes: Mapping[str, int] | None = None) -> None:
         self._products = frozenset(products)
+        self._nodes = dict(nodes) if nodes is not None else dict.fromkeys(self._products, 1)
 
     def gpu_products(self) -> frozenset[str]:
         return self._products
+
+    def product_nodes(self) -> Mapping[str, int]:
+        return self._nodes
 
     def ready(self) -> bool:
         return True
@@ -256,4 +263,9 @@ class FileNodeStore(StaticNodeStore):
     """Nodes from a (multi-document) YAML file, read once at start."""
 
     def __init__(self, path: Path | None) -> None:
-        super().__init__(gpu_products_of(load_nodes(path)) if path else ())
+        nodes = load_nodes(path) if path else []
+        counts: dict[str, int] = {}
+        for node in nodes:
+            for product in gpu_products_of([node]):
+                counts[product] = counts.get(product, 0) + 1
+        super().__init__(gpu_products_of(nodes), counts)
