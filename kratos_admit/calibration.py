@@ -40,7 +40,7 @@ HUBER_DELTA = 0.1  # in log-time: samples within about 10 % of the fit count as 
 PRIOR_RUNS = 1.0
 MAX_STEP = 0.25
 MIN_SHARE, MAX_SHARE = 0.005, 1.0
-FACTOR_RANGE = 2.0  # a profiled-on product's factor is searched within e**+-2 of the catalog's
+FACTOR_RANGE = math.log(2)  # a held factor is searched within 1/2..2 times the catalog's
 REFIT_STEPS = 25  # Gauss-Newton steps of least squares, then as many of Huber
 
 
@@ -631,6 +631,7 @@ def fit_calibration(samples: Sequence[Sample], catalog: Catalog, *, updated_at: 
         kind: {
             product: math.exp(huber_location([math.log(f) for f, _ in cast], [s.runs for _, s in cast]))
             for product, cast in by_product.items()
+            if len({s.workload for _, s in cast}) >= 2  # one workload's idle share is too little to go on
         }
         for kind, by_product in profile_votes.items()
     }

@@ -139,7 +139,14 @@ def rank_gpu_products(
     profiled = profile.status.gpu.product if profile.status else None
     fitted = calibration.shares_of(profile.metadata.namespace, profile.spec.workload)
     figures: tuple[float, float] | None = None
-    if fitted is not None and (catalog.placement(profiled) if profiled else None) is not None:
+    measured_on = catalog.placement(profiled) if profiled else None
+    own = calibration.get(measured_on.product) if measured_on is not None else None
+    if (
+        fitted is not None
+        and fitted.runs >= min_calibration_runs
+        and measured_on is not None
+        and not (own and own.qualifies(min_calibration_runs))
+    ):
         # the shares re-fitted from its runs, of the figures the fit gave its profiled product
         shares, profiled = (fitted.sm, fitted.mem), fitted.profiled
         figures = (fitted.fp32_tflops, fitted.bandwidth_gbs)
