@@ -713,5 +713,31 @@ def keep_unchanged_dates(new: Calibration, old: Calibration) -> Calibration:
     return Calibration(products, workloads)
 
 
+def factor_noise(support: FactorSupport) -> float:
+    """How far a factor moves (in log) from noise alone: the ordinary spread of runs (about
+    ``HUBER_DELTA``) over the square root of the runs behind it."""
+    return HUBER_DELTA / math.sqrt(max(1, support.runs))
+
+
+def moved_beyond_noise(new: Calibration, old: Calibration, min_runs: int) -> bool:
+    """Whether ``new`` changes what the ranking uses by more than noise: a factor that starts or
+    stops qualifying, or a qualified factor that moved by more than its own noise (the larger of
+    its old and new noise). Counts, dates and re-fitted shares alone wait for the next write."""
+    for name, p in new.products.items():
+        before = old.get(name) or ProductCalibration(name, FactorSupport(), FactorSupport())
+        for now, was in ((p.memory, before.memory), (p.compute, before.compute)):
+            if now.qualifies(min_runs) != was.qualifies(min_runs):
+                return True
+            if now.qualifies(min_runs) and abs(math.log(now.factor / was.factor)) > max(
+                factor_noise(now), factor_noise(was)
+            ):
+                return True
+    return any(
+        p.memory.qualifies(min_runs) or p.compute.qualifies(min_runs)
+        for n, p in old.products.items()
+        if n not in new.products
+    )
+
+
 def same_calibration(a: Calibration, b: Calibration) -> bool:
     return a.to_json() == b.to_json()

@@ -59,14 +59,12 @@ class RankedProduct:
         return "observed" if self.observed else "calibrated" if self.calibrated else "model"
 
     def as_dict(self) -> dict[str, object]:
-        record: dict[str, object] = {
+        return {
             "product": self.product.product,
             "weight": self.weight,
             "relativeTime": round(self.relative_time, 3),
+            "source": self.source,
         }
-        if self.source != "model":
-            record["source"] = self.source
-        return record
 
 
 def ranking_source(ranked: Sequence[RankedProduct]) -> RankingSource:
