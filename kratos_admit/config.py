@@ -88,6 +88,11 @@ class Config(BaseModel):
     max_gpus_per_pod: int = Field(default=8, ge=1)
     scheduler: v.SchedulerBackend = "default"
     kai_queue: str = "default-queue"
+    # with scheduler "default": the schedulerName KRATOS sets (the scheduler-affinity component's
+    # profile, kratos-scheduler); empty: none, the cluster's default scheduler
+    scheduler_name: str = Field(
+        default="", pattern=r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*)?$"
+    )
     priority_classes: dict[v.Priority, str] = Field(default_factory=dict)
     hint_strategy: v.Strategy = "performance"
     reference_product: str = "NVIDIA-A100-SXM4-80GB"

@@ -248,8 +248,11 @@ def _apply_scheduler(
         for block in [pod_meta] if kind == "Pod" else [obj_meta, pod_meta]:
             if _set_missing(child(block, "labels"), v.KAI_QUEUE_LABEL, config.kai_queue):
                 injected.append(f"labels[{v.KAI_QUEUE_LABEL}]")
-    elif backend == "volcano" and _set_scheduler(pod_spec, v.VOLCANO_SCHEDULER_NAME):
-        injected.append("schedulerName")
+    else:
+        # volcano's scheduler, or with the default backend the profile config schedulerName names
+        name = v.VOLCANO_SCHEDULER_NAME if backend == "volcano" else config.scheduler_name
+        if name and _set_scheduler(pod_spec, name):
+            injected.append("schedulerName")
     return injected
 
 
