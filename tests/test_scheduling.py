@@ -136,7 +136,11 @@ def twelve_memory_bound_pods(scheduler_name: str) -> list[PodRequest]:
     terms = (product_in(A100, weight=100), product_in(L40S, weight=52), product_in(L4, weight=17))
     return [
         PodRequest(
-            gpus=1, milli_cpu=4000, memory_bytes=32 * 2**30, preferred_terms=terms, scheduler_name=scheduler_name
+            gpus=1,
+            milli_cpu=4000,
+            memory_bytes=32 * 2**30,
+            preferred_terms=terms,
+            scheduler_name=scheduler_name,
         )
         for _ in range(12)
     ]
