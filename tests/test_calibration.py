@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 import yaml
 
+from kratos_admit import vocabulary as v
 from kratos_admit.calibration import (
     NO_CALIBRATION,
     Calibration,
@@ -23,6 +24,7 @@ from kratos_admit.calibration import (
     Sample,
     fit_calibration,
     huber_location,
+    moved_beyond_noise,
     parse_calibration,
     samples_of,
     weighted_median,
@@ -31,12 +33,13 @@ from kratos_admit.cli import main
 from kratos_admit.config import Config
 from kratos_admit.hints import ranking_of
 from kratos_admit.profile import Observation
+from kratos_admit.profiling import profiling_products
 from kratos_admit.simfiles import load_cluster, load_trace
 from kratos_admit.simulation import Figures, Learned, Truth, prediction_errors, simulate
-from kratos_admit.stores import StaticCalibrationStore
-from kratos_controller.reconcile import calibrate
-from tests.builders import A100, L4, L40S, T4, WORKLOAD_SHAPES, make_profile, trace_job
-from tests.harness import CATALOG, EXAMPLES
+from kratos_admit.stores import StaticCalibrationStore, StaticNodeStore
+from kratos_controller.reconcile import calibrate, calibration_write_wait
+from tests.builders import A100, L4, L40S, T4, WORKLOAD_SHAPES, make_job, make_profile, trace_job
+from tests.harness import CATALOG, EXAMPLES, admit, engine, make_ctx
 
 PRODUCTS = (A100, L40S, L4, T4)
 SHAPES = WORKLOAD_SHAPES
@@ -487,3 +490,119 @@ def test_workloads_profiled_on_the_product_furthest_from_the_catalog_are_predict
     )
     worst_before = max(before[p] for p in ran)
     assert worst_before >= max(after.values()) and worst_before > before_at_least, (before, after)
+
+
+# --- profiling on known ground, per-factor qualification, the write cadence, the file ---------------
+
+
+def support(memory_runs: int, compute_runs: int, *, factor: float = 1.2) -> ProductCalibration:
+    return ProductCalibration(
+        "x",
+        FactorSupport(factor, memory_runs, 3 if memory_runs else 0),
+        FactorSupport(factor, compute_runs, 3 if compute_runs else 0),
+    )
+
+
+def calibration_of(**products: ProductCalibration) -> Calibration:
+    names = {"a100": A100, "l40s": L40S, "l4": L4, "t4": T4}
+    return Calibration({names[k]: dataclasses.replace(p, product=names[k]) for k, p in products.items()})
+
+
+@pytest.mark.parametrize(
+    ("calibration", "config", "expected"),
+    [
+        pytest.param(NO_CALIBRATION, {}, (T4,), id="nothing-calibrated-the-largest-group"),
+        pytest.param(calibration_of(l4=support(20, 8)), {}, (L4,), id="the-calibrated-product"),
+        pytest.param(
+            calibration_of(l4=support(20, 8), a100=support(40, 30)), {}, (A100,), id="the-best-calibrated"
+        ),
+        pytest.param(calibration_of(l4=support(20, 0)), {}, (T4,), id="half-calibrated-does-not-count"),
+        pytest.param(
+            calibration_of(a100=support(40, 30)), {"profilingProducts": [L40S]}, (L40S,), id="config-first"
+        ),
+        pytest.param(
+            NO_CALIBRATION,
+            {"profilingProducts": ["NVIDIA-H100-80GB-HBM3"]},
+            ("NVIDIA-H100-80GB-HBM3",),
+            id="config-absent-from-the-cluster-still-preferred",
+        ),
+    ],
+)
+def test_a_profiling_run_prefers_known_ground(calibration, config, expected):
+
+    nodes = {A100: 3, L40S: 4, L4: 5, T4: 6}
+    found = profiling_products(
+        set(nodes), nodes, calibration=calibration, catalog=CATALOG, config=Config.model_validate(config)
+    )
+    assert found == expected
+
+
+def test_a_profiling_job_gets_one_preferred_term_never_a_requirement_and_the_record_says_so():
+
+    eng = dataclasses.replace(engine(make_ctx()), nodes=StaticNodeStore({A100, L4}, {A100: 1, L4: 6}))
+    result = admit(make_job("fresh").label(v.WORKLOAD_LABEL, "fresh").obj(), eng)
+    assert result.decision.action == "profiling"
+    job = result.decision.mutated
+    assert job is not None
+    affinity = job["spec"]["template"]["spec"]["affinity"]["nodeAffinity"]
+    [term] = affinity["preferredDuringSchedulingIgnoredDuringExecution"]
+    assert term == {
+        "weight": 100,
+        "preference": {"matchExpressions": [{"key": v.GPU_PRODUCT_LABEL, "operator": "In", "values": [L4]}]},
+    }
+    required = affinity["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    assert all(e["key"] != v.GPU_PRODUCT_LABEL for t in required for e in t["matchExpressions"])
+    record = json.loads(job["metadata"]["annotations"][v.HINTS_ANNOTATION])
+    assert "affinity.nodeAffinity.preferred" in record["injected"]
+
+
+def test_each_factor_is_used_once_it_qualifies_on_its_own():
+    entry = CATALOG.lookup(L4)
+    assert entry is not None
+    memory_only = calibration_of(l4=support(20, 2, factor=1.25))
+    calibrated, changed = memory_only.calibrated(entry, 5)
+    assert changed
+    assert calibrated.sustained_bandwidth_gbs == pytest.approx(entry.sustained_bandwidth_gbs / 1.25)
+    assert calibrated.sustained_fp32_tflops == entry.sustained_fp32_tflops
+    neither = calibration_of(l4=support(2, 2))
+    assert neither.calibrated(entry, 5) == (entry, False)
+
+
+@pytest.mark.parametrize(
+    ("new", "old", "moved"),
+    [
+        pytest.param(support(25, 25, factor=1.21), support(20, 20, factor=1.2), False, id="within-noise"),
+        pytest.param(support(25, 25, factor=1.35), support(20, 20, factor=1.2), True, id="beyond-noise"),
+        pytest.param(support(6, 25), support(4, 25), True, id="starts-qualifying"),
+        pytest.param(support(4, 4, factor=2.0), support(3, 3), False, id="unqualified-moves-freely"),
+    ],
+)
+def test_a_write_comes_sooner_only_when_a_factor_moved_beyond_its_noise(new, old, moved):
+
+    fitted, written = calibration_of(l4=new), calibration_of(l4=old)
+    assert moved_beyond_noise(fitted, written, 5) is moved
+    wait = calibration_write_wait(fitted, written, since_write=10.0, interval=30.0, min_runs=5)
+    assert wait == (0.0 if moved else 20.0)
+    assert calibration_write_wait(fitted, written, since_write=None, interval=30.0, min_runs=5) == 0.0
+    assert calibration_write_wait(fitted, written, since_write=31.0, interval=30.0, min_runs=5) == 0.0
+
+
+def test_re_fitted_shares_round_trip_through_the_file_and_bad_ones_are_refused():
+    calibration = fit_calibration(exact_samples(drawn_truth(3), EVERYWHERE), CATALOG, updated_at="t")
+    assert set(calibration.workloads) == set(SHAPES)
+    again = parse_calibration(calibration.to_json())
+    assert again.to_json() == calibration.to_json()
+    stream = again.shares_of("stream", "")  # keyed namespace/workload: these samples have none
+    assert stream is None and again.workloads["stream"].profiled == A100
+    document = json.loads(calibration.to_json())
+    document["workloads"]["stream"]["memoryThroughput"] = 140
+    with pytest.raises(CalibrationError, match=r"workloads\.stream: shares must be in \(0, 100\]"):
+        parse_calibration(json.dumps(document))
+
+
+def test_exact_runs_re_fit_the_profiles_own_shares():
+    """Runs that the profile's shares explain exactly leave the shares where the profile put them."""
+    calibration = fit_calibration(exact_samples(drawn_truth(1), EVERYWHERE), CATALOG)
+    for name, (sm, mem) in SHAPES.items():
+        fitted = calibration.workloads[name]
+        assert (fitted.sm, fitted.mem) == pytest.approx((sm / 100, mem / 100), abs=0.005), name
