@@ -346,6 +346,15 @@ def test_placement_shows_calibrated_figures_read_from_the_configmap(tmp_path: Pa
     qualified = {p for p, c in calibration.products.items() if c.qualifies(5)}
     assert qualified and all(rows[p]["time_from"] == "calibrated" for p in qualified)
     assert all(rows[p]["fp32_from"].startswith("calibrated") for p in qualified)
+    for product, row in rows.items():
+        found = calibration.get(product)
+        for figure, factor in (("fp32_from", "compute"), ("bandwidth_from", "memory")):
+            own = getattr(found, factor) if found is not None else None
+            if own is not None and own.qualifies(5):
+                expected = f"calibrated (/{own.factor:g}, {own.runs} runs, {own.workloads} workloads)"
+                assert row[figure] == expected, row
+            else:
+                assert row[figure].startswith("catalog, "), row
 
 
 def test_placement_refuses_an_unreadable_calibration_file_with_one_line(tmp_path: Path):
