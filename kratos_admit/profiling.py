@@ -296,7 +296,8 @@ def profiling_products(
     shares are measured where the figures are known: config ``profilingProducts`` (those in the
     cluster, all of them when the node list is unknown); else the best-calibrated product in the
     cluster (both factors qualify; the most runs behind the weaker one); before any qualifies, the
-    product with the most Nodes. Empty when the cluster's products are unknown."""
+    product with the most Nodes. Empty when the cluster's products are unknown, or all its products
+    have as many Nodes (a term naming them all would prefer nothing)."""
     present = sorted(node_products)
     if config.profiling_products:
         chosen = [p for p in config.profiling_products if p in present] if present else []
@@ -313,7 +314,8 @@ def profiling_products(
         best = max(qualified.values())
         return tuple(label for label in present if qualified.get(label) == best)
     most = max(product_nodes.get(label, 0) for label in present)
-    return tuple(label for label in present if product_nodes.get(label, 0) == most)
+    largest = tuple(label for label in present if product_nodes.get(label, 0) == most)
+    return largest if len(largest) < len(present) else ()  # all alike: nothing to prefer
 
 
 def rewrite_for_profiling(

@@ -143,10 +143,7 @@ def rank_gpu_products(
         fitted is not None
         and fitted.runs >= min_calibration_runs
         and measured_on is not None
-        and not (
-            own
-            and (own.memory.qualifies(min_calibration_runs) or own.compute.qualifies(min_calibration_runs))
-        )
+        and not (own and own.qualifies(min_calibration_runs))
     ):
         # the shares re-fitted from its runs, of the figures the fit gave its profiled product
         shares, profiled = (fitted.sm, fitted.mem), fitted.profiled

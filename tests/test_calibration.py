@@ -305,23 +305,25 @@ def test_after_the_example_trace_a_new_workload_is_predicted_within_ten_percent_
     assert worst_without > 2 * worst_with, (worst_without, worst_with)
 
 
-def test_where_the_trace_leaves_a_product_uncalibrated_the_ranking_keeps_the_catalogs_figures():
-    """Seed 25's truth: after the example trace only the A100's factors rest on enough runs; every
-    other product is ranked from the catalog, and says so."""
-    cluster = load_cluster(EXAMPLES / "simulation" / "cluster.yaml", CATALOG)
-    trace = load_trace(EXAMPLES / "simulation" / "trace.yaml", CATALOG)
+def test_a_product_no_factor_of_which_qualifies_keeps_the_catalogs_figures():
+    """The A100 calibrated, the L4's factors on too few runs: a workload profiled on the (uncalibrated)
+    L40S is ranked on the A100 with its calibrated figures and on the others from the catalog, and
+    each ranked product says which."""
+    calibration = calibration_of(a100=support(40, 30, factor=1.3), l4=support(3, 0, factor=1.5))
+    profile = make_profile("new", bound="memory", sm="10", mem="90", product=L40S)
     config = Config()
-    result = simulate(
-        trace, cluster, truth=drawn_truth(25), config=config, catalog=CATALOG, seed=25, policies=("kratos",)
-    )
-    calibration = result.learned.current()
-    unqualified = {p for p, c in calibration.products.items() if not c.qualifies(config.min_calibration_runs)}
-    assert unqualified == {L40S, L4, T4}
-    profile = make_profile("new", bound="memory", sm="10", mem="90", product=T4)
     ranked = ranking_of(profile, set(PRODUCTS), config=config, catalog=CATALOG, calibration=calibration)
-    assert {r.product.product: r.source for r in ranked if r.product.product in unqualified} == dict.fromkeys(
-        unqualified, "model"
-    )
+    assert {r.product.product: r.source for r in ranked} == {
+        A100: "calibrated",
+        L40S: "model",
+        L4: "model",
+        T4: "model",
+    }
+    catalog_only = ranking_of(profile, set(PRODUCTS), config=config, catalog=CATALOG)
+    before = {r.product.product: r.relative_time for r in catalog_only}
+    after = {r.product.product: r.relative_time for r in ranked}
+    assert {p: after[p] for p in (L4, T4)} == {p: before[p] for p in (L4, T4)}
+    assert after[A100] > before[A100], "memory-bound work takes 30 % longer on these A100s"
 
 
 def test_placement_shows_calibrated_figures_read_from_the_configmap(tmp_path: Path):
