@@ -13,6 +13,12 @@ beside a noisy neighbour inflates one sample's mean; the Huber weights let it mo
 a few percent, where a least-squares fit would be pulled by its whole share. Observations fix only
 ratios between products, so the factors are anchored to a geometric mean of 1; a factor that
 nothing measured stays at 1, the catalog's figure.
+
+The same pass then re-fits each workload's SM and memory shares from its runs (the profile's
+shares the prior; docs/ranking.md "Re-fitted shares"), reading the product it was profiled on with
+the figures its runs elsewhere imply when no run measured that product, so its predictions stop
+resting on the catalog's guess for where its profile happened to be measured. The controller runs
+it; the webhook only reads the result (``Calibration.workloads``) from memory.
 """
 
 from __future__ import annotations
