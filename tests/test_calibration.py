@@ -3,6 +3,7 @@ robustness, its file, and what it buys the ranking on GPUs that differ from the 
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import random
@@ -16,22 +17,29 @@ import yaml
 from kratos_admit.cli.main import main
 from kratos_admit.decisions.calibration import (
     NO_CALIBRATION,
+    Calibration,
     CalibrationError,
+    FactorSupport,
+    ProductCalibration,
     Sample,
     fit_calibration,
     huber_location,
+    moved_beyond_noise,
     parse_calibration,
     samples_of,
     weighted_median,
 )
 from kratos_admit.decisions.hints import ranking_of
+from kratos_admit.decisions.profiling import profiling_products
+from kratos_admit.decisions.stores import StaticCalibrationStore, StaticNodeStore
+from kratos_admit.domain import vocabulary as v
 from kratos_admit.domain.config import Config
 from kratos_admit.domain.profile import Observation
 from kratos_admit.simulation.inputs import load_cluster, load_trace
 from kratos_admit.simulation.replay import Figures, Learned, Truth, prediction_errors, simulate
-from kratos_controller.reconcile import calibrate
-from tests.builders import A100, L4, L40S, T4, WORKLOAD_SHAPES, make_profile, trace_job
-from tests.harness import CATALOG, EXAMPLES
+from kratos_controller.reconcile import calibrate, calibration_write_wait
+from tests.builders import A100, L4, L40S, T4, WORKLOAD_SHAPES, make_job, make_profile, trace_job
+from tests.harness import CATALOG, EXAMPLES, admit, engine, make_ctx
 
 PRODUCTS = (A100, L40S, L4, T4)
 SHAPES = WORKLOAD_SHAPES
@@ -155,8 +163,9 @@ def test_a_factor_no_run_voted_for_stays_the_catalogs_and_does_not_drag_the_othe
     says anything about the T4's compute factor. The anchoring used to rescale that factor with
     the voted ones each round; through the workloads profiled on the T4 it fed back into their
     votes until it reached 0.085, and the L40S qualified with a compute factor 2.2 times the
-    truth's (a never-seen workload predicted 98 % off). A factor without votes is unknown: it stays
-    at the catalog's figure."""
+    truth's (a never-seen workload predicted 98 % off). A factor no run voted for never qualifies
+    its product; what the workloads profiled there say of it (step 3 of the fit) reads only their
+    own shares, and drags no other factor."""
     truth = drawn_truth(7)
     others = (A100, L40S, L4)
     samples = (
@@ -167,7 +176,7 @@ def test_a_factor_no_run_voted_for_stays_the_catalogs_and_does_not_drag_the_othe
     )
     calibration = fit_calibration(samples, CATALOG)
     t4 = calibration.products[T4]
-    assert t4.compute.factor == 1.0 and not t4.compute.qualifies(5), t4.as_dict()
+    assert t4.compute.runs == 0 and not t4.compute.qualifies(5), t4.as_dict()
     fitted = {
         p: (c.memory.factor, c.compute.factor) for p, c in calibration.products.items() if c.qualifies(5)
     }
@@ -296,23 +305,25 @@ def test_after_the_example_trace_a_new_workload_is_predicted_within_ten_percent_
     assert worst_without > 2 * worst_with, (worst_without, worst_with)
 
 
-def test_where_the_trace_leaves_a_product_uncalibrated_the_ranking_keeps_the_catalogs_figures():
-    """Seed 25's truth: after the example trace only the A100's factors rest on enough runs; every
-    other product is ranked from the catalog, and says so."""
-    cluster = load_cluster(EXAMPLES / "simulation" / "cluster.yaml", CATALOG)
-    trace = load_trace(EXAMPLES / "simulation" / "trace.yaml", CATALOG)
+def test_a_product_no_factor_of_which_qualifies_keeps_the_catalogs_figures():
+    """The A100 calibrated, the L4's factors on too few runs: a workload profiled on the (uncalibrated)
+    L40S is ranked on the A100 with its calibrated figures and on the others from the catalog, and
+    each ranked product says which."""
+    calibration = calibration_of(a100=support(40, 30, factor=1.3), l4=support(3, 0, factor=1.5))
+    profile = make_profile("new", bound="memory", sm="10", mem="90", product=L40S)
     config = Config()
-    result = simulate(
-        trace, cluster, truth=drawn_truth(25), config=config, catalog=CATALOG, seed=25, policies=("kratos",)
-    )
-    calibration = result.learned.current()
-    unqualified = {p for p, c in calibration.products.items() if not c.qualifies(config.min_calibration_runs)}
-    assert unqualified == {L40S, L4, T4}
-    profile = make_profile("new", bound="memory", sm="10", mem="90", product=T4)
     ranked = ranking_of(profile, set(PRODUCTS), config=config, catalog=CATALOG, calibration=calibration)
-    assert {r.product.product: r.source for r in ranked if r.product.product in unqualified} == dict.fromkeys(
-        unqualified, "model"
-    )
+    assert {r.product.product: r.source for r in ranked} == {
+        A100: "calibrated",
+        L40S: "model",
+        L4: "model",
+        T4: "model",
+    }
+    catalog_only = ranking_of(profile, set(PRODUCTS), config=config, catalog=CATALOG)
+    before = {r.product.product: r.relative_time for r in catalog_only}
+    after = {r.product.product: r.relative_time for r in ranked}
+    assert {p: after[p] for p in (L4, T4)} == {p: before[p] for p in (L4, T4)}
+    assert after[A100] > before[A100], "memory-bound work takes 30 % longer on these A100s"
 
 
 def test_placement_shows_calibrated_figures_read_from_the_configmap(tmp_path: Path):
@@ -337,6 +348,15 @@ def test_placement_shows_calibrated_figures_read_from_the_configmap(tmp_path: Pa
     qualified = {p for p, c in calibration.products.items() if c.qualifies(5)}
     assert qualified and all(rows[p]["time_from"] == "calibrated" for p in qualified)
     assert all(rows[p]["fp32_from"].startswith("calibrated") for p in qualified)
+    for product, row in rows.items():
+        found = calibration.get(product)
+        for figure, factor in (("fp32_from", "compute"), ("bandwidth_from", "memory")):
+            own = getattr(found, factor) if found is not None else None
+            if own is not None and own.qualifies(5):
+                expected = f"calibrated (/{own.factor:g}, {own.runs} runs, {own.workloads} workloads)"
+                assert row[figure] == expected, row
+            else:
+                assert row[figure].startswith("catalog, "), row
 
 
 def test_placement_refuses_an_unreadable_calibration_file_with_one_line(tmp_path: Path):
@@ -410,3 +430,190 @@ def test_an_unreadable_configmap_is_replaced_by_the_fit():
         now="2026-11-23T10:00:00Z",
     )
     assert write is not None and parse_calibration(write.data["calibration.json"]).products
+
+
+def far_truth(seed: int, *, far: str = T4, spread: float = 0.5) -> Truth:
+    """Every product off the catalog by up to +-30 %, and ``far`` by a full +-``spread`` in both
+    figures (which way drawn): the product furthest from the catalog."""
+    rng = random.Random(seed)
+    figures = {}
+    for product in PRODUCTS:
+        entry = CATALOG.lookup(product)
+        assert entry is not None
+        if product == far:
+            fp32, bandwidth = (1 - spread, 1 - spread) if rng.random() < 0.5 else (1 + spread, 1 - spread)
+        else:
+            fp32, bandwidth = rng.uniform(0.7, 1.3), rng.uniform(0.7, 1.3)
+        figures[product] = Figures(
+            entry.sustained_fp32_tflops * fp32, entry.sustained_bandwidth_gbs * bandwidth
+        )
+    return Truth(CATALOG, figures)
+
+
+def as_before(calibration: Calibration, min_runs: int) -> Calibration:
+    """The same fit read as KRATOS read it before issue 26: a product's figures only once both its
+    factors qualify, and every workload through its profile's own shares."""
+    products = {
+        name: p
+        if p.qualifies(min_runs)
+        else ProductCalibration(name, FactorSupport(p.memory.factor), FactorSupport(p.compute.factor))
+        for name, p in calibration.products.items()
+    }
+    return Calibration(products)
+
+
+@pytest.mark.parametrize(
+    ("seed", "before_at_least"),
+    [(2, 0.0), (3, 0.2), (5, 0.5), (6, 0.4)],
+    ids=["draw-2", "draw-3", "draw-5", "draw-6"],
+)
+def test_workloads_profiled_on_the_product_furthest_from_the_catalog_are_predicted_within_ten_percent(
+    seed, before_at_least
+):
+    """Issue 26: the example cluster with six more T4 servers (the T4s the largest group, so before
+    anything is calibrated every profiling run goes there) and a truth in which the T4 is 50 % off
+    the catalog. After the example trace, every product that ran minCalibrationRuns Jobs is
+    predicted within 10 % for every workload of the trace. Read as before (a product calibrated
+    only once both its factors qualify, the profiles' own shares), the same runs predict worse, by
+    up to 57 %: the error it starts from."""
+    cluster = load_cluster(EXAMPLES / "simulation" / "cluster.yaml", CATALOG)
+    t4 = next(n for n in cluster if n.product == T4)
+    cluster += [dataclasses.replace(t4, name=f"gpu-t4-extra-{i}") for i in range(6)]
+    trace = load_trace(EXAMPLES / "simulation" / "trace.yaml", CATALOG)
+    truth, config = far_truth(seed), Config()
+    result = simulate(
+        trace, cluster, truth=truth, config=config, catalog=CATALOG, seed=seed, policies=("kratos",)
+    )
+    profiles = list(result.learned.profiles.index.profiles())
+    profiled_on = [p.status.gpu.product for p in profiles if p.status is not None]
+    assert profiled_on.count(T4) > len(profiled_on) / 2, profiled_on
+    ran = {p for p, k in result.products.items() if k.runs >= config.min_calibration_runs}
+    assert ran == set(PRODUCTS), result.as_dict()["products"]
+    after = {p: e for p, e in result.prediction_error.items() if p in ran}
+    assert {p: round(e, 3) for p, e in after.items() if e > 0.10} == {}
+    before = prediction_errors(
+        Learned(result.learned.profiles, StaticCalibrationStore(as_before(result.learned.current(), 5))),
+        trace.jobs,
+        truth=truth,
+        node_products=frozenset(n.product for n in cluster),
+        config=config,
+        catalog=CATALOG,
+    )
+    worst_before = max(before[p] for p in ran)
+    assert worst_before >= max(after.values()) and worst_before > before_at_least, (before, after)
+
+
+# --- profiling on known ground, per-factor qualification, the write cadence, the file ---------------
+
+
+def support(memory_runs: int, compute_runs: int, *, factor: float = 1.2) -> ProductCalibration:
+    return ProductCalibration(
+        "x",
+        FactorSupport(factor, memory_runs, 3 if memory_runs else 0),
+        FactorSupport(factor, compute_runs, 3 if compute_runs else 0),
+    )
+
+
+def calibration_of(**products: ProductCalibration) -> Calibration:
+    names = {"a100": A100, "l40s": L40S, "l4": L4, "t4": T4}
+    return Calibration({names[k]: dataclasses.replace(p, product=names[k]) for k, p in products.items()})
+
+
+@pytest.mark.parametrize(
+    ("calibration", "config", "expected"),
+    [
+        pytest.param(NO_CALIBRATION, {}, (T4,), id="nothing-calibrated-the-largest-group"),
+        pytest.param(calibration_of(l4=support(20, 8)), {}, (L4,), id="the-calibrated-product"),
+        pytest.param(
+            calibration_of(l4=support(20, 8), a100=support(40, 30)), {}, (A100,), id="the-best-calibrated"
+        ),
+        pytest.param(calibration_of(l4=support(20, 0)), {}, (T4,), id="half-calibrated-does-not-count"),
+        pytest.param(
+            calibration_of(a100=support(40, 30)), {"profilingProducts": [L40S]}, (L40S,), id="config-first"
+        ),
+        pytest.param(
+            NO_CALIBRATION,
+            {"profilingProducts": ["NVIDIA-H100-80GB-HBM3"]},
+            ("NVIDIA-H100-80GB-HBM3",),
+            id="config-absent-from-the-cluster-still-preferred",
+        ),
+    ],
+)
+def test_a_profiling_run_prefers_known_ground(calibration, config, expected):
+
+    nodes = {A100: 3, L40S: 4, L4: 5, T4: 6}
+    found = profiling_products(
+        set(nodes), nodes, calibration=calibration, catalog=CATALOG, config=Config.model_validate(config)
+    )
+    assert found == expected
+
+
+def test_a_profiling_job_gets_one_preferred_term_never_a_requirement_and_the_record_says_so():
+
+    eng = dataclasses.replace(engine(make_ctx()), nodes=StaticNodeStore({A100, L4}, {A100: 1, L4: 6}))
+    result = admit(make_job("fresh").label(v.WORKLOAD_LABEL, "fresh").obj(), eng)
+    assert result.decision.action == "profiling"
+    job = result.decision.mutated
+    assert job is not None
+    affinity = job["spec"]["template"]["spec"]["affinity"]["nodeAffinity"]
+    [term] = affinity["preferredDuringSchedulingIgnoredDuringExecution"]
+    assert term == {
+        "weight": 100,
+        "preference": {"matchExpressions": [{"key": v.GPU_PRODUCT_LABEL, "operator": "In", "values": [L4]}]},
+    }
+    required = affinity["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    assert all(e["key"] != v.GPU_PRODUCT_LABEL for t in required for e in t["matchExpressions"])
+    record = json.loads(job["metadata"]["annotations"][v.HINTS_ANNOTATION])
+    assert "affinity.nodeAffinity.preferred" in record["injected"]
+
+
+def test_each_factor_is_used_once_it_qualifies_on_its_own():
+    entry = CATALOG.lookup(L4)
+    assert entry is not None
+    memory_only = calibration_of(l4=support(20, 2, factor=1.25))
+    calibrated, changed = memory_only.calibrated(entry, 5)
+    assert changed
+    assert calibrated.sustained_bandwidth_gbs == pytest.approx(entry.sustained_bandwidth_gbs / 1.25)
+    assert calibrated.sustained_fp32_tflops == entry.sustained_fp32_tflops
+    neither = calibration_of(l4=support(2, 2))
+    assert neither.calibrated(entry, 5) == (entry, False)
+
+
+@pytest.mark.parametrize(
+    ("new", "old", "moved"),
+    [
+        pytest.param(support(25, 25, factor=1.21), support(20, 20, factor=1.2), False, id="within-noise"),
+        pytest.param(support(25, 25, factor=1.35), support(20, 20, factor=1.2), True, id="beyond-noise"),
+        pytest.param(support(6, 25), support(4, 25), True, id="starts-qualifying"),
+        pytest.param(support(4, 4, factor=2.0), support(3, 3), False, id="unqualified-moves-freely"),
+    ],
+)
+def test_a_write_comes_sooner_only_when_a_factor_moved_beyond_its_noise(new, old, moved):
+
+    fitted, written = calibration_of(l4=new), calibration_of(l4=old)
+    assert moved_beyond_noise(fitted, written, 5) is moved
+    wait = calibration_write_wait(fitted, written, since_write=10.0, interval=30.0, min_runs=5)
+    assert wait == (0.0 if moved else 20.0)
+    assert calibration_write_wait(fitted, written, since_write=None, interval=30.0, min_runs=5) == 0.0
+    assert calibration_write_wait(fitted, written, since_write=31.0, interval=30.0, min_runs=5) == 0.0
+
+
+def test_re_fitted_shares_round_trip_through_the_file_and_bad_ones_are_refused():
+    calibration = fit_calibration(exact_samples(drawn_truth(3), EVERYWHERE), CATALOG, updated_at="t")
+    assert set(calibration.workloads) == set(SHAPES)
+    again = parse_calibration(calibration.to_json())
+    assert again.to_json() == calibration.to_json()
+    stream = again.shares_of("stream", "")  # keyed namespace/workload: these samples have none
+    assert stream is None and again.workloads["stream"].profiled == A100
+    document = json.loads(calibration.to_json())
+    document["workloads"]["stream"]["memoryThroughput"] = 140
+    with pytest.raises(CalibrationError, match=r"workloads\.stream: shares must be in \(0, 100\]"):
+        parse_calibration(json.dumps(document))
+
+
+def test_exact_runs_re_fit_the_profiles_own_shares():
+    """Runs that the profile's shares explain exactly leave the shares where the profile put them."""
+    calibration = fit_calibration(exact_samples(drawn_truth(1), EVERYWHERE), CATALOG)
+    for name, (sm, mem) in SHAPES.items():
+        fitted = calibration.workloads[name]
+        assert (fitted.sm, fitted.mem) == pytest.approx((sm / 100, mem / 100), abs=0.005), name

@@ -9,11 +9,20 @@ import copy
 import json
 from pathlib import Path
 from typing import Any
+from unittest.mock import ANY
 
 from kubernetes_asyncio import client
 
-from kratos_admit.decisions.calibration import CONFIGMAP_KEY, CONFIGMAP_NAME, NO_CALIBRATION
+from kratos_admit.decisions.calibration import (
+    CONFIGMAP_KEY,
+    CONFIGMAP_NAME,
+    NO_CALIBRATION,
+    fit_calibration,
+    samples_of,
+)
 from kratos_admit.domain import vocabulary as v
+from kratos_admit.domain.config import Config
+from kratos_admit.domain.profile import WorkloadProfile
 from kratos_admit.simulation.replay import Figures, Truth
 from tests.builders import A100, L4, L40S, T4, WORKLOAD_SHAPES, make_job, trace_job
 from tests.harness import (
@@ -103,7 +112,8 @@ async def test_calibration_is_written_from_observations_counted_once_and_used_fo
             kube.put(*PROFILES, observed_profile(workload))
         api = api_for(server, "kubectl")
         try:
-            async with controller_running(server) as running:
+            every_time = Config(calibration_write_seconds=0)  # each change written: the counts are checked
+            async with controller_running(server, config=every_time) as running:
                 await eventually(running.informer.synced.is_set)
                 await eventually(lambda: calibration_configmap(kube))
                 first = factors(kube)
@@ -148,5 +158,77 @@ async def test_calibration_is_written_from_observations_counted_once_and_used_fo
             assert stored is not None
             ranked = json.loads(stored["metadata"]["annotations"][v.HINTS_ANNOTATION])["ranked"]
             assert {r["product"]: r.get("source") for r in ranked} == dict.fromkeys(PRODUCTS, "calibrated")
+        finally:
+            await api.close()
+
+
+async def test_a_burst_of_600_runs_writes_the_configmap_once_per_interval_and_ends_with_the_same_fit(
+    tmp_path: Path,
+):
+    """Issue 26: a write after every counted run made every webhook replica reload the ConfigMap
+    152 times in a burst. With calibrationWriteSeconds 1, 600 runs write it at most once a second
+    plus the writes of factors that moved beyond their noise, and the last write holds the fit of
+    all 600 runs: what a write after every run would have ended with."""
+    kube = KubeDouble()
+    config = Config(calibration_write_seconds=1.0)
+    async with api_server(kube) as server, webhook_serving(kube, server, tmp_path):
+        opted_in_cluster(kube, (tmp_path / "certs" / "ca.crt").read_bytes(), *PRODUCTS)
+        for workload in SHAPES:
+            kube.put(*PROFILES, observed_profile(workload, runs=1))
+        api = api_for(server, "kubectl")
+        try:
+            async with controller_running(server, config=config) as running:
+                await eventually(running.informer.synced.is_set)
+                await eventually(lambda: calibration_configmap(kube))
+                started = asyncio.get_running_loop().time()
+                workloads = sorted(SHAPES)
+                for i in range(600):
+                    workload, product = workloads[i % len(workloads)], PRODUCTS[(i // len(workloads)) % 4]
+                    body: Any = job_of(f"burst-{i}", workload)
+                    await client.BatchV1Api(api).create_namespaced_job("team-a", body)
+                    for pod in await kube.run_jobs():
+                        noisy = seconds_on(workload, product) * (1 + 0.04 * ((i * 7919) % 11 - 5) / 5)
+                        kube.finish_pod("team-a", pod, node=NODE_OF[product], seconds=round(noisy, 1))
+
+                def counted() -> int:
+                    return sum(
+                        o["runs"]
+                        for p in kube.items(*PROFILES)
+                        for o in p.get("status", {}).get("observations", [])
+                    )
+
+                await eventually(lambda: counted() == 600 + len(SHAPES) * len(PRODUCTS), timeout=120)
+                profiles = [WorkloadProfile.model_validate(p) for p in kube.items(*PROFILES)]
+                every_run = fit_calibration(samples_of(profiles, CATALOG, reference_product=A100), CATALOG)
+                await eventually(
+                    lambda: (
+                        json.loads(calibration_configmap(kube)["data"][CONFIGMAP_KEY])  # type: ignore[index]
+                        == {
+                            "products": {
+                                n: p | {"updatedAt": ANY}
+                                for n, p in json.loads(every_run.to_json())["products"].items()
+                            },
+                            "workloads": {
+                                n: w | {"updatedAt": ANY}
+                                for n, w in json.loads(every_run.to_json())["workloads"].items()
+                            },
+                        }
+                    ),
+                    timeout=10,
+                )
+                seconds = asyncio.get_running_loop().time() - started
+                writes = running.metrics.registry.get_sample_value
+                on_interval = writes("kratos_calibration_writes_total", {"reason": "interval"}) or 0
+                moved = writes("kratos_calibration_writes_total", {"reason": "moved"}) or 0
+            replaced = [
+                r
+                for r in kube.requests
+                if r.method == "PUT" and r.path.endswith(f"/configmaps/{CONFIGMAP_NAME}")
+            ]
+            assert len(replaced) + 1 == on_interval + moved, (
+                "the first write creates it, every later one replaces it"
+            )
+            assert on_interval <= seconds / config.calibration_write_seconds + 1, (on_interval, seconds)
+            assert on_interval + moved < 600 / 4, (on_interval, moved, seconds)
         finally:
             await api.close()

@@ -328,7 +328,7 @@ async def test_finished_runs_are_observed_once_and_turn_the_ranking_to_the_obser
         kube.put(*PROFILES, profile("sweep", bound="memory"))
         await create_job(api, plain_job("model-first"))
         first = ranked_record(stored(kube, "model-first"))
-        assert [r["product"] for r in first] == [A100, L40S] and "source" not in first[0]
+        assert [r["product"] for r in first] == [A100, L40S] and first[0]["source"] == "model"
         for i in range(6):
             await create_job(api, plain_job(f"sweep-{i}"))
         created = await kube.run_jobs()

@@ -150,6 +150,18 @@ def test_hints_never_override_what_the_user_set():
         pytest.param({"scheduler": "default"}, None, None, id="default"),
         pytest.param({"scheduler": "kai", "kaiQueue": "research"}, "kai-scheduler", "research", id="kai"),
         pytest.param({"scheduler": "volcano"}, "volcano", None, id="volcano"),
+        pytest.param(
+            {"schedulerName": v.KRATOS_SCHEDULER_NAME},
+            v.KRATOS_SCHEDULER_NAME,
+            None,
+            id="kratos-scheduler-profile",
+        ),
+        pytest.param(
+            {"scheduler": "kai", "schedulerName": v.KRATOS_SCHEDULER_NAME},
+            "kai-scheduler",
+            "default-queue",
+            id="kai-wins-over-the-profile",
+        ),
     ],
 )
 def test_scheduler_backend_from_config(config, scheduler, queue):

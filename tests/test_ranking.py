@@ -110,7 +110,10 @@ def test_observed_runtimes_replace_the_model_once_two_products_have_enough_runs(
     by_name = {r.product.product: r for r in ranked}
     assert by_name[L40S].observed and by_name[A100].observed and not by_name["NVIDIA-L4"].observed
     assert by_name[A100].relative_time / by_name[L40S].relative_time == pytest.approx(2.0)
-    assert by_name[L40S].as_dict()["source"] == "observed" and "source" not in by_name["NVIDIA-L4"].as_dict()
+    assert (
+        by_name[L40S].as_dict()["source"] == "observed"
+        and by_name["NVIDIA-L4"].as_dict()["source"] == "model"
+    )
 
 
 def test_the_unobserved_products_follow_the_model_scaled_to_the_observations():

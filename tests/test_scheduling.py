@@ -128,3 +128,54 @@ def test_a_pod_spec_is_read_for_gpus_requests_and_affinity():
     pod = PodRequest.from_pod_spec(spec)
     assert (pod.gpus, pod.milli_cpu, pod.memory_bytes) == (2, 1500, 2 * 2**30)
     assert len(pod.required_terms) == 1 and pod.preferred_terms[0]["weight"] == 100
+
+
+def twelve_memory_bound_pods(scheduler_name: str) -> list[PodRequest]:
+    """The e2e case of issue 26: memory-bound Pods with CPU and memory requests, hinted A100 100,
+    L40S 52, L4 17 (what the ranking gives a memory-bound profile)."""
+    terms = (product_in(A100, weight=100), product_in(L40S, weight=52), product_in(L4, weight=17))
+    return [
+        PodRequest(
+            gpus=1,
+            milli_cpu=4000,
+            memory_bytes=32 * 2**30,
+            preferred_terms=terms,
+            scheduler_name=scheduler_name,
+        )
+        for _ in range(12)
+    ]
+
+
+def place_all(pods: list[PodRequest], seed: int) -> tuple[list[str], list[int]]:
+    """Each Pod bound in turn, as kube-scheduler's queue takes them; the product each went to, and
+    the A100 node's free GPUs at each binding."""
+    a100 = sim_node("a100", A100, gpus=8, cpu=32, memory_gib=256)  # a small host: its CPU fills up
+    l40s = sim_node("l40s", L40S, gpus=4, cpu=192, memory_gib=1536)
+    l4 = sim_node("l4", L4, gpus=1, cpu=16, memory_gib=64)
+    state, rng = ClusterState((a100, l40s, l4)), random.Random(seed)
+    products, a100_free = [], []
+    for pod in pods:
+        node = schedule(pod, state, rng)
+        assert node is not None
+        a100_free.append(state.free_gpus(a100))
+        state.bind(node, pod)
+        products.append(node.product)
+    return products, a100_free
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_under_the_kratos_scheduler_profile_twelve_memory_bound_pods_go_eight_four_zero(seed):
+    """The scheduler-affinity component's profile (NodeAffinity 50): the A100 fills first, to its
+    last GPU, then the L40S; never the L4."""
+    products, _ = place_all(twelve_memory_bound_pods(v.KRATOS_SCHEDULER_NAME), seed)
+    assert products == [A100] * 8 + [L40S] * 4
+
+
+def test_under_the_default_profile_the_a100s_last_gpu_loses_to_least_allocated():
+    """The default profile (NodeAffinity 2): at the A100 node's last free GPU its CPU is all but
+    requested, and LeastAllocated (about 97 for the empty L40S host, 0 for the A100's) outweighs
+    the affinity gap (2 x (100 - 52) = 96): the eighth Pod goes to the L40S with an A100 free, the
+    7/5 moment the real control plane showed."""
+    products, a100_free = place_all(twelve_memory_bound_pods(""), seed=0)
+    assert products[:8] == [A100] * 7 + [L40S] and a100_free[7] == 1
+    assert products.count(L4) == 0

@@ -151,6 +151,11 @@ def test_the_json_output_has_the_design_shape(tmp_path: Path):
     for figures in report["policies"].values():
         assert set(figures) == {"meanJctSeconds", "p95JctSeconds", "makespanSeconds", "gpuHours"}
     assert set(report["predictionError"]) == {A100, L40S, L4, T4}
+    assert set(report["products"]) == {A100, L40S, L4, T4}
+    for known in report["products"].values():
+        assert set(known) == {"runs", "calibrated", "predictionError"}
+    assert sum(k["runs"] for k in report["products"].values()) == 240, "every Job of the trace, counted once"
+    assert {p: k["predictionError"] for p, k in report["products"].items()} == report["predictionError"]
 
 
 def test_on_the_example_kratos_is_within_ten_percent_of_the_oracle_and_beats_the_default():

@@ -14,6 +14,7 @@ import yaml
 
 from kratos_admit.domain import vocabulary as v
 from kratos_admit.domain.config import Config, load_config
+from kratos_admit.simulation.scheduling import KRATOS_NODE_AFFINITY_WEIGHT
 from kratos_controller.reconcile import ContainerEnd, Observed, PublishProfile, reconcile
 from tests.harness import (
     EXAMPLES,
@@ -27,7 +28,14 @@ from tests.harness import (
     runner_summary,
 )
 
-COMPONENTS = ["cert-manager", "failure-policy-ignore", "scheduler-kai", "scheduler-volcano", "telemetry"]
+COMPONENTS = [
+    "cert-manager",
+    "failure-policy-ignore",
+    "scheduler-kai",
+    "scheduler-volcano",
+    "scheduler-affinity",
+    "telemetry",
+]
 # kinds that are not part of Kubernetes itself (their CRDs come with cert-manager)
 FOREIGN = {("cert-manager.io/v1", "Issuer"), ("cert-manager.io/v1", "Certificate")}
 
@@ -174,6 +182,36 @@ def test_the_dcgm_counters_file_is_dcgm_exporters_csv_with_every_counter_kratos_
         )
         fields[name] = kind
     assert set(QUERIED) <= set(fields) and all(fields[name] == "gauge" for name in QUERIED)
+
+
+def test_the_scheduler_affinity_component_runs_a_second_scheduler_and_kratos_names_its_profile(
+    rendered, tmp_path: Path
+):
+    """Issue 26, hints that hold: KRATOS sets schedulerName to the profile the component's
+    kube-scheduler serves, and that profile weighs NodeAffinity far above the default's 2."""
+    objects = rendered["scheduler-affinity"]
+    settings = yaml.safe_load(find(objects, "ConfigMap", "kratos-scheduler-config")["data"]["config.yaml"])
+    assert (settings["apiVersion"], settings["kind"]) == (
+        "kubescheduler.config.k8s.io/v1",
+        "KubeSchedulerConfiguration",
+    )
+    [profile] = settings["profiles"]
+    assert "scheduler" in profile["schedulerName"] and profile["schedulerName"] == v.KRATOS_SCHEDULER_NAME
+    weights = {p["name"]: p["weight"] for p in profile["plugins"]["score"]["enabled"]}
+    assert weights == {"NodeAffinity": KRATOS_NODE_AFFINITY_WEIGHT}
+    # a gap of 7 points of normalised affinity outweighs the three weight-1 scores a node can differ by
+    assert KRATOS_NODE_AFFINITY_WEIGHT * 7 > 3 * 100
+    for deployment in ("kratos-webhook", "kratos-controller"):
+        config = effective_config(objects, deployment, tmp_path)
+        assert (config.scheduler, config.scheduler_name) == ("default", profile["schedulerName"])
+    scheduler = find(objects, "Deployment", "kratos-scheduler")["spec"]["template"]["spec"]
+    assert scheduler["serviceAccountName"] == "kratos-scheduler"
+    bound = {
+        o["roleRef"]["name"]
+        for o in objects
+        if o["kind"] == "ClusterRoleBinding" and o["metadata"]["name"].startswith("kratos-scheduler")
+    }
+    assert bound == {"system:kube-scheduler", "system:volume-scheduler"}
 
 
 def test_the_shipped_config_loads(rendered, tmp_path: Path):

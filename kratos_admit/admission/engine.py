@@ -177,6 +177,7 @@ def decide(request: AdmissionRequest, *, webhook: Webhook, engine: AdmissionEngi
             node_products=engine.nodes.gpu_products(),
             ctx=engine.ctx,
             calibration=engine.calibration.current(),
+            product_nodes=engine.nodes.product_nodes(),
         )
         if decision.action == "profiling" and key is not None and not request.dry_run:
             engine.runs.note(*key, request.name)

@@ -112,6 +112,25 @@ def _prefer_products(pod_spec: dict[str, Any], ranked: list[RankedProduct]) -> b
     return True
 
 
+def _prefer_for_profiling(pod_spec: dict[str, Any], labels: tuple[str, ...]) -> bool:
+    """One preferred term (weight 100, never a requirement) for the products a profiling run should
+    land on; a user's own product preference wins."""
+    node_affinity = child(child(pod_spec, "affinity"), "nodeAffinity")
+    preferred = node_affinity.get("preferredDuringSchedulingIgnoredDuringExecution")
+    for term in as_list(preferred):
+        expressions = as_list(as_mapping(as_mapping(term).get("preference")).get("matchExpressions"))
+        if any(as_mapping(e).get("key") == v.GPU_PRODUCT_LABEL for e in expressions):
+            return False
+    term = {
+        "weight": 100,
+        "preference": {
+            "matchExpressions": [{"key": v.GPU_PRODUCT_LABEL, "operator": "In", "values": list(labels)}]
+        },
+    }
+    node_affinity["preferredDuringSchedulingIgnoredDuringExecution"] = [*as_list(preferred), term]
+    return True
+
+
 def _tolerate_gpu_taint(pod_spec: dict[str, Any]) -> bool:
     tolerations = as_list(pod_spec.get("tolerations"))
     for toleration in tolerations:
@@ -229,8 +248,11 @@ def _apply_scheduler(
         for block in [pod_meta] if kind == "Pod" else [obj_meta, pod_meta]:
             if _set_missing(child(block, "labels"), v.KAI_QUEUE_LABEL, config.kai_queue):
                 injected.append(f"labels[{v.KAI_QUEUE_LABEL}]")
-    elif backend == "volcano" and _set_scheduler(pod_spec, v.VOLCANO_SCHEDULER_NAME):
-        injected.append("schedulerName")
+    else:
+        # volcano's scheduler, or with the default backend the profile config schedulerName names
+        name = v.VOLCANO_SCHEDULER_NAME if backend == "volcano" else config.scheduler_name
+        if name and _set_scheduler(pod_spec, name):
+            injected.append("schedulerName")
     return injected
 
 
@@ -413,6 +435,7 @@ def apply_hints(
     hold: str = "",
     owned: bool = False,
     calibration: Calibration = NO_CALIBRATION,
+    profile_on: tuple[str, ...] = (),
 ) -> HintResult:
     """The object with its hints, recorded and signed; ``request_object`` is not changed, unless
     the caller ``owned`` it (a copy of its own, such as the profiling rewrite): then it is hinted
@@ -421,7 +444,8 @@ def apply_hints(
     Base hints always; the ranked product preference only from a Ready ``profile``. ``reason``
     says, in the record, why a call without a Ready profile gave base hints only. ``hold`` names
     the profile whose run is under way: a Job is then suspended, a Pod gated, and both marked
-    ``awaiting-profile`` for the controller to release.
+    ``awaiting-profile`` for the controller to release. ``profile_on`` (a profiling run) names the
+    products it prefers, as one preferred node-affinity term.
     """
     obj = (
         request_object if owned and isinstance(request_object, dict) else _writable_copy(request_object, kind)
@@ -457,6 +481,8 @@ def apply_hints(
             warnings.append(
                 f"no GPU product preference: profile {profile.metadata.name} gives nothing to rank by"
             )
+    if profile_on and not ready and _prefer_for_profiling(pod_spec, profile_on):
+        injected.append("affinity.nodeAffinity.preferred")
     if _tolerate_gpu_taint(pod_spec):
         injected.append("tolerations")
     injected += _apply_scheduler(metadata, pod_meta, pod_spec, kind, annotations=annotations, config=config)

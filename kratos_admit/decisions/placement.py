@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 
-from kratos_admit.decisions.calibration import NO_CALIBRATION, Calibration
+from kratos_admit.decisions.calibration import NO_CALIBRATION, Calibration, FactorSupport
 from kratos_admit.decisions.hints import ranking_of
 from kratos_admit.decisions.ranking import throughput_shares
 from kratos_admit.decisions.telemetry import derive, nsight_compute_figures
@@ -24,12 +24,18 @@ class PlacementRow:
     labels: str
     share: str  # "whole GPU", or the MIG slice's share of compute and memory
     fp32_tflops: float
-    fp32_from: str  # "measured", "datasheet x factor", or "MIG share of ..."
+    fp32_from: (
+        str  # "calibrated (...)", "catalog, measured", "catalog, datasheet x factor", or "MIG share of ..."
+    )
     bandwidth_gbs: float
     bandwidth_from: str
     relative_time: float
     time_from: str  # "model", "calibrated" or "observed"
     weight: int
+
+
+def _calibrated_source(support: FactorSupport) -> str:
+    return f"calibrated (/{support.factor:g}, {support.runs} runs, {support.workloads} workloads)"
 
 
 def _figure_source(measured: float | None) -> str:
@@ -62,9 +68,19 @@ def placement_rows(
             fp32_from = _figure_source(entry.measured_fp32_tflops)
             bandwidth_from = _figure_source(entry.measured_bandwidth_gbs)
         own = calibration.get(entry.product)
-        if own is not None and own.qualifies(config.min_calibration_runs):
-            fp32_from = f"calibrated (/{own.compute.factor:g}, {own.compute.runs} runs)"
-            bandwidth_from = f"calibrated (/{own.memory.factor:g}, {own.memory.runs} runs)"
+        fitted = calibration.shares_of(profile.metadata.namespace, profile.spec.workload)
+        if r.calibrated and fitted is not None and fitted.profiled == entry.product:
+            fp32_from = bandwidth_from = f"re-fitted with the workload's shares ({fitted.runs} runs)"
+        else:
+            minimum = config.min_calibration_runs
+            if own is not None and own.compute.qualifies(minimum):
+                fp32_from = _calibrated_source(own.compute)
+            elif mig is None:
+                fp32_from = f"catalog, {fp32_from}"
+            if own is not None and own.memory.qualifies(minimum):
+                bandwidth_from = _calibrated_source(own.memory)
+            elif mig is None:
+                bandwidth_from = f"catalog, {bandwidth_from}"
         rows.append(
             PlacementRow(
                 product=entry.product,

@@ -15,6 +15,7 @@ from kratos_admit.decisions.hints import apply_hints
 from kratos_admit.decisions.profiling import (
     profiling_demanded,
     profiling_plan,
+    profiling_products,
     profiling_wanted,
     unprofilable_reason,
 )
@@ -126,6 +127,7 @@ def mutate(
     node_products: frozenset[str],
     ctx: PolicyContext,
     calibration: Calibration = NO_CALIBRATION,
+    product_nodes: Mapping[str, int] | None = None,
 ) -> Decision:
     """DESIGN "Hints" and "Profiling rewrite": deny what validation denies; leave KRATOS's own
     output alone (idempotent); else base hints always, ranked hints from a Ready profile, a hold
@@ -146,7 +148,13 @@ def mutate(
         return Decision(allowed=True)
 
     def hinted(
-        source: Mapping[str, Any], *, reason: str = "", warning: str = "", hold: str = "", owned: bool = False
+        source: Mapping[str, Any],
+        *,
+        reason: str = "",
+        warning: str = "",
+        hold: str = "",
+        owned: bool = False,
+        profile_on: tuple[str, ...] = (),
     ) -> Decision:
         result = apply_hints(
             source,
@@ -161,6 +169,7 @@ def mutate(
             hold=hold,
             owned=owned,
             calibration=calibration,
+            profile_on=profile_on,
         )
         warnings = [warning] if warning else []
         return Decision(
@@ -226,7 +235,14 @@ def mutate(
         config=ctx.config,
         signing_key=key,
     )
-    decision = hinted(rewritten, reason="profiling run", owned=True)  # rewritten is our own copy
+    profile_on = profiling_products(
+        node_products,
+        product_nodes if product_nodes is not None else dict.fromkeys(node_products, 1),
+        calibration=calibration,
+        catalog=ctx.catalog,
+        config=ctx.config,
+    )
+    decision = hinted(rewritten, reason="profiling run", owned=True, profile_on=profile_on)  # our own copy
     decision.action = "profiling"
     decision.warnings = [
         f"no WorkloadProfile for workload {name} in namespace {namespace} yet: this Job runs once under Nsight Compute, which ends "

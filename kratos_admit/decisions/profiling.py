@@ -12,7 +12,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from kratos_admit.decisions.calibration import Calibration
 from kratos_admit.domain import vocabulary as v
+from kratos_admit.domain.catalog import Catalog
 from kratos_admit.domain.config import Config
 from kratos_admit.domain.fields import FieldError
 from kratos_admit.domain.gpu_requests import ContainerGpus, PodGpus
@@ -262,3 +264,37 @@ def profiling_target_errors(workload: Workload, gpus: PodGpus, config: Config) -
             "entrypoint's absolute path"
         )
     return [FieldError("profiling-target", target.container.path.child("command"), message)]
+
+
+def profiling_products(
+    node_products: Iterable[str],
+    product_nodes: Mapping[str, int],
+    *,
+    calibration: Calibration,
+    catalog: Catalog,
+    config: Config,
+) -> tuple[str, ...]:
+    """The node label values a profiling run prefers (DESIGN "Learning the cluster's GPUs"), so its
+    shares are measured where the figures are known: config ``profilingProducts`` (those in the
+    cluster, all of them when the node list is unknown); else the best-calibrated product in the
+    cluster (both factors qualify; the most runs behind the weaker one); before any qualifies, the
+    product with the most Nodes. Empty when the cluster's products are unknown, or all its products
+    have as many Nodes (a term naming them all would prefer nothing)."""
+    present = sorted(node_products)
+    if config.profiling_products:
+        chosen = [p for p in config.profiling_products if p in present] if present else []
+        return tuple(chosen or config.profiling_products)
+    if not present:
+        return ()
+    qualified: dict[str, int] = {}
+    for label in present:
+        entry = catalog.placement(label)
+        found = calibration.get(entry.product) if entry is not None else None
+        if found is not None and found.qualifies(config.min_calibration_runs):
+            qualified[label] = found.runs
+    if qualified:
+        best = max(qualified.values())
+        return tuple(label for label in present if qualified.get(label) == best)
+    most = max(product_nodes.get(label, 0) for label in present)
+    largest = tuple(label for label in present if product_nodes.get(label, 0) == most)
+    return largest if len(largest) < len(present) else ()  # all alike: nothing to prefer

@@ -10,7 +10,9 @@ factor), and a MIG slice counts as its share of the GPU. The busy share scales w
 figure in the resource that bounds it (roofline); the idle share (latency, launch gaps) does not.
 
 Calibration (``calibration.py``) replaces a product's catalog figures with the cluster's own once it
-rests on ``minCalibrationRuns`` runs from at least two workloads. Measured runtimes beat the model: once at least two products have ``minObservedRuns`` successful
+rests on ``minCalibrationRuns`` runs from at least two workloads, and a workload that ran on two
+products is read with the shares re-fitted from its runs (of the figures the fit gave the product
+it was profiled on) instead of its profile's. Measured runtimes beat the model: once at least two products have ``minObservedRuns`` successful
 runs each (the profile's ``status.observations``), those products are ranked by their observed
 mean times, and every other product by the model scaled to agree with them.
 """
@@ -57,14 +59,12 @@ class RankedProduct:
         return "observed" if self.observed else "calibrated" if self.calibrated else "model"
 
     def as_dict(self) -> dict[str, object]:
-        record: dict[str, object] = {
+        return {
             "product": self.product.product,
             "weight": self.weight,
             "relativeTime": round(self.relative_time, 3),
+            "source": self.source,
         }
-        if self.source != "model":
-            record["source"] = self.source
-        return record
 
 
 def ranking_source(ranked: Sequence[RankedProduct]) -> RankingSource:
@@ -135,11 +135,25 @@ def rank_gpu_products(
     if shares is None:
         return []
     profiled = profile.status.gpu.product if profile.status else None
+    fitted = calibration.shares_of(profile.metadata.namespace, profile.spec.workload)
+    figures: tuple[float, float] | None = None
+    measured_on = catalog.placement(profiled) if profiled else None
+    own = calibration.get(measured_on.product) if measured_on is not None else None
+    if (
+        fitted is not None
+        and fitted.runs >= min_calibration_runs
+        and measured_on is not None
+        and not (own and own.qualifies(min_calibration_runs))
+    ):
+        # the shares re-fitted from its runs, of the figures the fit gave its profiled product
+        shares, profiled = (fitted.sm, fitted.mem), fitted.profiled
+        figures = (fitted.fp32_tflops, fitted.bandwidth_gbs)
     return list(
         _rank(
             catalog,
             shares=shares,
             profiled=profiled,
+            reference_figures=figures,
             node_products=frozenset(node_products),
             strategy=strategy,
             reference_product=reference_product,
@@ -158,6 +172,7 @@ def _rank(
     *,
     shares: tuple[float, float],
     profiled: str | None,
+    reference_figures: tuple[float, float] | None,
     node_products: frozenset[str],
     strategy: Strategy,
     reference_product: str,
@@ -170,7 +185,16 @@ def _rank(
     reference = (catalog.placement(profiled) if profiled else None) or catalog.lookup(reference_product)
     if reference is None:
         return ()
-    reference, reference_calibrated = calibration.calibrated(reference, min_calibration_runs)
+    if reference_figures is not None:
+        reference_calibrated = True
+        reference = reference.model_copy(
+            update={
+                "measured_fp32_tflops": reference_figures[0],
+                "measured_bandwidth_gbs": reference_figures[1],
+            }
+        )
+    else:
+        reference, reference_calibrated = calibration.calibrated(reference, min_calibration_runs)
     labels_by_product: dict[str, tuple[GpuProduct, list[str]]] = {}
     calibrated: set[str] = set()
     candidates = sorted(node_products) or [p.product for p in catalog.products]
@@ -178,7 +202,13 @@ def _rank(
         entry = catalog.placement(label)
         if entry is None or not _meets(entry, min_compute_capability, min_memory_mib):
             continue
-        if entry.product not in labels_by_product:
+        if (
+            entry.product not in labels_by_product
+            and entry.product == reference.product
+            and reference_figures
+        ):
+            entry, changed = reference, True  # the figures the workload's shares were re-fitted with
+        elif entry.product not in labels_by_product:
             entry, changed = calibration.calibrated(entry, min_calibration_runs)
             if changed or reference_calibrated:
                 calibrated.add(entry.product)

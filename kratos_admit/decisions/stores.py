@@ -29,6 +29,9 @@ class ProfileStore(Protocol):
 
 class NodeStore(Protocol):
     def gpu_products(self) -> frozenset[str]: ...
+    def product_nodes(self) -> Mapping[str, int]:
+        """How many Nodes carry each GPU product label (where profiling runs go first)."""
+
     def ready(self) -> bool: ...
     async def run(self) -> None:
         """Keep the store current until cancelled; a store read once at start returns at once."""
@@ -127,11 +130,15 @@ class StaticProfileStore:
 class StaticNodeStore:
     """The GPU products of a cluster, fixed at start."""
 
-    def __init__(self, products: Iterable[str] = ()) -> None:
+    def __init__(self, products: Iterable[str] = (), nodes: Mapping[str, int] | None = None) -> None:
         self._products = frozenset(products)
+        self._nodes = dict(nodes) if nodes is not None else dict.fromkeys(self._products, 1)
 
     def gpu_products(self) -> frozenset[str]:
         return self._products
+
+    def product_nodes(self) -> Mapping[str, int]:
+        return self._nodes
 
     def ready(self) -> bool:
         return True

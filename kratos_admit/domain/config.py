@@ -164,11 +164,22 @@ class Config(BaseModel):
     max_gpus_per_pod: int = Field(default=8, ge=1)
     scheduler: v.SchedulerBackend = "default"
     kai_queue: str = "default-queue"
+    # with scheduler "default": the schedulerName KRATOS sets (the scheduler-affinity component's
+    # profile, kratos-scheduler); empty: none, the cluster's default scheduler
+    scheduler_name: str = Field(
+        default="", pattern=r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*)?$"
+    )
     priority_classes: dict[v.Priority, str] = Field(default_factory=dict)
     hint_strategy: v.Strategy = "performance"
     reference_product: str = "NVIDIA-A100-SXM4-80GB"
     min_observed_runs: int = Field(default=3, ge=1)
     min_calibration_runs: int = Field(default=5, ge=1)
+    # profiling runs prefer these GPU products (node label values); empty: the best-calibrated
+    # product in the cluster, else the product with the most Nodes (docs/ranking.md)
+    profiling_products: tuple[str, ...] = ()
+    # the controller writes the calibration ConfigMap at most this often, sooner only when a factor
+    # moved beyond its own noise (docs/ranking.md "Where it lives")
+    calibration_write_seconds: float = Field(default=30.0, ge=0)
     catalog_file: Path | None = None
     listen: str = "0.0.0.0:8443"
     metrics_listen: str | None = None

@@ -81,6 +81,8 @@ KAI_CONTAINER_NAME_ANNOTATION: Final = "gpu-fraction-container-name"
 KAI_QUEUE_LABEL: Final = "kai.scheduler/queue"
 KAI_SCHEDULER_NAME: Final = "kai-scheduler"
 VOLCANO_SCHEDULER_NAME: Final = "volcano"
+# the KubeSchedulerConfiguration profile of webhook-config/components/scheduler-affinity
+KRATOS_SCHEDULER_NAME: Final = "kratos-scheduler"
 
 # profiling rewrite
 STAGE_CONTAINER: Final = "stage-workload"

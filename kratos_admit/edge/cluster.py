@@ -12,6 +12,8 @@ import asyncio
 import functools
 import logging
 import time
+from collections import Counter
+from collections.abc import Mapping
 from typing import Any
 
 from kubernetes_asyncio import client
@@ -160,6 +162,9 @@ class ClusterNodeStore:
 
     def gpu_products(self) -> frozenset[str]:
         return self._products
+
+    def product_nodes(self) -> Mapping[str, int]:
+        return Counter(self._by_node.values())
 
     def ready(self) -> bool:
         return self.informer.synced.is_set()

@@ -124,4 +124,9 @@ class FileNodeStore(StaticNodeStore):
     """Nodes from a (multi-document) YAML file, read once at start."""
 
     def __init__(self, path: Path | None) -> None:
-        super().__init__(gpu_products_of(load_nodes(path)) if path else ())
+        nodes = load_nodes(path) if path else []
+        counts: dict[str, int] = {}
+        for node in nodes:
+            for product in gpu_products_of([node]):
+                counts[product] = counts.get(product, 0) + 1
+        super().__init__(gpu_products_of(nodes), counts)

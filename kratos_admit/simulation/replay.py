@@ -21,6 +21,7 @@ import heapq
 import itertools
 import math
 import random
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -157,16 +158,32 @@ class PolicyResult:
         }
 
 
+@dataclass(frozen=True, slots=True)
+class ProductKnowledge:
+    """What ``kratos`` knew of one product after the trace: the Jobs that ran there, whether the
+    ranking reads any of its figures from calibration (else the catalog's), and its prediction error."""
+
+    runs: int
+    calibrated: bool
+    prediction_error: float | None
+
+    def as_dict(self) -> dict[str, Any]:
+        error = None if self.prediction_error is None else round(self.prediction_error, 4)
+        return {"runs": self.runs, "calibrated": self.calibrated, "predictionError": error}
+
+
 @dataclass(frozen=True)
 class SimulationResult:
     policies: dict[Policy, PolicyResult]
     prediction_error: dict[str, float]  # product -> worst |predicted/true - 1| after the trace
     learned: Learned  # what ``kratos`` knew at the end: its profiles
+    products: dict[str, ProductKnowledge] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         return {
             "policies": {name: r.as_dict() for name, r in self.policies.items()},
             "predictionError": {p: round(e, 4) for p, e in sorted(self.prediction_error.items())},
+            "products": {p: k.as_dict() for p, k in sorted(self.products.items())},
         }
 
 
@@ -283,7 +300,7 @@ class PolicyRun:
             config,
             signing_key=DEVELOPMENT_KEY,
             profiles=self.profiles,
-            nodes=StaticNodeStore(self.products),
+            nodes=StaticNodeStore(self.products, Counter(n.product for n in nodes if n.product)),
             catalog=catalog,
             calibration=self.calibration,
         )
@@ -573,11 +590,39 @@ def simulation_result(
     """The policies' results with the prediction error of what ``kratos`` learned (none without it),
     for a modelled run and for one on a real cluster alike."""
     products = frozenset(n.product for n in nodes if n.product)
-    errors = (
-        prediction_errors(
-            learned, trace.jobs, truth=truth, node_products=products, config=config, catalog=catalog
-        )
-        if "kratos" in results
-        else {}
+    if "kratos" not in results:
+        return SimulationResult(results, {}, learned)
+    errors = prediction_errors(
+        learned, trace.jobs, truth=truth, node_products=products, config=config, catalog=catalog
     )
-    return SimulationResult(results, errors, learned)
+    return SimulationResult(
+        results, errors, learned, product_knowledge(learned, products, errors, config, catalog)
+    )
+
+
+def product_knowledge(
+    learned: Learned,
+    node_products: frozenset[str],
+    errors: Mapping[str, float],
+    config: Config,
+    catalog: Catalog,
+) -> dict[str, ProductKnowledge]:
+    """Per catalog product in the cluster: the runs ``kratos`` counted there (its profiles'
+    observations), whether a factor of it qualifies, and its prediction error (None: nothing ranked on it)."""
+    runs: dict[str, int] = {}
+    for profile in learned.profiles.index.profiles():
+        for o in profile.status.observations if profile.status else ():
+            entry = catalog.placement(o.product)
+            if entry is not None:
+                runs[entry.product] = runs.get(entry.product, 0) + o.runs
+    calibration = learned.current()
+    found: dict[str, ProductKnowledge] = {}
+    for label in sorted(node_products):
+        entry = catalog.placement(label)
+        if entry is None or entry.product in found:
+            continue
+        _, calibrated = calibration.calibrated(entry, config.min_calibration_runs)
+        found[entry.product] = ProductKnowledge(
+            runs.get(entry.product, 0), calibrated, errors.get(entry.product)
+        )
+    return found

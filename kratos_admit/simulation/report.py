@@ -48,10 +48,17 @@ def format_results(result: SimulationResult) -> str:
     lines = [
         "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in [header, *rows]
     ]
-    if result.prediction_error:
+    if result.products:
         lines.append("")
-        lines.append("prediction error after the trace (worst |predicted/true - 1| over the workloads):")
-        lines += [f"  {p}: {e:.1%}" for p, e in sorted(result.prediction_error.items())]
+        lines.append(
+            "what kratos knew after the trace (prediction error: worst |predicted/true - 1| over the workloads):"
+        )
+        table = [["PRODUCT", "RUNS", "FIGURES", "PREDICTION ERROR"]]
+        for p, k in sorted(result.products.items()):
+            error = "-" if k.prediction_error is None else f"{k.prediction_error:.1%}"
+            table.append([p, str(k.runs), "calibrated" if k.calibrated else "catalog", error])
+        w = [max(len(row[i]) for row in table) for i in range(4)]
+        lines += ["  " + "  ".join(c.ljust(x) for c, x in zip(row, w, strict=True)).rstrip() for row in table]
     return "\n".join(lines) + "\n"
 
 

@@ -8,7 +8,8 @@ best node gets 100, ``helper.DefaultNormalizeScore``) at plugin weight 2, plus N
 100m CPU and 200 MB, ``schedutil.GetNonzeroRequests``) at plugin weight 1. The highest sum wins;
 ties are broken at random as ``selectHost`` does. Plugins that cannot tell these nodes apart
 (TaintToleration, PodTopologySpread, InterPodAffinity, ImageLocality) and BalancedAllocation are
-left out.
+left out. A pod whose schedulerName is ``kratos-scheduler`` is scored with that profile's weights
+(NodeAffinity 50, webhook-config/components/scheduler-affinity).
 """
 
 from __future__ import annotations
@@ -20,12 +21,29 @@ from typing import Any
 
 from kratos_admit.domain.quantity import parse_quantity
 from kratos_admit.domain.raw import as_list, as_mapping
+from kratos_admit.domain.vocabulary import KRATOS_SCHEDULER_NAME
 
 MAX_NODE_SCORE = 100
-NODE_AFFINITY_WEIGHT = (
-    2  # the default profile's plugin weights (pkg/scheduler/apis/config/v1/default_plugins.go)
-)
+# the default profile's plugin weights (pkg/scheduler/apis/config/v1/default_plugins.go, 1.28)
+NODE_AFFINITY_WEIGHT = 2
 RESOURCES_FIT_WEIGHT = 1
+# the profile of webhook-config/components/scheduler-affinity (docs/placement.md "Hints that hold"):
+# NodeAffinity at 50, so a gap of 7 points between two products' normalised affinity scores (50 x 7
+# = 350) outweighs the most NodeResourcesFit, NodeResourcesBalancedAllocation and ImageLocality can
+# add between two nodes (3 x 100 at weight 1 each)
+KRATOS_NODE_AFFINITY_WEIGHT = 50
+
+
+@dataclass(frozen=True, slots=True)
+class ScoreWeights:
+    """A scheduler profile's score plugin weights, as far as the model scores."""
+
+    node_affinity: int = NODE_AFFINITY_WEIGHT
+    resources_fit: int = RESOURCES_FIT_WEIGHT
+
+
+DEFAULT_WEIGHTS = ScoreWeights()
+KRATOS_WEIGHTS = ScoreWeights(node_affinity=KRATOS_NODE_AFFINITY_WEIGHT)
 DEFAULT_MILLI_CPU_REQUEST = 100  # pkg/scheduler/util/pod_resources.go
 DEFAULT_MEMORY_REQUEST = 200 * 1024 * 1024
 
@@ -52,6 +70,7 @@ class PodRequest:
     memory_bytes: int = 0
     required_terms: tuple[Mapping[str, Any], ...] = ()  # nodeSelectorTerms; empty: no requirement
     preferred_terms: tuple[Mapping[str, Any], ...] = ()  # {weight, preference}
+    scheduler_name: str = ""  # the pod's schedulerName: which profile scores it
 
     @classmethod
     def from_pod_spec(cls, pod_spec: Mapping[str, Any]) -> PodRequest:
@@ -73,6 +92,7 @@ class PodRequest:
                 as_mapping(t)
                 for t in as_list(node_affinity.get("preferredDuringSchedulingIgnoredDuringExecution"))
             ),
+            scheduler_name=str(pod_spec.get("schedulerName") or ""),
         )
 
 
@@ -193,16 +213,28 @@ def least_allocated_score(node: SimNode, pod: PodRequest, state: ClusterState) -
     return (cpu + memory) // 2
 
 
+def weights_for(pod: PodRequest) -> ScoreWeights:
+    """The profile that scores ``pod``: KRATOS's (``kratos-scheduler``) or the default."""
+    return KRATOS_WEIGHTS if pod.scheduler_name == KRATOS_SCHEDULER_NAME else DEFAULT_WEIGHTS
+
+
 def schedule(
-    pod: PodRequest, state: ClusterState, rng: random.Random, *, among: Iterable[SimNode] | None = None
+    pod: PodRequest,
+    state: ClusterState,
+    rng: random.Random,
+    *,
+    among: Iterable[SimNode] | None = None,
+    weights: ScoreWeights | None = None,
 ) -> SimNode | None:
-    """The node kube-scheduler would bind ``pod`` to, or None when no node fits (the pod waits)."""
+    """The node kube-scheduler would bind ``pod`` to, or None when no node fits (the pod waits);
+    scored with ``weights``, else those of the profile the pod's schedulerName names."""
     candidates = [n for n in (state.nodes if among is None else among) if feasible(n, pod, state)]
     if not candidates:
         return None
+    chosen = weights or weights_for(pod)
     affinity = node_affinity_scores(pod, candidates)
     totals = [
-        NODE_AFFINITY_WEIGHT * a + RESOURCES_FIT_WEIGHT * least_allocated_score(n, pod, state)
+        chosen.node_affinity * a + chosen.resources_fit * least_allocated_score(n, pod, state)
         for n, a in zip(candidates, affinity, strict=True)
     ]
     best = max(totals)

@@ -40,7 +40,9 @@ from kratos_controller.reconcile import (
     ReleaseFollower,
     TelemetryDue,
     calibrate,
+    calibration_write_wait,
     counted_telemetry,
+    current_calibration,
     missing_counters_note,
     observed_job,
     orphan_profile,
@@ -82,6 +84,13 @@ class ControllerMetrics:
             "Held followers released with hints, by what their preferred GPU products rest on "
             "(model, observed; none: base hints only).",
             ["source"],
+            registry=self.registry,
+        )
+        self.calibration_writes = Counter(
+            "kratos_calibration_writes",
+            "Writes of the calibration ConfigMap, by why now: interval (calibrationWriteSeconds had "
+            "passed, or the first write since start) or moved (a factor moved beyond its noise).",
+            ["reason"],
             registry=self.registry,
         )
         self.leader = Gauge(
@@ -186,6 +195,8 @@ class ProfilerController:
         self.dirty: set[Key] = set()
         self.attempts: dict[Key, Backoff] = {}
         self.calibration: Calibration = NO_CALIBRATION  # the last fit, for releasing followers
+        self.calibration_written_at: float | None = None  # loop time of this controller's last write
+        self.calibration_due: asyncio.TimerHandle | None = None  # a write put off (calibrationWriteSeconds)
         self.calibrate_key: Key = ("calibrate", self.config.lease_namespace, CONFIGMAP_NAME)
         telemetry = self.config.telemetry
         self.prometheus = prometheus or (Prometheus(telemetry) if telemetry.prometheus_url else None)
@@ -585,10 +596,14 @@ class ProfilerController:
                 asyncio.get_running_loop().call_later(delay, self.enqueue_telemetry, key)
 
     async def _calibrate(self, namespace: str) -> None:
-        """Refit every product's calibration from all profiles; write the ConfigMap if it changed."""
+        """Refit every product's calibration (and every workload's shares) from all profiles; write
+        the ConfigMap if it changed, at most once per ``calibrationWriteSeconds`` unless a factor
+        moved beyond its noise (a write put off is made when the interval is up; the runs stay in
+        the profiles, so a restart loses none)."""
+        configmap = await self.io.get_configmap(namespace, CONFIGMAP_NAME)
         calibration, action = calibrate(
             await self.io.all_profiles(),
-            await self.io.get_configmap(namespace, CONFIGMAP_NAME),
+            configmap,
             namespace=namespace,
             catalog=self.catalog,
             reference_product=self.config.reference_product,
@@ -596,7 +611,26 @@ class ProfilerController:
         )
         self.calibration = calibration
         if action is not None:
+            loop = asyncio.get_running_loop()
+            written_at = self.calibration_written_at
+            since = None if written_at is None else loop.time() - written_at
+            wait = calibration_write_wait(
+                calibration,
+                current_calibration(configmap),
+                since_write=since,
+                interval=self.config.calibration_write_seconds,
+                min_runs=self.config.min_calibration_runs,
+            )
+            if wait > 0:
+                if self.calibration_due is None:
+                    self.calibration_due = loop.call_later(wait, self._calibration_is_due)
+                return
+            reason = (
+                "interval" if since is None or since >= self.config.calibration_write_seconds else "moved"
+            )
             await self.io.apply(action)
+            self.calibration_written_at = loop.time()
+            self.metrics.calibration_writes.labels(reason).inc()
             log.info(
                 "calibration written",
                 extra={
@@ -605,6 +639,10 @@ class ProfilerController:
                     "products": len(calibration.products),
                 },
             )
+
+    def _calibration_is_due(self) -> None:
+        self.calibration_due = None
+        self.enqueue(self.calibrate_key)
 
     async def _worker(self) -> None:
         while True:

@@ -35,6 +35,7 @@ from kratos_admit.decisions.calibration import (
     CalibrationError,
     fit_calibration,
     keep_unchanged_dates,
+    moved_beyond_noise,
     parse_calibration,
     same_calibration,
     samples_of,
@@ -669,6 +670,22 @@ def current_calibration(configmap: Mapping[str, Any] | None) -> Calibration:
         return parse_calibration(text)
     except CalibrationError:
         return NO_CALIBRATION
+
+
+def calibration_write_wait(
+    fitted: Calibration,
+    written: Calibration,
+    *,
+    since_write: float | None,
+    interval: float,
+    min_runs: int,
+) -> float:
+    """Seconds until a changed calibration should be written (0: now). At most once per
+    ``interval`` (config ``calibrationWriteSeconds``), sooner only when a factor moved beyond its
+    noise; ``since_write`` is None when this controller has not written yet (after a start: write)."""
+    if since_write is None or since_write >= interval or moved_beyond_noise(fitted, written, min_runs):
+        return 0.0
+    return interval - since_write
 
 
 def calibrate(
