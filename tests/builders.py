@@ -8,8 +8,8 @@ from typing import Any, Self
 
 from kratos_admit.domain import vocabulary as v
 from kratos_admit.domain.profile import WorkloadProfile
-from kratos_admit.simulation.replay import TraceJob
 from kratos_admit.simulation.scheduling import SimNode
+from kratos_admit.simulation.trace import TraceJob
 
 NAMESPACE = "team-a"
 

@@ -51,7 +51,8 @@ from kratos_admit.webhook.certs import generate
 from kratos_admit.webhook.metrics import AdmissionMetrics
 from kratos_admit.webhook.server import create_app, running_site
 from kratos_admit.webhook.tls import ServingCertificate
-from kratos_controller.controller import ControllerMetrics, ProfilerController
+from kratos_controller.controller import ProfilerController
+from kratos_controller.metrics import ControllerMetrics
 from kratos_runner.launch import loader_failure, with_fix
 from kratos_runner.parse import Report, parse_report
 from kratos_runner.summary import encode_summary, summarise

@@ -22,11 +22,13 @@ from kratos_admit.decisions.calibration import (
     FactorSupport,
     ProductCalibration,
     Sample,
-    fit_calibration,
-    huber_location,
     moved_beyond_noise,
     parse_calibration,
     samples_of,
+)
+from kratos_admit.decisions.calibration_fit import (
+    fit_calibration,
+    huber_location,
     weighted_median,
 )
 from kratos_admit.decisions.hints import ranking_of
@@ -36,8 +38,9 @@ from kratos_admit.domain import vocabulary as v
 from kratos_admit.domain.config import Config
 from kratos_admit.domain.profile import Observation
 from kratos_admit.simulation.inputs import load_cluster, load_trace
-from kratos_admit.simulation.replay import Figures, Learned, Truth, prediction_errors, simulate
-from kratos_controller.reconcile import calibrate, calibration_write_wait
+from kratos_admit.simulation.replay import Learned, prediction_errors, simulate
+from kratos_admit.simulation.trace import Figures, Truth
+from kratos_controller.learning import calibrate, calibration_write_wait
 from tests.builders import A100, L4, L40S, T4, WORKLOAD_SHAPES, make_job, make_profile, trace_job
 from tests.harness import CATALOG, EXAMPLES, admit, engine, make_ctx
 

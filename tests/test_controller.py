@@ -9,9 +9,10 @@ import copy
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from kratos_controller.controller import ControllerMetrics, ProfilerController, run_when_leading
+from kratos_controller.controller import ProfilerController, run_when_leading
 from kratos_controller.leader import LeaderElector
 from kratos_controller.main import metrics_app, readiness
+from kratos_controller.metrics import ControllerMetrics
 from tests.harness import (
     CONFIGMAPS,
     JOBS,

@@ -29,7 +29,8 @@ from kratos_admit.webhook.certs import generate
 from kratos_admit.webhook.metrics import AdmissionMetrics
 from kratos_admit.webhook.server import create_app, running_site
 from kratos_admit.webhook.tls import ServingCertificate
-from kratos_controller.controller import ControllerMetrics, ProfilerController
+from kratos_controller.controller import ProfilerController
+from kratos_controller.metrics import ControllerMetrics
 from tests.builders import make_job, make_pod, make_profile
 from tests.harness import (
     HOSTNAME,

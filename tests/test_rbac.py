@@ -19,8 +19,9 @@ import pytest
 from kubernetes_asyncio import client
 
 from kratos_admit.domain import vocabulary as v
-from kratos_controller.controller import ControllerMetrics, ProfilerController, run_when_leading
+from kratos_controller.controller import ProfilerController, run_when_leading
 from kratos_controller.leader import LeaderElector
+from kratos_controller.metrics import ControllerMetrics
 from tests.builders import make_job, make_pod
 from tests.harness import (
     CATALOG,

@@ -15,7 +15,7 @@ from kratos_admit.decisions.telemetry import DRAM_ACTIVE, PIPE_FP32_ACTIVE, PodT
 from kratos_admit.domain import vocabulary as v
 from kratos_admit.domain.profile import ProfileStatus, RunnerSummary, WorkloadProfile
 from kratos_admit.domain.signing import sign_block, signature_valid
-from kratos_controller.reconcile import (
+from kratos_controller.actions import (
     ContainerEnd,
     CreateExecutionJob,
     MarkExecutionJob,
@@ -25,7 +25,16 @@ from kratos_controller.reconcile import (
     RecordObservations,
     ReleaseFollower,
     RemoveFinalizer,
+)
+from kratos_controller.learning import (
     Run,
+    record_runs,
+    record_telemetry,
+    runs_of,
+    telemetry_due,
+    telemetry_run,
+)
+from kratos_controller.reconcile import (
     execution_job_name,
     orphan_profile,
     orphaned,
@@ -33,12 +42,7 @@ from kratos_controller.reconcile import (
     profile_status,
     read_summary,
     reconcile,
-    record_runs,
-    record_telemetry,
     release_followers,
-    runs_of,
-    telemetry_due,
-    telemetry_run,
 )
 from tests.builders import PodBuilder, make_job, make_pod, make_profile
 from tests.harness import (

@@ -15,7 +15,8 @@ import yaml
 from kratos_admit.domain import vocabulary as v
 from kratos_admit.domain.config import Config, load_config
 from kratos_admit.simulation.scheduling import KRATOS_NODE_AFFINITY_WEIGHT
-from kratos_controller.reconcile import ContainerEnd, Observed, PublishProfile, reconcile
+from kratos_controller.actions import ContainerEnd, Observed, PublishProfile
+from kratos_controller.reconcile import reconcile
 from tests.harness import (
     EXAMPLES,
     K8S_VERSION,

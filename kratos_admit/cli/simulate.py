@@ -20,9 +20,10 @@ from kratos_admit.cli.common import (
 from kratos_admit.domain.catalog import Catalog, load_catalog
 from kratos_admit.domain.config import Config
 from kratos_admit.simulation.inputs import load_cluster, load_trace, load_truth
-from kratos_admit.simulation.replay import SimulationError, SimulationResult, Trace, Truth, simulate
+from kratos_admit.simulation.replay import SimulationResult, simulate
 from kratos_admit.simulation.report import format_results, load_plotter
 from kratos_admit.simulation.scheduling import SimNode
+from kratos_admit.simulation.trace import SimulationError, Trace, Truth
 
 
 def add_simulate_command(commands: Any) -> None:

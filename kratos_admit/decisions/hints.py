@@ -171,7 +171,7 @@ def _writable_copy(obj: Mapping[str, Any], kind: Kind) -> dict[str, Any]:
     return out
 
 
-def _pod_parts(obj: dict[str, Any], kind: Kind) -> tuple[dict[str, Any], dict[str, Any]]:
+def pod_parts(obj: dict[str, Any], kind: Kind) -> tuple[dict[str, Any], dict[str, Any]]:
     """(pod metadata, pod spec) of the writable copy, created where absent."""
     if kind == "Pod":
         return child(obj, "metadata"), child(obj, "spec")
@@ -283,7 +283,7 @@ def _apply_priority(
     return ["priorityClassName"] if _set_missing(pod_spec, "priorityClassName", priority_class) else []
 
 
-def _ranked_hint(
+def ranked_hint(
     pod_spec: dict[str, Any],
     profile: WorkloadProfile,
     node_products: frozenset[str],
@@ -330,77 +330,6 @@ def ranking_of(
         calibration=calibration,
         min_calibration_runs=config.min_calibration_runs,
     )
-
-
-def release_hold(
-    held: Mapping[str, Any],
-    kind: Kind,
-    *,
-    profile: WorkloadProfile,
-    node_products: frozenset[str],
-    namespace: str,
-    config: Config,
-    catalog: Catalog,
-    signing_key: bytes,
-    calibration: Calibration = NO_CALIBRATION,
-) -> dict[str, Any]:
-    """A follower held while its workload was profiled, released by the controller: the ranked
-    affinity from a Ready profile (a Failed one leaves the base hints), ``awaiting-profile`` gone,
-    a Job KRATOS suspended unsuspended (one the user suspended stays so), a Pod's gate removed, the
-    record rewritten and signed. Only scheduling directives change: what a suspended Job's template
-    and a gated Pod accept (Kubernetes 1.27+)."""
-    obj: dict[str, Any] = clone(dict(held))
-    metadata = child(obj, "metadata")
-    annotations = child(metadata, "annotations")
-    annotations.pop(v.AWAITING_PROFILE_ANNOTATION, None)
-    try:
-        before = json.loads(annotations.get(v.HINTS_ANNOTATION, "{}"))
-    except ValueError:
-        before = {}
-    injected = [i for i in as_list(as_mapping(before).get("injected")) if isinstance(i, str)]
-    pod_meta, pod_spec = _pod_parts(obj, kind)
-    if kind == "Job" and "suspend" in injected:
-        obj["spec"]["suspend"] = False
-    if kind == "Pod":
-        gates = [
-            g
-            for g in as_list(pod_spec.get("schedulingGates"))
-            if as_mapping(g).get("name") != v.PROFILE_SCHEDULING_GATE
-        ]
-        pod_spec["schedulingGates"] = gates
-        if not gates:
-            del pod_spec["schedulingGates"]
-    injected = [i for i in injected if i not in ("suspend", "schedulingGates")]
-    user_annotations = {k: val for k, val in annotations.items() if isinstance(val, str)}
-    ranked: list[RankedProduct] = []
-    if profile.ready:
-        ranked, added = _ranked_hint(
-            pod_spec,
-            profile,
-            node_products,
-            annotations=user_annotations,
-            config=config,
-            catalog=catalog,
-            calibration=calibration,
-        )
-        if added:
-            injected.append("affinity.nodeAffinity.preferred")
-    phase = profile.status.phase if profile.status else "without status"
-    record = hints_record(
-        profile.metadata.name if profile.ready else "",
-        profile.status.bound_type if profile.status else "unknown",
-        strategy=config.hint_strategy,
-        injected=tuple(injected),
-        ranked=tuple(ranked),
-        reason="" if profile.ready else f"WorkloadProfile {profile.metadata.name} is {phase}",
-    )
-    for block in [metadata] if kind == "Pod" else [metadata, pod_meta]:
-        block_annotations = child(block, "annotations")
-        block_annotations[v.HINTS_ANNOTATION] = record
-        if profile.ready:
-            block_annotations[v.PROFILE_ANNOTATION] = profile.reference
-        sign_block(block, namespace=namespace, key=signing_key)
-    return obj
 
 
 def _apply_hold(obj: dict[str, Any], pod_spec: dict[str, Any], kind: Kind) -> list[str]:
@@ -454,7 +383,7 @@ def apply_hints(
     annotations = {
         k: val for k, val in as_mapping(metadata.get("annotations")).items() if isinstance(val, str)
     }
-    pod_meta, pod_spec = _pod_parts(obj, kind)
+    pod_meta, pod_spec = pod_parts(obj, kind)
     ready = profile is not None and profile.ready
     warnings: list[str] = []
     injected: list[str] = []
@@ -466,7 +395,7 @@ def apply_hints(
         injected.append("affinity.nodeAffinity.required")
     ranked: list[RankedProduct] = []
     if ready and profile is not None:  # the ranked hint: the only one that needs a profile
-        ranked, added = _ranked_hint(
+        ranked, added = ranked_hint(
             pod_spec,
             profile,
             node_products,

@@ -19,8 +19,8 @@ from kratos_admit.domain.manifests import ManifestError, parse_yaml
 from kratos_admit.domain.quantity import parse_positive_integer, parse_quantity
 from kratos_admit.domain.raw import as_mapping, string_map
 from kratos_admit.edge.files import StoreError, load_nodes
-from kratos_admit.simulation.replay import DEFAULT_PROFILING_SECONDS, Figures, Trace, TraceJob, Truth
 from kratos_admit.simulation.scheduling import SimNode
+from kratos_admit.simulation.trace import DEFAULT_PROFILING_SECONDS, Figures, Trace, TraceJob, Truth
 
 # A Node file that states no CPU or memory (as --nodes files need not) gets a typical GPU server's.
 DEFAULT_NODE_CPU = "64"

@@ -28,19 +28,15 @@ from kratos_admit.domain.catalog import Catalog
 from kratos_admit.domain.config import Config
 from kratos_admit.domain.raw import clone
 from kratos_admit.simulation.replay import (
-    POLICIES,
     Learned,
     Pending,
-    Policy,
-    PolicyResult,
     PolicyRun,
     SimulatedProfiles,
     SimulationResult,
-    Trace,
-    Truth,
     simulation_result,
 )
 from kratos_admit.simulation.scheduling import SimNode
+from kratos_admit.simulation.trace import POLICIES, Policy, PolicyResult, Trace, Truth
 
 log = logging.getLogger("kratos.simulate")
 MERGE_PATCH = "application/merge-patch+json"

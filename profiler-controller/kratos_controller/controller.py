@@ -14,11 +14,9 @@ import asyncio
 import contextlib
 import datetime as dt
 import logging
-from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Literal
 
 from kubernetes_asyncio import client
-from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from kratos_admit.decisions.calibration import CONFIGMAP_NAME, NO_CALIBRATION, Calibration
 from kratos_admit.decisions.hints import recorded_ranking_source
@@ -31,13 +29,11 @@ from kratos_admit.domain.raw import as_list, as_mapping, string_map
 from kratos_admit.domain.workload import Kind
 from kratos_admit.edge.kube import Backoff, Informer, one_line
 from kratos_admit.edge.prometheus import Prometheus, PrometheusError
+from kratos_controller.actions import CreateExecutionJob, PublishProfile, ReleaseFollower
 from kratos_controller.events import Reason, Regarding, event_body
 from kratos_controller.kube_io import KubeIO
 from kratos_controller.leader import LeaderElector
-from kratos_controller.reconcile import (
-    CreateExecutionJob,
-    PublishProfile,
-    ReleaseFollower,
+from kratos_controller.learning import (
     TelemetryDue,
     calibrate,
     calibration_write_wait,
@@ -45,115 +41,19 @@ from kratos_controller.reconcile import (
     current_calibration,
     missing_counters_note,
     observed_job,
-    orphan_profile,
-    orphaned,
-    reconcile,
     record_runs,
     record_telemetry,
-    release_followers,
     runs_of,
     telemetry_due,
     telemetry_run,
 )
+from kratos_controller.metrics import ControllerMetrics
+from kratos_controller.reconcile import orphan_profile, orphaned, reconcile, release_followers
 
 log = logging.getLogger("kratos.controller")
 Work = Literal["run", "release", "observe", "calibrate"]
 Key = tuple[Work, str, str]  # (work, namespace, Job name or workload)
 TELEMETRY_DONE_LIMIT = 10_000  # Pod uids remembered as asked; past that the memory starts again
-
-
-class ControllerMetrics:
-    def __init__(self, registry: CollectorRegistry | None = None) -> None:
-        self.registry = registry or CollectorRegistry()
-        self.profiles_published = Counter(
-            "kratos_profiles_published",
-            "WorkloadProfiles written, by outcome (profiling, ready, failed).",
-            ["outcome"],
-            registry=self.registry,
-        )
-        self.execution_jobs_created = Counter(
-            "kratos_execution_jobs_created",
-            "Execution Jobs created from profiling Jobs.",
-            registry=self.registry,
-        )
-        self.reconcile_errors = Counter(
-            "kratos_reconcile_errors", "Reconciles that failed and were retried.", registry=self.registry
-        )
-        self.hints = Counter(
-            "kratos_hints",
-            "Held followers released with hints, by what their preferred GPU products rest on "
-            "(model, observed; none: base hints only).",
-            ["source"],
-            registry=self.registry,
-        )
-        self.calibration_writes = Counter(
-            "kratos_calibration_writes",
-            "Writes of the calibration ConfigMap, by why now: interval (calibrationWriteSeconds had "
-            "passed, or the first write since start) or moved (a factor moved beyond its noise).",
-            ["reason"],
-            registry=self.registry,
-        )
-        self.leader = Gauge(
-            "kratos_controller_leader",
-            "1 while this replica holds the Lease and acts, else 0.",
-            registry=self.registry,
-        )
-        self.held_objects = Gauge(
-            "kratos_held_objects",
-            "Opted-in Jobs and Pods KRATOS holds: followers awaiting a profile (suspended or gated) "
-            "and profiling Jobs and Pods under the release finalizer.",
-            registry=self.registry,
-        )
-        self.held_oldest_age = Gauge(
-            "kratos_held_oldest_age_seconds",
-            "Age since creation of the oldest object KRATOS holds; 0 when it holds none.",
-            registry=self.registry,
-        )
-        self.telemetry_queries = Counter(
-            "kratos_telemetry_queries",
-            "Pod runs asked of Prometheus for their DCGM counters, by result (ok; incomplete: some "
-            "default counter missing; empty: no series for the Pod; error: Prometheus unreachable, "
-            "slow or refusing).",
-            ["result"],
-            registry=self.registry,
-        )
-        self.profiling_deadline = Gauge(
-            "kratos_profiling_deadline_seconds",
-            "The configured profilingDeadlineSeconds, for alerts on objects held longer.",
-            registry=self.registry,
-        )
-
-    def watch_held(
-        self,
-        objects: Callable[[], Iterable[Mapping[str, Any]]],
-        *,
-        clock: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC),
-    ) -> None:
-        """Count what ``objects`` holds at each scrape (the controller's caches: a leader's view)."""
-
-        def held() -> list[dt.datetime]:
-            return [since for obj in objects() if (since := held_since(obj)) is not None]
-
-        self.held_objects.set_function(lambda: float(len(held())))
-        self.held_oldest_age.set_function(
-            lambda: max(((clock() - since).total_seconds() for since in held()), default=0.0)
-        )
-
-
-def held_since(obj: Mapping[str, Any]) -> dt.datetime | None:
-    """When a held object was created: a follower awaiting a profile, or a profiling Job or Pod
-    under the release finalizer; None when KRATOS does not hold it."""
-    meta = as_mapping(obj.get("metadata"))
-    held = v.AWAITING_PROFILE_ANNOTATION in as_mapping(
-        meta.get("annotations")
-    ) or v.RELEASE_FINALIZER in as_list(meta.get("finalizers"))
-    created = meta.get("creationTimestamp")
-    if not held or not isinstance(created, str):
-        return None
-    try:
-        return dt.datetime.fromisoformat(created)
-    except ValueError:
-        return None
 
 
 def _meta(obj: dict[str, Any]) -> tuple[str, str, dict[str, str], dict[str, str]]:

@@ -14,6 +14,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from kratos_admit.domain import vocabulary as v
 from kratos_admit.domain.raw import as_list, as_mapping
 from kratos_admit.edge.kube import is_status, list_raw, one_line
+from kratos_controller import actions
 from kratos_controller import reconcile as rc
 
 Obj = dict[str, Any]
@@ -22,22 +23,22 @@ RECORDED_LIMIT = 10_000  # Event names remembered; past that the memory starts a
 log = logging.getLogger("kratos.controller")
 
 
-def _end(status: Mapping[str, Any]) -> rc.ContainerEnd | None:
+def _end(status: Mapping[str, Any]) -> actions.ContainerEnd | None:
     terminated = as_mapping(as_mapping(status.get("state")).get("terminated"))
     if not terminated:
         return None
-    return rc.ContainerEnd(
+    return actions.ContainerEnd(
         exit_code=int(terminated.get("exitCode", 0) or 0),
         reason=str(terminated.get("reason") or ""),
         message=str(terminated.get("message") or ""),
     )
 
 
-def container_ends(pods: list[Obj]) -> tuple[rc.ContainerEnd | None, rc.ContainerEnd | None]:
+def container_ends(pods: list[Obj]) -> tuple[actions.ContainerEnd | None, actions.ContainerEnd | None]:
     """(profiling-runner's end, the failure of stage-workload or stage-profiler), newest pod first, a runner that left a
     message preferred: the facts ``reconcile.pod_failure`` words."""
-    runner: rc.ContainerEnd | None = None
-    stage: rc.ContainerEnd | None = None
+    runner: actions.ContainerEnd | None = None
+    stage: actions.ContainerEnd | None = None
     newest_first = sorted(
         pods, key=lambda p: str(as_mapping(p.get("metadata")).get("creationTimestamp", "")), reverse=True
     )
@@ -134,7 +135,7 @@ class KubeIO:
         body = await list_raw(self.core.list_namespaced_pod, namespace, label_selector=f"job-name={job_name}")
         return [p for p in as_list(body.get("items")) if isinstance(p, dict)]
 
-    async def observe(self, job: Obj) -> rc.Observed:
+    async def observe(self, job: Obj) -> actions.Observed:
         meta = as_mapping(job.get("metadata"))
         namespace, name = str(meta.get("namespace")), str(meta.get("name"))
         workload = str(as_mapping(meta.get("labels")).get(v.WORKLOAD_LABEL, ""))
@@ -142,7 +143,7 @@ class KubeIO:
         runner, stage = container_ends(pods)
         profile = await self.get_profile(namespace, v.profile_name(workload)) if workload else None
         source = as_mapping(as_mapping(profile).get("status")).get("sourceJob")
-        return rc.Observed(
+        return actions.Observed(
             job=job,
             runner=runner,
             stage=stage,
@@ -190,9 +191,9 @@ class KubeIO:
             self.node_products[node] = str(labels.get(v.GPU_PRODUCT_LABEL, ""))
         return self.node_products[node]
 
-    async def apply(self, action: rc.Action) -> str:
+    async def apply(self, action: actions.Action) -> str:
         """Apply one action; returns what happened ("created", "updated", "exists", "gone")."""
-        if isinstance(action, rc.PublishConfigMap):
+        if isinstance(action, actions.PublishConfigMap):
             # kubernetes_asyncio serialises plain dicts as they are; its model types would drop unknown fields
             body: Any = {
                 "apiVersion": "v1",
@@ -208,7 +209,7 @@ class KubeIO:
                     raise
             await self.core.replace_namespaced_config_map(action.name, action.namespace, body)
             return "updated"
-        if isinstance(action, rc.PublishProfile):
+        if isinstance(action, actions.PublishProfile):
             profile: Any = {
                 "apiVersion": v.API_VERSION,
                 "kind": v.PROFILE_KIND,
@@ -239,7 +240,7 @@ class KubeIO:
                 _content_type="application/json-patch+json",
             )
             return outcome
-        if isinstance(action, rc.CreateExecutionJob):
+        if isinstance(action, actions.CreateExecutionJob):
             try:
                 manifest: Any = action.manifest
                 await self.batch.create_namespaced_job(action.manifest["metadata"]["namespace"], manifest)
@@ -248,15 +249,15 @@ class KubeIO:
                     return "exists"  # created before a restart: AlreadyExists counts as done
                 raise
             return "created"
-        if isinstance(action, rc.MarkExecutionJob):
+        if isinstance(action, actions.MarkExecutionJob):
             patch: Any = {"metadata": {"annotations": action.annotations}}
             await self.batch.patch_namespaced_job(
                 action.name, action.namespace, patch, _content_type=MERGE_PATCH
             )  # type: ignore[call-arg]
             return "updated"
-        if isinstance(action, rc.RemoveFinalizer):
+        if isinstance(action, actions.RemoveFinalizer):
             return await self._remove_finalizer(action)
-        if isinstance(action, rc.ReleaseFollower):
+        if isinstance(action, actions.ReleaseFollower):
             released: Any = action.released
             if action.kind == "Job":
                 await self.batch.replace_namespaced_job(action.name, action.namespace, released)
@@ -273,7 +274,7 @@ class KubeIO:
         )
         return "updated"
 
-    async def _remove_finalizer(self, action: rc.RemoveFinalizer) -> str:
+    async def _remove_finalizer(self, action: actions.RemoveFinalizer) -> str:
         try:
             if action.kind == "Job":
                 found: Any = await self.batch.read_namespaced_job(action.name, action.namespace)

@@ -16,8 +16,9 @@ from kratos_admit.domain.catalog import load_catalog
 from kratos_admit.domain.config import Config, split_host_port
 from kratos_admit.edge import process
 from kratos_admit.edge.kube import ApiUnreachable, api_client, check_reachable
-from kratos_controller.controller import ControllerMetrics, ProfilerController, run_when_leading
+from kratos_controller.controller import ProfilerController, run_when_leading
 from kratos_controller.leader import LeaderElector
+from kratos_controller.metrics import ControllerMetrics
 
 log = logging.getLogger("kratos.controller")
 

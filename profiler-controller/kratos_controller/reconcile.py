@@ -18,31 +18,19 @@ work is done it gives none, so a restart half-way simply finishes it. Three loop
 
 from __future__ import annotations
 
-import dataclasses
 import datetime as dt
 import hashlib
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from pydantic import ValidationError
 
 from kratos_admit.decisions.calibration import (
-    CONFIGMAP_KEY,
-    CONFIGMAP_NAME,
     NO_CALIBRATION,
     Calibration,
-    CalibrationError,
-    fit_calibration,
-    keep_unchanged_dates,
-    moved_beyond_noise,
-    parse_calibration,
-    same_calibration,
-    samples_of,
 )
-from kratos_admit.decisions.hints import release_hold
+from kratos_admit.decisions.holds import release_hold
 from kratos_admit.decisions.profiling import OriginalTemplateError, decode_original_template
-from kratos_admit.decisions.telemetry import PodTelemetry, TelemetryRun, with_telemetry
 from kratos_admit.domain import vocabulary as v
 from kratos_admit.domain.catalog import Catalog
 from kratos_admit.domain.config import Config
@@ -54,11 +42,22 @@ from kratos_admit.domain.profile import (
     RunnerSummary,
     TelemetryRecord,
     WorkloadProfile,
-    with_runs,
 )
 from kratos_admit.domain.raw import as_list, as_mapping, clone, string_map
-from kratos_admit.domain.signing import sign_block, signature_valid, signed_role
+from kratos_admit.domain.signing import sign_block, signature_valid
 from kratos_admit.domain.workload import Kind
+from kratos_controller.actions import (
+    Action,
+    ContainerEnd,
+    CreateExecutionJob,
+    MarkExecutionJob,
+    Observed,
+    PublishConfigMap,
+    PublishProfile,
+    ReleaseFollower,
+    RemoveFinalizer,
+    Summary,
+)
 
 Obj = dict[str, Any]
 EXECUTION_SUFFIX = "-execution"
@@ -69,110 +68,6 @@ _GENERATED_TEMPLATE_LABELS = (
     "job-name",
     "batch.kubernetes.io/job-name",
 )
-
-
-@dataclass(frozen=True)
-class ContainerEnd:
-    """A container's terminated state, as the kubelet reported it."""
-
-    exit_code: int
-    reason: str = ""
-    message: str = ""
-
-
-@dataclass(frozen=True)
-class Observed:
-    """What the controller saw of one profiling Job and the objects it produces."""
-
-    job: Obj
-    runner: ContainerEnd | None = None  # profiling-runner's end, preferring a pod whose runner left a message
-    stage: ContainerEnd | None = None  # stage-workload's or stage-profiler's end, when it failed
-    pods_seen: bool = False  # any pod of the Job still exists
-    pods_holding: tuple[str, ...] = ()  # names of its pods that carry the release finalizer
-    profile: Obj | None = None
-    configmap_exists: bool = False
-    execution_job_exists: bool = False
-    source_job_exists: bool = True  # the Job named by the profile's sourceJob still exists
-
-
-@dataclass(frozen=True)
-class _Named:
-    """The object an action writes: its namespace and name."""
-
-    namespace: str
-    name: str
-
-
-@dataclass(frozen=True)
-class PublishConfigMap(_Named):
-    data: dict[str, str]
-
-
-@dataclass(frozen=True)
-class PublishProfile(_Named):
-    spec: dict[str, Any]
-    status: ProfileStatus
-    labels: dict[str, str] = field(default_factory=dict)
-    # a new profile only: one that appeared meanwhile (a profiling run's) is left as it is
-    only_new: bool = False
-
-
-@dataclass(frozen=True)
-class CreateExecutionJob:
-    manifest: Obj
-
-
-@dataclass(frozen=True)
-class MarkExecutionJob(_Named):
-    """Write ``execution-job`` (and the block's new signature) onto the original Job."""
-
-    annotations: dict[str, str]
-
-
-@dataclass(frozen=True)
-class RemoveFinalizer:
-    """Take the ``release`` finalizer off a profiling Job or one of its Pods."""
-
-    kind: Kind
-    namespace: str
-    name: str
-
-
-@dataclass(frozen=True)
-class ReleaseFollower:
-    """Replace a held Job or Pod with its released form (scheduling directives and metadata only)."""
-
-    kind: Kind
-    namespace: str
-    name: str
-    released: Obj
-
-
-@dataclass(frozen=True)
-class RecordObservations:
-    """Write the profile's status with new runs counted (a replace guarded by resourceVersion)."""
-
-    namespace: str
-    name: str
-    resource_version: str
-    status: ProfileStatus
-
-
-Action = (
-    PublishConfigMap
-    | PublishProfile
-    | CreateExecutionJob
-    | MarkExecutionJob
-    | RemoveFinalizer
-    | ReleaseFollower
-    | RecordObservations
-)
-
-
-@dataclass(frozen=True)
-class Summary:
-    data: RunnerSummary | None
-    problem: str  # why there is no usable summary, "" when there is
 
 
 # --- reading what the profiling run left ------------------------------------------------------------
@@ -575,266 +470,14 @@ def orphan_profile(namespace: str, workload: str) -> WorkloadProfile:
 def orphaned(obj: Mapping[str, Any], *, now: dt.datetime, grace: float) -> bool:
     """A follower held longer than ``grace`` (config ``followerReleaseSeconds``) for a run that never
     appeared."""
-    created = _timestamp(as_mapping(obj.get("metadata")).get("creationTimestamp"))
+    created = timestamp(as_mapping(obj.get("metadata")).get("creationTimestamp"))
     return created is not None and (now - created).total_seconds() > grace
 
 
-# --- observations: what the workload really took on each GPU product -----------------------------------
-
-
-@dataclass(frozen=True)
-class Run:
-    uid: str  # the Pod's uid: one run
-    product: str  # the node's nvidia.com/gpu.product
-    seconds: float
-
-
-def observed_job(job: Mapping[str, Any], *, signing_key: bytes) -> bool:
-    """A finished, successful Job KRATOS placed with hints (an execution Job or a hinted one), whose
-    runs say what the workload takes; profiling runs measure under ncu and never count."""
-    meta = as_mapping(job.get("metadata"))
-    namespace = str(meta.get("namespace", "default"))
-    if finished(job) != "Complete" or signed_role(meta, namespace=namespace, key=signing_key) == "profiling":
-        return False
-    return v.HINTS_ANNOTATION in string_map(meta.get("annotations")) and signature_valid(
-        meta, namespace=namespace, key=signing_key
-    )
-
-
-def _timestamp(value: object) -> dt.datetime | None:
+def timestamp(value: object) -> dt.datetime | None:
     if not isinstance(value, str):
         return None
     try:
         return dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
     except ValueError:
         return None
-
-
-def runs_of(pods: Iterable[Mapping[str, Any]], products: Mapping[str, str]) -> list[Run]:
-    """The successful runs among a Job's pods: the GPU container's start to finish, on the GPU
-    product of the node it ran on (``products``: node name -> ``nvidia.com/gpu.product``)."""
-    runs = []
-    for pod in pods:
-        meta, spec, status = (as_mapping(pod.get(k)) for k in ("metadata", "spec", "status"))
-        product = products.get(str(spec.get("nodeName", "")))
-        if status.get("phase") != "Succeeded" or not product or not meta.get("uid"):
-            continue
-        gpu_names = {
-            str(as_mapping(c).get("name"))
-            for c in as_list(spec.get("containers"))
-            if any(
-                str(k) == v.GPU_RESOURCE or str(k).startswith(v.MIG_RESOURCE_PREFIX)
-                for k in as_mapping(as_mapping(as_mapping(c).get("resources")).get("limits"))
-            )
-        }
-        for container in as_list(status.get("containerStatuses")):
-            c = as_mapping(container)
-            if gpu_names and c.get("name") not in gpu_names:
-                continue
-            ended = as_mapping(as_mapping(c.get("state")).get("terminated"))
-            started, finished_at = _timestamp(ended.get("startedAt")), _timestamp(ended.get("finishedAt"))
-            if ended.get("exitCode") == 0 and started and finished_at and finished_at > started:
-                runs.append(Run(str(meta["uid"]), product, (finished_at - started).total_seconds()))
-                break
-    return runs
-
-
-def record_runs(profile: Obj, runs: Iterable[Run]) -> RecordObservations | None:
-    """The profile's status with the runs it has not counted yet: a running mean and count per
-    product, and the run's uid remembered (the last MAX_COUNTED_RUNS) so none is counted twice."""
-    meta = as_mapping(profile.get("metadata"))
-    try:
-        status = ProfileStatus.model_validate(profile.get("status") or {})
-    except ValidationError:
-        return None
-    updated = with_runs(status, ((run.uid, run.product, run.seconds) for run in runs))
-    if updated is None:
-        return None
-    return RecordObservations(
-        str(meta.get("namespace", "")),
-        str(meta.get("name", "")),
-        str(meta.get("resourceVersion", "")),
-        updated,
-    )
-
-
-# --- calibration: what every counted run says about each GPU product ----------------------------------
-
-
-def current_calibration(configmap: Mapping[str, Any] | None) -> Calibration:
-    """What the ConfigMap holds now (nothing, when it is absent or unreadable: the next fit replaces it)."""
-    text = string_map(as_mapping(as_mapping(configmap).get("data"))).get(CONFIGMAP_KEY)
-    if not text:
-        return NO_CALIBRATION
-    try:
-        return parse_calibration(text)
-    except CalibrationError:
-        return NO_CALIBRATION
-
-
-def calibration_write_wait(
-    fitted: Calibration,
-    written: Calibration,
-    *,
-    since_write: float | None,
-    interval: float,
-    min_runs: int,
-) -> float:
-    """Seconds until a changed calibration should be written (0: now). At most once per
-    ``interval`` (config ``calibrationWriteSeconds``), sooner only when a factor moved beyond its
-    noise; ``since_write`` is None when this controller has not written yet (after a start: write)."""
-    if since_write is None or since_write >= interval or moved_beyond_noise(fitted, written, min_runs):
-        return 0.0
-    return interval - since_write
-
-
-def calibrate(
-    profiles: Iterable[Mapping[str, Any]],
-    configmap: Mapping[str, Any] | None,
-    *,
-    namespace: str,
-    catalog: Catalog,
-    reference_product: str,
-    now: str,
-) -> tuple[Calibration, PublishConfigMap | None]:
-    """The calibration fitted from every profile's observations, and the write of the ConfigMap when
-    it differs from what the ConfigMap holds. A product whose fit did not change keeps its
-    ``updatedAt``, so the same runs (counted twice, replayed, after a restart) write nothing."""
-    parsed = []
-    for raw in profiles:
-        try:
-            parsed.append(WorkloadProfile.model_validate(raw))
-        except ValidationError:
-            continue
-    before = current_calibration(configmap)
-    fitted = fit_calibration(
-        samples_of(parsed, catalog, reference_product=reference_product), catalog, updated_at=now
-    )
-    fitted = keep_unchanged_dates(fitted, before)
-    if configmap is not None and same_calibration(fitted, before):
-        return before, None
-    return fitted, PublishConfigMap(namespace, CONFIGMAP_NAME, {CONFIGMAP_KEY: fitted.to_json()})
-
-
-# --- telemetry: DCGM counters of every opted-in GPU run ---------------------------------------------
-
-
-@dataclass(frozen=True)
-class TelemetryDue:
-    """A Pod whose run is to be asked of Prometheus: the counters averaged over ``seconds`` up to ``end``."""
-
-    uid: str
-    namespace: str
-    pod: str
-    workload: str
-    node: str
-    end: dt.datetime
-    seconds: float
-
-
-def _asks_for_gpus(container: Mapping[str, Any]) -> bool:
-    limits = as_mapping(as_mapping(container.get("resources")).get("limits"))
-    return any(str(k) == v.GPU_RESOURCE or str(k).startswith(v.MIG_RESOURCE_PREFIX) for k in limits)
-
-
-def telemetry_due(
-    pod: Mapping[str, Any], *, now: dt.datetime, window_seconds: float
-) -> TelemetryDue | float | None:
-    """The Pod's run when it is due (succeeded, or has run ``window_seconds``: the first window is
-    its evidence); the seconds until it is due while it runs; None when it never will be (not
-    opted in, no GPU, a profiling run under ncu, failed, or not started)."""
-    meta, spec, status = (as_mapping(pod.get(k)) for k in ("metadata", "spec", "status"))
-    labels = string_map(meta.get("labels"))
-    workload = labels.get(v.WORKLOAD_LABEL, "")
-    if not v.is_dns1123_label(workload) or labels.get(v.ROLE_LABEL) == "profiling" or not meta.get("uid"):
-        return None
-    gpu_names = {
-        str(as_mapping(c).get("name"))
-        for c in as_list(spec.get("containers"))
-        if _asks_for_gpus(as_mapping(c))
-    }
-    node = str(spec.get("nodeName") or "")
-    phase = status.get("phase")
-    if not gpu_names or not node or phase not in ("Running", "Succeeded"):
-        return None
-    started: dt.datetime | None = None
-    ended: dt.datetime | None = None
-    for container in as_list(status.get("containerStatuses")):
-        c = as_mapping(container)
-        if c.get("name") not in gpu_names:
-            continue
-        state = as_mapping(c.get("state"))
-        run = as_mapping(state.get("running") or state.get("terminated"))
-        begun = _timestamp(run.get("startedAt"))
-        if begun is not None and (started is None or begun < started):
-            started = begun
-        finished_at = _timestamp(as_mapping(state.get("terminated")).get("finishedAt"))
-        if finished_at is not None and (ended is None or finished_at > ended):
-            ended = finished_at
-    if started is None:
-        return None
-    due = TelemetryDue(
-        str(meta["uid"]), str(meta.get("namespace", "")), str(meta.get("name", "")), workload, node, now, 0.0
-    )
-    if phase == "Succeeded" and ended is not None and ended > started:
-        return dataclasses.replace(due, end=ended, seconds=(ended - started).total_seconds())
-    if phase == "Running":
-        ran = (now - started).total_seconds()
-        if ran < window_seconds:
-            return window_seconds - ran
-        return dataclasses.replace(
-            due, end=started + dt.timedelta(seconds=window_seconds), seconds=window_seconds
-        )
-    return None
-
-
-def telemetry_run(due: TelemetryDue, found: PodTelemetry, product: str) -> TelemetryRun | None:
-    """What the run adds to the profile; None when Prometheus had no profiling counter for it."""
-    if not found.counters or not product:
-        return None
-    return TelemetryRun(due.uid, product, due.seconds, len(found.gpus), found.counters)
-
-
-def record_telemetry(
-    profile: Obj | None, due: TelemetryDue, run: TelemetryRun, *, now: str
-) -> PublishProfile | RecordObservations | None:
-    """The write that folds ``run`` into the workload's profile: a new profile (Ready, from
-    telemetry) when there is none, else its status replaced (guarded by its resourceVersion);
-    None when the Pod was counted already or the profile cannot be read."""
-    if profile is None:
-        status = with_telemetry(None, run, now=now)
-        if status is None:
-            return None
-        name = v.profile_name(due.workload)
-        labels = {v.WORKLOAD_LABEL: due.workload}
-        return PublishProfile(due.namespace, name, {"workload": due.workload}, status, labels, only_new=True)
-    meta = as_mapping(profile.get("metadata"))
-    try:
-        current = ProfileStatus.model_validate(profile.get("status") or {"phase": "Profiling"})
-    except ValidationError:
-        return None
-    updated = with_telemetry(current, run, now=now)
-    if updated is None:
-        return None
-    return RecordObservations(
-        str(meta.get("namespace", "")),
-        str(meta.get("name", "")),
-        str(meta.get("resourceVersion", "")),
-        updated,
-    )
-
-
-def counted_telemetry(profile: Obj | None, uid: str) -> bool:
-    return uid in as_list(as_mapping(as_mapping(profile).get("status")).get("countedTelemetry"))
-
-
-def missing_counters_note(due: TelemetryDue, found: PodTelemetry, url: str) -> str:
-    """Why a run's profile lacks counters, naming them (a GPU without DCGM profiling support, or a
-    counters file that leaves them out)."""
-    names = ", ".join(found.missing)
-    gpus = "; ".join(found.lacking)
-    return (
-        f"Prometheus at {url} has no {names} for Pod {due.namespace}/{due.pod} ({gpus}): the GPU "
-        "does not support DCGM profiling (consumer boards, some MIG setups) or dcgm-exporter's "
-        "counters file leaves them out"
-    )

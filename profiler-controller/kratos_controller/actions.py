@@ -1,0 +1,119 @@
+"""What the pure reconcile sees and decides (STYLE "I/O at the edges"): the observed state of a
+profiling run, and the actions the controller then applies."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from kratos_admit.domain.profile import (
+    ProfileStatus,
+    RunnerSummary,
+)
+from kratos_admit.domain.workload import Kind
+
+Obj = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class ContainerEnd:
+    """A container's terminated state, as the kubelet reported it."""
+
+    exit_code: int
+    reason: str = ""
+    message: str = ""
+
+
+@dataclass(frozen=True)
+class Observed:
+    """What the controller saw of one profiling Job and the objects it produces."""
+
+    job: Obj
+    runner: ContainerEnd | None = None  # profiling-runner's end, preferring a pod whose runner left a message
+    stage: ContainerEnd | None = None  # stage-workload's or stage-profiler's end, when it failed
+    pods_seen: bool = False  # any pod of the Job still exists
+    pods_holding: tuple[str, ...] = ()  # names of its pods that carry the release finalizer
+    profile: Obj | None = None
+    configmap_exists: bool = False
+    execution_job_exists: bool = False
+    source_job_exists: bool = True  # the Job named by the profile's sourceJob still exists
+
+
+@dataclass(frozen=True)
+class _Named:
+    """The object an action writes: its namespace and name."""
+
+    namespace: str
+    name: str
+
+
+@dataclass(frozen=True)
+class PublishConfigMap(_Named):
+    data: dict[str, str]
+
+
+@dataclass(frozen=True)
+class PublishProfile(_Named):
+    spec: dict[str, Any]
+    status: ProfileStatus
+    labels: dict[str, str] = field(default_factory=dict)
+    # a new profile only: one that appeared meanwhile (a profiling run's) is left as it is
+    only_new: bool = False
+
+
+@dataclass(frozen=True)
+class CreateExecutionJob:
+    manifest: Obj
+
+
+@dataclass(frozen=True)
+class MarkExecutionJob(_Named):
+    """Write ``execution-job`` (and the block's new signature) onto the original Job."""
+
+    annotations: dict[str, str]
+
+
+@dataclass(frozen=True)
+class RemoveFinalizer:
+    """Take the ``release`` finalizer off a profiling Job or one of its Pods."""
+
+    kind: Kind
+    namespace: str
+    name: str
+
+
+@dataclass(frozen=True)
+class ReleaseFollower:
+    """Replace a held Job or Pod with its released form (scheduling directives and metadata only)."""
+
+    kind: Kind
+    namespace: str
+    name: str
+    released: Obj
+
+
+@dataclass(frozen=True)
+class RecordObservations:
+    """Write the profile's status with new runs counted (a replace guarded by resourceVersion)."""
+
+    namespace: str
+    name: str
+    resource_version: str
+    status: ProfileStatus
+
+
+Action = (
+    PublishConfigMap
+    | PublishProfile
+    | CreateExecutionJob
+    | MarkExecutionJob
+    | RemoveFinalizer
+    | ReleaseFollower
+    | RecordObservations
+)
+
+
+@dataclass(frozen=True)
+class Summary:
+    data: RunnerSummary | None
+    problem: str  # why there is no usable summary, "" when there is
