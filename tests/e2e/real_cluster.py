@@ -239,25 +239,25 @@ class Dcgm:
     """The GPUs of the fake Nodes as dcgm-exporter 4.x in its Kubernetes mode sees them: every GPU of
     every Node, idle (no pod labels, counters at 0) until the kubelet stand-in runs a Pod on it, then
     labelled with the Pod's ``namespace``, ``pod`` and ``container`` and serving the counters the test
-    chose for the Pod's workload; when the Pod ends its GPUs lose the pod labels again. The kubelet
-    (a test's event loop) writes it, each Node's exporter stand-in (another thread) reads it."""
+    chose for the Pods of its namespace; when the Pod ends its GPUs lose the pod labels again. The
+    kubelet (a test's event loop) writes it, each Node's exporter stand-in (another thread) reads it."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
-        self.chosen: dict[tuple[str, str], Counters] = {}  # (namespace, workload) -> counters
+        self.chosen: dict[str, Counters] = {}  # namespace -> counters
         self.held: dict[tuple[str, int], tuple[str, str, str, Counters]] = {}  # (node, gpu) -> the Pod's
 
-    def serve(self, namespace: str, workload: str, counters: Mapping[str, float]) -> None:
-        """The counters every GPU of a Pod of ``workload`` shows while it runs."""
+    def serve(self, namespace: str, counters: Mapping[str, float]) -> None:
+        """The counters every GPU of a Pod in ``namespace`` shows while it runs."""
         with self.lock:
-            self.chosen[(namespace, workload)] = tuple(counters.items())
+            self.chosen[namespace] = tuple(counters.items())
 
     def attach(self, pod: Obj) -> None:
         """The Pod runs: each of its containers gets the GPUs it asked for, free ones of its Node."""
         meta, spec = pod["metadata"], pod["spec"]
         namespace, name, node = meta["namespace"], meta["name"], spec["nodeName"]
-        counters = self.chosen.get((namespace, (meta.get("labels") or {}).get(v.WORKLOAD_LABEL, "")), ())
         with self.lock:
+            counters = self.chosen.get(namespace, ())
             for container in spec["containers"]:
                 wanted = int(((container.get("resources") or {}).get("limits") or {}).get(v.GPU_RESOURCE, 0))
                 free = [i for i in range(GPUS_PER_NODE) if (node, i) not in self.held]

@@ -376,7 +376,7 @@ async def run_loop_existing(namespace: str, workload: str) -> Any:
 
 # --- telemetry profiles (issue 25) -----------------------------------------------------------------------------
 
-# what the stand-in dcgm-exporter serves for a workload's GPUs while its Pods run
+# what the stand-in dcgm-exporter serves for the GPUs of a test's Pods while they run
 MEMORY_BOUND = {
     "DCGM_FI_PROF_GR_ENGINE_ACTIVE": 0.97,
     "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE": 0.0,
@@ -443,10 +443,11 @@ async def test_an_entrypoint_only_job_gets_a_telemetry_profile_and_its_next_job_
     kratos, telemetry, namespace
 ):
     """A Job running its image's entrypoint (no command) cannot be profiled: it runs with base hints,
-    its GPU's DCGM counters (memory-bound) reach Prometheus, and when it ends the controller makes
-    the workload's profile from them."""
-    telemetry.dcgm.serve(namespace, "serve", MEMORY_BOUND)
-    entrypoint = labelled_pods(job("serve", "serve"), "serve")
+    its GPU's DCGM counters (memory-bound) reach Prometheus, and when it completes the controller
+    makes the workload's profile from them. Labelled as most Jobs are, on the Job only: its Pod
+    carries no workload label."""
+    telemetry.dcgm.serve(namespace, MEMORY_BOUND)
+    entrypoint = job("serve", "serve")
     for container in entrypoint["spec"]["template"]["spec"]["containers"]:
         container.pop("command", None)
     create(namespace, entrypoint)
@@ -456,6 +457,8 @@ async def test_an_entrypoint_only_job_gets_a_telemetry_profile_and_its_next_job_
         await until(lambda: finished, what="the Job's Pod ran")
         profile = await until(lambda: telemetry_profile(namespace, "serve"), what="a Ready telemetry profile")
     assert telemetry.scraped(namespace, finished[0]) > 0, "Prometheus scraped the Pod's GPU"
+    ran = get(namespace, "pod", finished[0])
+    assert ran and v.WORKLOAD_LABEL not in ran["metadata"]["labels"]
     status = profile["status"]
     assert status["boundType"] == "memory"
     [record] = status["telemetry"]
@@ -470,7 +473,7 @@ async def test_an_entrypoint_only_job_gets_a_telemetry_profile_and_its_next_job_
 async def test_a_bare_pod_gets_a_telemetry_profile_and_the_next_job_ranked_hints(
     kratos, telemetry, namespace
 ):
-    telemetry.dcgm.serve(namespace, "notebook", COMPUTE_BOUND)
+    telemetry.dcgm.serve(namespace, COMPUTE_BOUND)
     pod = make_pod("notebook", "x").obj()
     del pod["metadata"]["namespace"]
     create(namespace, pod)
@@ -493,7 +496,7 @@ async def test_a_bare_pod_gets_a_telemetry_profile_and_the_next_job_ranked_hints
 async def test_a_pod_of_a_deployment_gets_a_telemetry_profile_after_the_window(kratos, telemetry, namespace):
     """An inference server: the real Deployment and ReplicaSet controllers make its Pod, which runs on;
     once it has run telemetry.windowSeconds (60 s here) the controller counts that first window."""
-    telemetry.dcgm.serve(namespace, "inference", MEMORY_BOUND)
+    telemetry.dcgm.serve(namespace, MEMORY_BOUND)
     pod_spec = make_pod("inference", "x").obj()["spec"]
     pod_spec["restartPolicy"] = "Always"
     labels = {v.WORKLOAD_LABEL: "inference", "app": "inference"}
@@ -532,7 +535,7 @@ async def test_prometheus_down_makes_no_profile_says_so_and_telemetry_resumes_wh
     back (same storage) the retried query makes the profile."""
     installed, _ = kratos
     [controller] = [p for p in installed.processes if p.name.startswith("controller")]
-    telemetry.dcgm.serve(namespace, "outage", MEMORY_BOUND)
+    telemetry.dcgm.serve(namespace, MEMORY_BOUND)
     unprofiled = labelled_pods(job("outage", "outage"), "outage")
     unprofiled["metadata"]["annotations"] = {v.PROFILING_ANNOTATION: "false"}
     create(namespace, unprofiled)
