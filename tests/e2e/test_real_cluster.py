@@ -88,7 +88,7 @@ def kratos(
     port = free_port()
     webhook = installed.start("webhook", port, free_port())
     # telemetry as the component sets it (KRATOS_TELEMETRY); the shortest window the config allows
-    telemetry = (
+    settings = (
         {"prometheusURL": prometheus.url, "windowSeconds": 60, "timeoutSeconds": 2} if prometheus else {}
     )
     try:
@@ -97,7 +97,7 @@ def kratos(
             metrics = free_port()
             controller = installed.start(
                 "controller", 0, metrics, KRATOS_RESYNC_SECONDS="5",
-                **({"KRATOS_TELEMETRY": json.dumps(telemetry)} if telemetry else {}),
+                **({"KRATOS_TELEMETRY": json.dumps(settings)} if settings else {}),
             )  # fmt: skip
             wait_ready(controller, f"http://127.0.0.1:{metrics}/readyz")
             installed.controller_metrics = f"http://127.0.0.1:{metrics}/metrics"
