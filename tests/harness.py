@@ -1018,10 +1018,11 @@ def prometheus_binary() -> str:
 
 @contextlib.asynccontextmanager
 async def real_prometheus(
-    jobs: Iterable[ScrapeJob], tmp_path: Path, *, interval: float = 0.5
+    jobs: Iterable[ScrapeJob], tmp_path: Path, *, interval: float = 0.5, port: int | None = None
 ) -> AsyncIterator[str]:
-    """A real Prometheus scraping ``jobs`` every ``interval`` seconds, on 127.0.0.1; yields its URL
-    once it is ready. Its own storage lives under ``tmp_path``; it is stopped on the way out."""
+    """A real Prometheus scraping ``jobs`` every ``interval`` seconds, on 127.0.0.1 (``port``, else a
+    free one); yields its URL once it is ready. Its own storage lives under ``tmp_path``, so one
+    started again there on the same port has the samples of the first; it is stopped on the way out."""
     binary = prometheus_binary()
     scrape = [
         {
@@ -1040,8 +1041,8 @@ async def real_prometheus(
         "scrape_configs": scrape,
     }
     (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(config))
-    port = free_port()
-    log = (tmp_path / "prometheus.log").open("wb")
+    port = port or free_port()
+    log = (tmp_path / "prometheus.log").open("ab")
     process = await asyncio.create_subprocess_exec(
         binary, f"--config.file={tmp_path / 'prometheus.yml'}", f"--storage.tsdb.path={tmp_path / 'data'}",
         f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn",

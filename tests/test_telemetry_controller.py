@@ -5,7 +5,10 @@ runs of any owner become evidence; failures never make a profile and never delay
 from __future__ import annotations
 
 import datetime as dt
+from pathlib import Path
 from typing import Any
+
+from kubernetes_asyncio import client
 
 from kratos_admit.decisions.telemetry import (
     DRAM_ACTIVE,
@@ -25,15 +28,18 @@ from tests.harness import (
     PROFILES,
     DcgmGpu,
     FakePrometheus,
+    api_for,
     api_server,
     controller_running,
     dcgm_exposition,
     eventually,
     node,
+    opted_in_cluster,
     profile,
     prometheus_serving,
     runner_summary,
     seed_finished,
+    webhook_serving,
 )
 from tests.kube_double import EVENTS, KubeDouble
 
@@ -288,3 +294,35 @@ async def test_a_profile_made_meanwhile_is_never_overwritten_and_the_run_folds_i
         status = await eventually(lambda: status_of(kube).get("telemetry") and status_of(kube))
         assert status["phase"] == "Profiling" and "source" not in status, "the profiling run's profile stays"
         assert status["telemetry"][0]["runs"] == 1 and reads >= 2
+
+
+async def test_a_job_labelled_only_on_its_own_metadata_is_measured_when_it_completes(tmp_path: Path):
+    """The workload label on the Job but not on its pod template, as most Jobs are written: its Pods
+    carry no label for the Pod informer, so the Job's completion (the run observed) measures them."""
+    kube = KubeDouble()
+    fake = FakePrometheus()
+    async with (
+        api_server(kube) as server,
+        webhook_serving(kube, server, tmp_path),
+        prometheus_serving(fake) as url,
+        controller_running(server, config=telemetry_config(url)) as controller,
+    ):
+        opted_in_cluster(kube, (tmp_path / "certs" / "ca.crt").read_bytes(), A100)
+        entrypoint: Any = make_job("serve").label(v.WORKLOAD_LABEL, "serve").obj()
+        entrypoint["spec"]["template"]["spec"]["containers"][0].pop("command")
+        api = api_for(server, "kubectl")
+        try:
+            await client.BatchV1Api(api).create_namespaced_job("team-a", entrypoint)
+        finally:
+            await api.close()
+        [pod] = await kube.run_jobs()
+        created = kube.get(*PODS, "team-a", pod)
+        assert created and v.WORKLOAD_LABEL not in created["metadata"]["labels"], "a Job's Pod, unlabelled"
+        fake.load_text(dcgm_exposition([DcgmGpu(0, "GPU-a", "team-a", pod, counters=MEMORY_BOUND)]))
+        kube.finish_pod("team-a", pod, node="gpu-0", seconds=600)
+        status = await eventually(
+            lambda: status_of(kube, "serve").get("telemetry") and status_of(kube, "serve")
+        )
+        assert (status["phase"], status["source"], status["boundType"]) == ("Ready", "telemetry", "memory")
+        assert status["telemetry"][0]["runs"] == 1 and status["telemetry"][0]["seconds"] == "600"
+        await eventually(lambda: not controller.job_pods)  # nothing of the Pod held once it is counted

@@ -25,7 +25,7 @@ from kratos_admit.domain import vocabulary as v
 from kratos_admit.domain.catalog import Catalog, load_catalog
 from kratos_admit.domain.config import Config
 from kratos_admit.domain.profile import WorkloadProfile
-from kratos_admit.domain.raw import as_list, as_mapping, string_map
+from kratos_admit.domain.raw import as_list, as_mapping, clone, string_map
 from kratos_admit.domain.workload import Kind
 from kratos_admit.edge.kube import Backoff, Informer, one_line
 from kratos_admit.edge.prometheus import Prometheus, PrometheusError
@@ -107,6 +107,9 @@ class ProfilerController:
         self.telemetry_retry_base = 5.0  # seconds, doubling per failure up to 5 min (jittered)
         self.telemetry_failing: dict[str, str] = {}  # workload -> the error already logged for it
         self.telemetry_done: set[str] = set()  # Pod uids asked, whatever the answer: never asked again
+        # Pods of a completed Job labelled only on its own metadata (the Pod informer never sees
+        # them), held with their workload's label until their telemetry is asked
+        self.job_pods: dict[tuple[str, str], dict[str, Any]] = {}
         self.informer = self._informer(
             client.BatchV1Api(api).list_job_for_all_namespaces, self.jobs, "Job", watch_timeout
         )
@@ -354,6 +357,8 @@ class ProfilerController:
             return
         workload = _meta(job)[2].get(v.WORKLOAD_LABEL, "")
         pods = await self.io.job_pods(namespace, name)
+        if self.prometheus is not None:
+            self._telemetry_of_job_pods(pods, workload)
         nodes = {str(as_mapping(p.get("spec")).get("nodeName", "")) for p in pods}
         products = {node: await self.io.product_of(node) for node in nodes if node}
         runs = runs_of(pods, products)
@@ -369,10 +374,28 @@ class ProfilerController:
             log.info("runs observed", extra={"namespace": namespace, "job": name, "runs": len(runs)})
             self.enqueue(self.calibrate_key)
 
+    def _telemetry_of_job_pods(self, pods: Iterable[dict[str, Any]], workload: str) -> None:
+        """A Job labelled only on its own metadata (the label not on its pod template, as most Jobs
+        are written) makes Pods without the workload label, which the Pod informer never sees: once
+        the Job completes its Pods are measured as its workload's."""
+        for pod in pods:
+            namespace, name, labels, _ = _meta(pod)
+            uid = str(as_mapping(pod.get("metadata")).get("uid", ""))
+            if v.WORKLOAD_LABEL in labels or uid in self.telemetry_done:
+                continue  # the Pod informer has it, or it was asked
+            labelled = clone(pod)
+            labelled["metadata"]["labels"] = {**labels, v.WORKLOAD_LABEL: workload}
+            window = self.config.telemetry.window_seconds
+            if isinstance(
+                telemetry_due(labelled, now=dt.datetime.now(dt.UTC), window_seconds=window), TelemetryDue
+            ):
+                self.job_pods[(namespace, name)] = labelled
+                self.enqueue_telemetry((namespace, name))
+
     async def _telemetry(self, namespace: str, name: str) -> None:
         """Ask Prometheus for the Pod's counters and fold them into its workload's profile. A failed
         query makes no profile: it raises PrometheusError, and the telemetry worker retries."""
-        pod = self.pods.get((namespace, name))
+        pod = self.pods.get((namespace, name)) or self.job_pods.get((namespace, name))
         if pod is None or self.prometheus is None:
             return
         settings = self.config.telemetry
@@ -455,7 +478,7 @@ class ProfilerController:
         if profile is not None:
             await self.report(profile, "WorkloadProfile", "TelemetryUnavailable", note, detail=detail)
             return
-        pod = self.pods.get((due.namespace, due.pod)) or {}
+        pod = self.pods.get((due.namespace, due.pod)) or self.job_pods.get((due.namespace, due.pod)) or {}
         owner = next(
             (
                 self.jobs.get((due.namespace, str(ref.get("name"))))
@@ -478,6 +501,9 @@ class ProfilerController:
             try:
                 await self._telemetry(*key)
                 self.telemetry_retries.pop(key, None)
+                held = self.job_pods.get(key)
+                if held is not None and as_mapping(held.get("metadata")).get("uid") in self.telemetry_done:
+                    del self.job_pods[key]  # asked; one whose profile appeared meanwhile comes back
             except asyncio.CancelledError:
                 raise
             except Exception as exc:

@@ -1,6 +1,7 @@
 """What the end-to-end suite needs of a real cluster: kubectl as the admin, KRATOS installed from the
 rendered ``webhook-config/`` with the webhook and controller running here under the tokens of their
-own ServiceAccounts, fake GPU Nodes, and a stand-in for the kubelet.
+own ServiceAccounts, fake GPU Nodes, a stand-in for the kubelet, and the GPU telemetry of those
+Nodes: a dcgm-exporter stand-in per Node, scraped by a real Prometheus.
 
 The cluster is any Kubernetes API server whose admin kubeconfig ``KRATOS_E2E_KUBECONFIG`` names
 (a control plane without kubelets is enough: Nodes here are objects the suite creates). The
@@ -14,6 +15,7 @@ import asyncio
 import base64
 import contextlib
 import datetime as dt
+import functools
 import json
 import os
 import signal
@@ -22,27 +24,44 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.parse
 import urllib.request
-from collections.abc import AsyncIterator, Callable, Generator
+import uuid
+from collections.abc import AsyncIterator, Callable, Coroutine, Generator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import yaml
+from aiohttp.test_utils import TestServer
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from kratos_admit.domain import vocabulary as v
 from kratos_admit.edge.kube import api_client
 from kratos_admit.webhook.certs import generate
-from tests.harness import REPO, Service, free_port, render, runner_summary
+from tests.harness import (
+    REPO,
+    DcgmGpu,
+    ScrapeJob,
+    Service,
+    dcgm_exporter_app,
+    free_port,
+    real_prometheus,
+    render,
+    runner_summary,
+)
 
 KUBECONFIG_VARIABLE = "KRATOS_E2E_KUBECONFIG"
 NAMESPACE = "kratos-system"
 A100, L40S, L4 = "NVIDIA-A100-SXM4-80GB", "NVIDIA-L40S", "NVIDIA-L4"
 # (node, product, tainted nvidia.com/gpu=present:NoSchedule as the GPU operator's nodes often are)
 GPU_NODES = (("e2e-a100-0", A100, False), ("e2e-l40s-0", L40S, True), ("e2e-l4-0", L4, True))
+GPUS_PER_NODE = 8
+RUNS_ON = "Always"  # the restartPolicy of a Pod that never ends by itself (a Deployment's)
 Obj = dict[str, Any]
+Counters = tuple[tuple[str, float], ...]  # (DCGM field, value), as DcgmGpu holds them
+T = TypeVar("T")
 
 
 def admin_kubeconfig() -> Path | None:
@@ -109,6 +128,7 @@ class Installed:
     webhook_kubeconfig: Path
     controller_kubeconfig: Path
     processes: list[Process] = field(default_factory=list)
+    controller_metrics: str = ""  # the controller's /metrics URL, once it runs
 
     def start(self, command: str, port: int, metrics_port: int, **env: str) -> Process:
         certs = self.directory / "certs"
@@ -185,10 +205,11 @@ def gpu_node(name: str, product: str, tainted: bool) -> Obj:
 def make_nodes_ready() -> None:
     """No kubelet posts their status: the suite does, once, with room for many Pods and GPUs."""
     now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    room = {"cpu": "64", "memory": "512Gi", "pods": "110", v.GPU_RESOURCE: str(GPUS_PER_NODE)}
     status = {
         "status": {
-            "capacity": {"cpu": "64", "memory": "512Gi", "pods": "110", "nvidia.com/gpu": "8"},
-            "allocatable": {"cpu": "64", "memory": "512Gi", "pods": "110", "nvidia.com/gpu": "8"},
+            "capacity": room,
+            "allocatable": room,
             "conditions": [
                 {
                     "type": "Ready",
@@ -203,6 +224,62 @@ def make_nodes_ready() -> None:
     }
     for name, _, _ in GPU_NODES:
         kubectl("patch", "node", name, "--subresource=status", "--type=merge", "-p", json.dumps(status))
+
+
+# --- the GPUs' telemetry -------------------------------------------------------------------------------------
+
+IDLE: Counters = (
+    ("DCGM_FI_PROF_GR_ENGINE_ACTIVE", 0.0),
+    ("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", 0.0),
+    ("DCGM_FI_PROF_DRAM_ACTIVE", 0.0),
+)  # dcgm-exporter's default profiling counters on a GPU nothing runs on
+
+
+class Dcgm:
+    """The GPUs of the fake Nodes as dcgm-exporter 4.x in its Kubernetes mode sees them: every GPU of
+    every Node, idle (no pod labels, counters at 0) until the kubelet stand-in runs a Pod on it, then
+    labelled with the Pod's ``namespace``, ``pod`` and ``container`` and serving the counters the test
+    chose for the Pods of its namespace; when the Pod ends its GPUs lose the pod labels again. The
+    kubelet (a test's event loop) writes it, each Node's exporter stand-in (another thread) reads it."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.chosen: dict[str, Counters] = {}  # namespace -> counters
+        self.held: dict[tuple[str, int], tuple[str, str, str, Counters]] = {}  # (node, gpu) -> the Pod's
+
+    def serve(self, namespace: str, counters: Mapping[str, float]) -> None:
+        """The counters every GPU of a Pod in ``namespace`` shows while it runs."""
+        with self.lock:
+            self.chosen[namespace] = tuple(counters.items())
+
+    def attach(self, pod: Obj) -> None:
+        """The Pod runs: each of its containers gets the GPUs it asked for, free ones of its Node."""
+        meta, spec = pod["metadata"], pod["spec"]
+        namespace, name, node = meta["namespace"], meta["name"], spec["nodeName"]
+        with self.lock:
+            counters = self.chosen.get(namespace, ())
+            for container in spec["containers"]:
+                wanted = int(((container.get("resources") or {}).get("limits") or {}).get(v.GPU_RESOURCE, 0))
+                free = [i for i in range(GPUS_PER_NODE) if (node, i) not in self.held]
+                for index in free[:wanted]:
+                    self.held[(node, index)] = (namespace, name, container["name"], counters)
+
+    def detach(self, namespace: str, name: str) -> None:
+        with self.lock:
+            for key in [k for k, held in self.held.items() if held[:2] == (namespace, name)]:
+                del self.held[key]
+
+    def gpus(self, node: str) -> list[DcgmGpu]:
+        """What the Node's dcgm-exporter prints now: a Pod's GPUs with its labels and counters."""
+        product = next(p for n, p, _ in GPU_NODES if n == node)
+        found = []
+        with self.lock:
+            for index in range(GPUS_PER_NODE):
+                namespace, pod, container, counters = self.held.get((node, index), ("", "", "main", IDLE))
+                gpu_uuid = f"GPU-{uuid.uuid5(uuid.NAMESPACE_DNS, f'{node}.gpu{index}')}"
+                model = product.replace("-", " ", 1)  # modelName: "NVIDIA A100-SXM4-80GB"
+                found.append(DcgmGpu(index, gpu_uuid, namespace, pod, container, counters, model, node))
+        return found
 
 
 # --- in the tests' event loop ------------------------------------------------------------------------
@@ -248,10 +325,12 @@ def _container_statuses(pod: Obj, key: str, state: Obj) -> list[Obj]:
 
 @contextlib.asynccontextmanager
 async def kubelet(api: client.ApiClient, namespace: str, outcome: Outcome = succeed_with_summary,
-                  *, seconds: float = 1.0) -> AsyncIterator[list[str]]:  # fmt: skip
+                  *, seconds: float = 1.0, dcgm: Dcgm | None = None) -> AsyncIterator[list[str]]:  # fmt: skip
     """The kubelet of every fake Node, for one namespace: a Pod the scheduler bound is marked Running,
     then, ``seconds`` later, Succeeded or Failed with its containers terminated (the runner's
-    termination message included). Yields the names of the Pods it finished."""
+    termination message included); a Pod with ``restartPolicy: Always`` (a Deployment's) runs on,
+    as its restarted containers would. With ``dcgm`` a running Pod holds GPUs of its Node there,
+    and lets go of them when it ends. Yields the names of the Pods it finished."""
     core = client.CoreV1Api(api)
     finished: list[str] = []
     running: dict[str, float] = {}
@@ -265,6 +344,8 @@ async def kubelet(api: client.ApiClient, namespace: str, outcome: Outcome = succ
                 name, phase = pod["metadata"]["name"], (pod.get("status") or {}).get("phase")
                 if pod["metadata"].get("deletionTimestamp"):
                     # the kubelet stops the containers, then confirms the deletion (grace 0)
+                    if dcgm is not None:
+                        dcgm.detach(namespace, name)
                     with contextlib.suppress(ApiException):
                         await core.delete_namespaced_pod(name, namespace, grace_period_seconds=0)
                     continue
@@ -274,12 +355,19 @@ async def kubelet(api: client.ApiClient, namespace: str, outcome: Outcome = succ
                 stamp = now.strftime("%Y-%m-%dT%H:%M:%SZ")
                 if name not in running:
                     running[name] = time.monotonic()
+                    if dcgm is not None:
+                        dcgm.attach(pod)
                     status = {"phase": "Running", "startTime": stamp, "conditions": [
                         {"type": "Ready", "status": "True", "lastTransitionTime": stamp}],
                         "initContainerStatuses": _container_statuses(pod, "initContainers", {"terminated": {
                             "exitCode": 0, "reason": "Completed", "startedAt": stamp, "finishedAt": stamp}}),
                         "containerStatuses": _container_statuses(pod, "containers", {"running": {"startedAt": stamp}})}  # fmt: skip
-                elif time.monotonic() - running[name] >= seconds:
+                elif (
+                    time.monotonic() - running[name] >= seconds
+                    and pod["spec"].get("restartPolicy") != RUNS_ON
+                ):
+                    if dcgm is not None:
+                        dcgm.detach(namespace, name)
                     code, message = outcome(pod)
                     started = (pod.get("status") or {}).get("startTime", stamp)
                     terminated: Obj = {"exitCode": code, "reason": "Completed" if code == 0 else "Error",
@@ -385,3 +473,71 @@ class Front:
 
     async def _finished(self) -> None:
         await self.task
+
+
+class Telemetry:
+    """The fake Nodes' GPU telemetry as the GPU Operator and a monitoring stack publish it: a
+    dcgm-exporter stand-in per Node serving what ``dcgm`` holds for it, and a real Prometheus
+    (Debian's) scraping them every second, all served by an event loop of its own in a thread (each
+    test has its own loop). Prometheus can be stopped and started again at the same URL, on the same
+    storage."""
+
+    def __init__(self, directory: Path) -> None:
+        self.dcgm = Dcgm()
+        self.directory = directory
+        self.url = f"http://127.0.0.1:{free_port()}"
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.exporters: list[TestServer] = []
+        self.prometheus: contextlib.AbstractAsyncContextManager[str] | None = None
+
+    def _run(self, work: Coroutine[Any, Any, T], timeout: float = 60) -> T:
+        return asyncio.run_coroutine_threadsafe(work, self.loop).result(timeout)
+
+    def __enter__(self) -> Telemetry:
+        self.thread.start()
+        try:
+            self._run(self._exporters())
+            self.start_prometheus()
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    async def _exporters(self) -> None:
+        for node, _, _ in GPU_NODES:
+            server = TestServer(dcgm_exporter_app(functools.partial(self.dcgm.gpus, node)))
+            await server.start_server()
+            self.exporters.append(server)
+
+    def start_prometheus(self) -> None:
+        jobs = [
+            ScrapeJob(f"dcgm-exporter-{node}", f"127.0.0.1:{server.port}")
+            for (node, _, _), server in zip(GPU_NODES, self.exporters, strict=True)
+        ]
+        port = int(self.url.rsplit(":", 1)[1])
+        running = real_prometheus(jobs, self.directory, interval=1.0, port=port)
+        assert self._run(running.__aenter__()) == self.url
+        self.prometheus = running
+
+    def stop_prometheus(self) -> None:
+        running, self.prometheus = self.prometheus, None
+        if running is not None:
+            self._run(running.__aexit__(None, None, None))
+
+    def __exit__(self, *_: object) -> None:
+        try:
+            self.stop_prometheus()
+            for server in self.exporters:
+                self._run(server.close())
+        finally:
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self.thread.join(10)
+
+    def scraped(self, namespace: str, pod: str) -> int:
+        """How many DRAM_ACTIVE samples of the Pod's GPUs Prometheus holds (its HTTP API, as anyone asks)."""
+        query = f'count_over_time(DCGM_FI_PROF_DRAM_ACTIVE{{namespace="{namespace}",pod="{pod}"}}[10m])'
+        url = f"{self.url}/api/v1/query?" + urllib.parse.urlencode({"query": query})
+        with urllib.request.urlopen(url, timeout=5) as response:
+            found = json.load(response)["data"]["result"]
+        return sum(int(series["value"][1]) for series in found)

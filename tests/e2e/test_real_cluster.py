@@ -5,7 +5,10 @@ from the rendered ``webhook-config/`` (CRD, Namespace, ServiceAccounts, RBAC, bo
 configurations pointed at a webhook served here), and the webhook and the controller run here with
 tokens of their own ServiceAccounts (TokenRequest), so every call they make meets the install's
 RBAC. Fake GPU Nodes (two of them tainted ``nvidia.com/gpu=present:NoSchedule``) stand in for GPU
-machines, and ``kubelet()`` for their kubelets. The last test uninstalls, in the order of docs/operations.md "Uninstall".
+machines, and ``kubelet()`` for their kubelets. Where Debian's ``prometheus`` is installed, a real
+Prometheus scrapes a dcgm-exporter stand-in per Node (the GPUs of the Pods the kubelet runs, with the
+counters a test chose), and the controller reads telemetry from it (issue 25). The last test
+uninstalls, in the order of docs/operations.md "Uninstall".
 """
 
 from __future__ import annotations
@@ -15,10 +18,12 @@ import contextlib
 import functools
 import json
 import secrets
+import shutil
 import ssl
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
@@ -26,13 +31,17 @@ import pytest
 import yaml
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
+from prometheus_client.parser import text_string_to_metric_families
 
 from kratos_admit.domain import vocabulary as v
 from tests.builders import make_job, make_pod
 from tests.e2e.real_cluster import (
     A100,
+    GPU_NODES,
+    L40S,
     Front,
     Installed,
+    Telemetry,
     admin_api,
     admin_kubeconfig,
     apply,
@@ -52,19 +61,46 @@ pytestmark = pytest.mark.skipif(
 
 
 @pytest.fixture(scope="module")
-def kratos(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Installed, Front]]:
+def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Telemetry | None]:
+    """The Nodes' dcgm-exporters and a real Prometheus scraping them; None without the binary."""
+    if shutil.which("prometheus") is None:
+        yield None
+        return
+    with Telemetry(tmp_path_factory.mktemp("prometheus")) as telemetry:
+        yield telemetry
+
+
+@pytest.fixture
+def telemetry(prometheus: Telemetry | None) -> Telemetry:
+    if prometheus is None:
+        pytest.skip("no prometheus binary on PATH: the telemetry tests need Debian's prometheus package")
+    return prometheus
+
+
+@pytest.fixture(scope="module")
+def kratos(
+    tmp_path_factory: pytest.TempPathFactory, prometheus: Telemetry | None
+) -> Iterator[tuple[Installed, Front]]:
     directory = tmp_path_factory.mktemp("kratos")
     steps = install(directory)  # a generator: its finally uninstalls what the suite added
     installed = next(steps)
     context = ssl.create_default_context(cafile=str(directory / "certs" / "ca.crt"))
     port = free_port()
     webhook = installed.start("webhook", port, free_port())
+    # telemetry as the component sets it (KRATOS_TELEMETRY); the shortest window the config allows
+    settings = (
+        {"prometheusURL": prometheus.url, "windowSeconds": 60, "timeoutSeconds": 2} if prometheus else {}
+    )
     try:
         with Front(installed.front_port, context, [port]) as front:
             wait_ready(webhook, f"https://127.0.0.1:{port}/readyz", context=context)
             metrics = free_port()
-            controller = installed.start("controller", 0, metrics, KRATOS_RESYNC_SECONDS="5")
+            controller = installed.start(
+                "controller", 0, metrics, KRATOS_RESYNC_SECONDS="5",
+                **({"KRATOS_TELEMETRY": json.dumps(settings)} if settings else {}),
+            )  # fmt: skip
             wait_ready(controller, f"http://127.0.0.1:{metrics}/readyz")
+            installed.controller_metrics = f"http://127.0.0.1:{metrics}/metrics"
             yield installed, front
     finally:
         for process in installed.processes:
@@ -336,6 +372,199 @@ async def run_loop_existing(namespace: str, workload: str) -> Any:
         execution = await until(lambda: get(namespace, "job", f"{workload}-execution"), what="execution Job")
         await until(lambda: any(p.startswith(f"{workload}-execution-") for p in finished), what="it ran")
     return execution
+
+
+# --- telemetry profiles (issue 25) -----------------------------------------------------------------------------
+
+# what the stand-in dcgm-exporter serves for the GPUs of a test's Pods while they run
+MEMORY_BOUND = {
+    "DCGM_FI_PROF_GR_ENGINE_ACTIVE": 0.97,
+    "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE": 0.0,
+    "DCGM_FI_PROF_DRAM_ACTIVE": 0.8,
+    "DCGM_FI_PROF_PIPE_FP32_ACTIVE": 0.15,
+}
+COMPUTE_BOUND = {
+    "DCGM_FI_PROF_GR_ENGINE_ACTIVE": 0.95,
+    "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE": 0.9,
+    "DCGM_FI_PROF_DRAM_ACTIVE": 0.2,
+}
+
+
+def labelled_pods(obj: dict[str, Any], workload: str) -> dict[str, Any]:
+    """The workload label on the pod template too (DESIGN: Job/Pod and pod template), so the Pods the
+    Job or Deployment controller makes carry it."""
+    template = obj["spec"]["template"]
+    template.setdefault("metadata", {}).setdefault("labels", {})[v.WORKLOAD_LABEL] = workload
+    return obj
+
+
+def product_of(namespace: str, pod: str) -> str:
+    """The GPU product of the Node the Pod ran on."""
+    found = get(namespace, "pod", pod)
+    assert found is not None
+    return next(product for node, product, _ in GPU_NODES if node == found["spec"]["nodeName"])
+
+
+def telemetry_profile(namespace: str, workload: str) -> dict[str, Any] | None:
+    found = get(namespace, "workloadprofiles", v.profile_name(workload))
+    status = (found or {}).get("status") or {}
+    return found if status.get("phase") == "Ready" and status.get("source") == "telemetry" else None
+
+
+async def next_job_is_ranked(namespace: str, workload: str) -> list[str]:
+    """The products the next Job of ``workload`` prefers, once the webhook's cache has the profile
+    (a server-side dry run asks until it answers with ranked hints), then created for real."""
+    following = job(f"{workload}-next", workload)
+
+    def ranked() -> list[str]:
+        return preferred(json.loads(kubectl("create", "-n", namespace, "--dry-run=server", "-o", "json",
+                                            "-f", "-", stdin=yaml.safe_dump(following))))  # fmt: skip
+
+    await until(ranked, what=f"ranked hints for the next Job of {workload}")
+    create(namespace, following)
+    stored = get(namespace, "job", f"{workload}-next")
+    assert stored and not stored["metadata"]["labels"].get(v.ROLE_LABEL), "hinted, not profiled again"
+    return preferred(stored)
+
+
+def telemetry_queries(installed: Installed, result: str) -> float:
+    """kratos_telemetry_queries_total{result} from the controller's /metrics, as Prometheus scrapes it."""
+    with urllib.request.urlopen(installed.controller_metrics, timeout=5) as response:
+        text = response.read().decode()
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == "kratos_telemetry_queries_total" and sample.labels.get("result") == result
+    )
+
+
+async def test_an_entrypoint_only_job_gets_a_telemetry_profile_and_its_next_job_ranked_hints(
+    kratos, telemetry, namespace
+):
+    """A Job running its image's entrypoint (no command) cannot be profiled: it runs with base hints,
+    its GPU's DCGM counters (memory-bound) reach Prometheus, and when it completes the controller
+    makes the workload's profile from them. Labelled as most Jobs are, on the Job only: its Pod
+    carries no workload label."""
+    telemetry.dcgm.serve(namespace, MEMORY_BOUND)
+    entrypoint = job("serve", "serve")
+    for container in entrypoint["spec"]["template"]["spec"]["containers"]:
+        container.pop("command", None)
+    create(namespace, entrypoint)
+    stored = get(namespace, "job", "serve")
+    assert stored and v.ROLE_LABEL not in stored["metadata"]["labels"] and not preferred(stored)
+    async with admin_api() as api, kubelet(api, namespace, seconds=4, dcgm=telemetry.dcgm) as finished:
+        await until(lambda: finished, what="the Job's Pod ran")
+        profile = await until(lambda: telemetry_profile(namespace, "serve"), what="a Ready telemetry profile")
+    assert telemetry.scraped(namespace, finished[0]) > 0, "Prometheus scraped the Pod's GPU"
+    ran = get(namespace, "pod", finished[0])
+    assert ran and v.WORKLOAD_LABEL not in ran["metadata"]["labels"]
+    status = profile["status"]
+    assert status["boundType"] == "memory"
+    [record] = status["telemetry"]
+    assert record["product"] == product_of(namespace, finished[0]) and record["runs"] == 1
+    assert float(record["counters"]["DCGM_FI_PROF_DRAM_ACTIVE"]) == pytest.approx(0.8)
+    assert (await next_job_is_ranked(namespace, "serve"))[0] == A100, (
+        "memory-bound: the A100's bandwidth first"
+    )
+    assert "ProfileReady" in events_for(namespace, v.profile_name("serve"))
+
+
+async def test_a_bare_pod_gets_a_telemetry_profile_and_the_next_job_ranked_hints(
+    kratos, telemetry, namespace
+):
+    telemetry.dcgm.serve(namespace, COMPUTE_BOUND)
+    pod = make_pod("notebook", "x").obj()
+    del pod["metadata"]["namespace"]
+    create(namespace, pod)
+    async with admin_api() as api, kubelet(api, namespace, seconds=4, dcgm=telemetry.dcgm) as finished:
+        await until(lambda: finished == ["notebook"], what="the Pod ran")
+        profile = await until(
+            lambda: telemetry_profile(namespace, "notebook"), what="a Ready telemetry profile"
+        )
+    assert profile["status"]["boundType"] == "compute"
+    ran = get(namespace, "pod", "notebook")
+    assert ran and ran["status"]["phase"] == "Succeeded"
+    [record] = profile["status"]["telemetry"]
+    assert record["product"] == product_of(namespace, "notebook")
+    ranked = await next_job_is_ranked(namespace, "notebook")
+    assert ranked.index(L40S) < ranked.index(A100), (
+        f"compute-bound: the L40S's FP32 before the A100 ({ranked})"
+    )
+
+
+async def test_a_pod_of_a_deployment_gets_a_telemetry_profile_after_the_window(kratos, telemetry, namespace):
+    """An inference server: the real Deployment and ReplicaSet controllers make its Pod, which runs on;
+    once it has run telemetry.windowSeconds (60 s here) the controller counts that first window."""
+    telemetry.dcgm.serve(namespace, MEMORY_BOUND)
+    pod_spec = make_pod("inference", "x").obj()["spec"]
+    pod_spec["restartPolicy"] = "Always"
+    labels = {v.WORKLOAD_LABEL: "inference", "app": "inference"}
+    deployment = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": "inference", "labels": labels},
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": {"app": "inference"}},
+            "template": {"metadata": {"labels": labels}, "spec": pod_spec},
+        },
+    }
+    create(namespace, deployment)
+    async with admin_api() as api, kubelet(api, namespace, dcgm=telemetry.dcgm):
+        [pod] = await until(lambda: [p for p in items(namespace, "pods") if p.get("status", {}).get("phase") == "Running"],
+                            what="the Deployment's Pod running")  # fmt: skip
+        [owner] = pod["metadata"]["ownerReferences"]
+        assert owner["kind"] == "ReplicaSet" and owner["name"].startswith("inference-")
+        assert phase(namespace, "inference") == "", "no profile before the window has passed"
+        profile = await until(lambda: telemetry_profile(namespace, "inference"), timeout=120,
+                              what="a Ready telemetry profile after the 60 s window")  # fmt: skip
+    running = get(namespace, "pod", pod["metadata"]["name"])
+    assert running and running["status"]["phase"] == "Running", "counted while it still runs"
+    assert profile["status"]["boundType"] == "memory"
+    [record] = profile["status"]["telemetry"]
+    assert record["runs"] == 1 and float(record["seconds"]) == pytest.approx(60, abs=1)
+    assert (await next_job_is_ranked(namespace, "inference"))[0] == A100
+
+
+async def test_prometheus_down_makes_no_profile_says_so_and_telemetry_resumes_when_it_is_back(
+    kratos, telemetry, namespace
+):
+    """Prometheus stops while a Pod runs (its samples so far stored): the query when the Pod ends fails,
+    the controller goes on, makes no profile, says so in an Event and the metric; once Prometheus is
+    back (same storage) the retried query makes the profile."""
+    installed, _ = kratos
+    [controller] = [p for p in installed.processes if p.name.startswith("controller")]
+    telemetry.dcgm.serve(namespace, MEMORY_BOUND)
+    unprofiled = labelled_pods(job("outage", "outage"), "outage")
+    unprofiled["metadata"]["annotations"] = {v.PROFILING_ANNOTATION: "false"}
+    create(namespace, unprofiled)
+    errors = telemetry_queries(installed, "error")
+    try:
+        async with admin_api() as api, kubelet(api, namespace, seconds=8, dcgm=telemetry.dcgm) as finished:
+            [pod] = await until(lambda: [p["metadata"]["name"] for p in items(namespace, "pods")
+                                         if p.get("status", {}).get("phase") == "Running"], what="the Pod running")  # fmt: skip
+            await until(lambda: telemetry.scraped(namespace, pod) >= 2, what="two scrapes of its GPU stored")
+            await asyncio.to_thread(telemetry.stop_prometheus)
+            await until(lambda: finished, what="the Pod ended")
+            await until(lambda: "TelemetryUnavailable" in events_for(namespace, "outage"),
+                        what=f"Event TelemetryUnavailable on the Job (have {events_for(namespace, 'outage')})")  # fmt: skip
+            await until(lambda: telemetry_queries(installed, "error") > errors, what="a failed query counted")
+            note = next(e["note"] for e in items(namespace, "events.events.k8s.io")
+                        if e["reason"] == "TelemetryUnavailable")  # fmt: skip
+            assert note.startswith(telemetry.url), note
+            assert phase(namespace, "outage") == "", "no profile from a failed query"
+            assert controller.popen.poll() is None, "the controller goes on"
+            wait_ready(controller, installed.controller_metrics.replace("/metrics", "/readyz"))
+        await asyncio.to_thread(telemetry.start_prometheus)
+        profile = await until(lambda: telemetry_profile(namespace, "outage"), timeout=90,
+                              what="the retried query makes the profile once Prometheus is back")  # fmt: skip
+    finally:
+        if telemetry.prometheus is None:
+            await asyncio.to_thread(telemetry.start_prometheus)
+    assert profile["status"]["boundType"] == "memory"
+    assert profile["status"]["telemetry"][0]["runs"] == 1
+    assert telemetry_queries(installed, "ok") > 0
 
 
 # --- a rollout of the webhook ---------------------------------------------------------------------------------
