@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import datetime as dt
 import logging
+from collections.abc import Iterable
 from typing import Any, Literal
 
 from kubernetes_asyncio import client
