@@ -65,17 +65,12 @@ def kube_scheduler() -> Path | None:
 
 def component_objects(tmp_path: Path) -> list[dict[str, Any]]:
     """What the scheduler-affinity component adds to the base, rendered as a user's overlay renders it."""
+    shutil.copytree(REPO / "webhook-config", tmp_path / "base")
     overlay = tmp_path / "overlay"
     overlay.mkdir()
     (overlay / "kustomization.yaml").write_text(
-        yaml.safe_dump(
-            {
-                "apiVersion": "kustomize.config.k8s.io/v1beta1",
-                "kind": "Kustomization",
-                "resources": [str(REPO / "webhook-config")],
-                "components": [str(REPO / "webhook-config" / "components" / "scheduler-affinity")],
-            }
-        )
+        "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n"
+        "resources: [../base]\ncomponents: [../base/components/scheduler-affinity]\n"
     )
     base = {(o["kind"], o["metadata"]["name"]) for o in render(REPO / "webhook-config")}
     return [o for o in render(overlay) if (o["kind"], o["metadata"]["name"]) not in base]
@@ -129,8 +124,8 @@ def hinted_pod(tmp_path: Path, scheduler_name: str) -> dict[str, Any]:
                     "phase": "Ready",
                     "boundType": "memory",
                     "metrics": {
-                        "smThroughput": "18.00",
-                        "memoryThroughput": "86.00",
+                        "smThroughput": "30.00",
+                        "memoryThroughput": "80.00",
                         "achievedOccupancy": "70.00",
                     },
                     "gpu": {"product": A100, "computeCapability": "8.0"},
@@ -257,25 +252,37 @@ def test_twelve_memory_bound_pods_go_eight_four_zero_under_the_components_schedu
     assert spec["schedulerName"] == second_scheduler == v.KRATOS_SCHEDULER_NAME, "KRATOS names the profile"
     terms = spec["affinity"]["nodeAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
     weights = {t["preference"]["matchExpressions"][0]["values"][0]: t["weight"] for t in terms}
-    assert weights[A100] > weights[L40S] > weights[L4], "memory-bound: bandwidth first"
-    results = []
-    for run in range(RUNS):
-        pods = []
-        for i in range(PODS):
-            copy = json.loads(json.dumps(pod))
-            copy["metadata"] = {
-                "name": f"stream-{run}-{i}",
-                "namespace": hold_cluster,
-                "labels": pod["metadata"]["labels"],
-            }
-            pods.append(copy)
-        kubectl("create", "-f", "-", stdin=yaml.safe_dump_all(pods))
-        placed = bound_products(hold_cluster)
-        results.append((placed[A100], placed[L40S], placed[L4]))
-        kubectl("delete", "pods", "--all", "-n", hold_cluster, "--grace-period=0", "--force", check=False)
-        deadline = time.monotonic() + 60
-        while json.loads(kubectl("get", "pods", "-n", hold_cluster, "-o", "json"))["items"]:
-            assert time.monotonic() < deadline, "Pods not gone"
-            time.sleep(0.5)
-    print(f"hints that hold: {RUNS} runs of {PODS} Pods, A100/L40S/L4 = {results}")
+    # memory-bound: bandwidth first; A100 100 against L40S 52, the gap issue 26 saw lost at the
+    # A100's last GPU: 2 x (100 - 52) = 96 of affinity under the default profile, against about 98
+    # of LeastAllocated for the empty L40S host
+    assert (weights[A100], weights[L40S]) == (100, 52) and weights[L4] < weights[L40S]
+    results = [place(pod, hold_cluster, run) for run in range(RUNS)]
+    # the same Pods under the cluster's default scheduler, for the record (docs/placement.md)
+    default = json.loads(json.dumps(pod))
+    del default["spec"]["schedulerName"]
+    baseline = [place(default, hold_cluster, RUNS + run) for run in range(RUNS)]
+    print(f"hints that hold: {RUNS} runs of {PODS} Pods, A100/L40S/L4 = {results} under {second_scheduler}, "
+          f"{baseline} under the default scheduler")  # fmt: skip
     assert results == [(8, 4, 0)] * RUNS
+
+
+def place(pod: dict[str, Any], namespace: str, run: int) -> tuple[int, int, int]:
+    """Twelve copies of ``pod`` created at once, left to the scheduler they name; how many went to
+    each product; then all deleted again."""
+    pods = []
+    for i in range(PODS):
+        copy = json.loads(json.dumps(pod))
+        copy["metadata"] = {
+            "name": f"stream-{run}-{i}",
+            "namespace": namespace,
+            "labels": pod["metadata"]["labels"],
+        }
+        pods.append(copy)
+    kubectl("create", "-f", "-", stdin=yaml.safe_dump_all(pods))
+    placed = bound_products(namespace)
+    kubectl("delete", "pods", "--all", "-n", namespace, "--grace-period=0", "--force", check=False)
+    deadline = time.monotonic() + 60
+    while json.loads(kubectl("get", "pods", "-n", namespace, "-o", "json"))["items"]:
+        assert time.monotonic() < deadline, "Pods not gone"
+        time.sleep(0.5)
+    return placed[A100], placed[L40S], placed[L4]
