@@ -73,6 +73,21 @@ def kratos_staged_image(tmp_path: Path) -> Image:
     )
 
 
+async def ready_profile_and_execution_container(
+    job: dict[str, Any], termination_message: str, key: Path, bound_type: str
+) -> dict[str, Any]:
+    """The controller's outcome of the run: a Ready profile of ``bound_type``, and the one execution
+    Job's container."""
+    profile, executions = await controller_outcome(
+        job, termination_message, signing_key=load_signing_key(key)
+    )
+    assert profile is not None and profile["status"]["phase"] == "Ready"
+    assert profile["status"]["boundType"] == bound_type
+    [execution] = executions
+    container: dict[str, Any] = execution["spec"]["template"]["spec"]["containers"][0]
+    return container
+
+
 async def test_the_staged_form_runs_for_real_and_ends_in_a_ready_profile_and_the_original_command(
     tmp_path: Path,
 ):
@@ -109,13 +124,7 @@ async def test_the_staged_form_runs_for_real_and_ends_in_a_ready_profile_and_the
     calls = (tmp_path / "pod" / "roots" / "profiling-runner" / "tmp" / "ncu-calls.log").read_text()
     assert "'/kratos/stage/matrixMul', '-wA=2048'" in calls, "ncu ran the staged copy with the user's args"
 
-    profile, executions = await controller_outcome(
-        job, runner.termination_message, signing_key=load_signing_key(key)
-    )
-    assert profile is not None and profile["status"]["phase"] == "Ready"
-    assert profile["status"]["boundType"] == "compute"
-    [execution] = executions
-    container = execution["spec"]["template"]["spec"]["containers"][0]
+    container = await ready_profile_and_execution_container(job, runner.termination_message, key, "compute")
     original = yaml.safe_load((EXAMPLES / "new-workload-job.yaml").read_text())["spec"]["template"]["spec"]
     assert container["command"] == original["containers"][0]["command"], "the user's original command"
     assert "args" not in container
@@ -238,13 +247,7 @@ async def test_the_in_image_form_profiles_a_python_script_in_its_own_image_and_t
     calls = (tmp_path / "pod" / "roots" / "profiling-runner" / "tmp" / "ncu-calls.log").read_text()
     assert "'--target-processes', 'all'" in calls and "'python3', 'train.py', '--steps', '3']" in calls
 
-    profile, executions = await controller_outcome(
-        job, runner.termination_message, signing_key=load_signing_key(key)
-    )
-    assert profile is not None and profile["status"]["phase"] == "Ready"
-    assert profile["status"]["boundType"] == "compute"
-    [execution] = executions
-    container = execution["spec"]["template"]["spec"]["containers"][0]
+    container = await ready_profile_and_execution_container(job, runner.termination_message, key, "compute")
     original = yaml.safe_load(TRAINING_JOB)["spec"]["template"]["spec"]["containers"][0]
     # exactly as written, plus what the API server fills in on create (the double defaults as it does)
     assert {k: container[k] for k in original} == original, "the execution Job runs the user's container"

@@ -202,14 +202,14 @@ def gpu_node(name: str, product: str, tainted: bool) -> Obj:
     }
 
 
-def make_nodes_ready() -> None:
-    """No kubelet posts their status: the suite does, once, with room for many Pods and GPUs."""
+def mark_node_ready(name: str, room: dict[str, str]) -> None:
+    """What a kubelet posts for its Node: Ready, with ``room`` (plus 110 Pods) as capacity and allocatable."""
     now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-    room = {"cpu": "64", "memory": "512Gi", "pods": "110", v.GPU_RESOURCE: str(GPUS_PER_NODE)}
+    resources = {"pods": "110", **room}
     status = {
         "status": {
-            "capacity": room,
-            "allocatable": room,
+            "capacity": resources,
+            "allocatable": resources,
             "conditions": [
                 {
                     "type": "Ready",
@@ -222,8 +222,13 @@ def make_nodes_ready() -> None:
             ],
         }
     }
+    kubectl("patch", "node", name, "--subresource=status", "--type=merge", "-p", json.dumps(status))
+
+
+def make_nodes_ready() -> None:
+    """No kubelet posts their status: the suite does, once, with room for many Pods and GPUs."""
     for name, _, _ in GPU_NODES:
-        kubectl("patch", "node", name, "--subresource=status", "--type=merge", "-p", json.dumps(status))
+        mark_node_ready(name, {"cpu": "64", "memory": "512Gi", v.GPU_RESOURCE: str(GPUS_PER_NODE)})
 
 
 # --- the GPUs' telemetry -------------------------------------------------------------------------------------

@@ -34,6 +34,7 @@ from tests.e2e.real_cluster import (
     admin_kubeconfig,
     apply,
     kubectl,
+    mark_node_ready,
     service_account_kubeconfig,
 )
 from tests.harness import REPO, free_port, render
@@ -92,21 +93,6 @@ def hold_node(name: str, product: str, capacity: dict[str, str]) -> dict[str, An
         # only this test's Pods tolerate it: the rest of the suite never lands here
         "spec": {"taints": [{"key": TAINT, "value": "true", "effect": "NoSchedule"}]},
     }
-
-
-def node_ready(capacity: dict[str, str]) -> dict[str, Any]:
-    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    resources = {**capacity, "pods": "110"}
-    return {
-        "status": {
-            "capacity": resources,
-            "allocatable": resources,
-            "conditions": [
-                {"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "e2e",
-                 "lastHeartbeatTime": now, "lastTransitionTime": now}
-            ],
-        }
-    }  # fmt: skip
 
 
 def hinted_pod(tmp_path: Path, scheduler_name: str) -> dict[str, Any]:
@@ -216,15 +202,7 @@ def hold_cluster() -> Iterator[str]:
     kubectl("create", "namespace", namespace)
     apply([hold_node(n, p, c) for n, p, c in HOLD_NODES])
     for name, _, capacity in HOLD_NODES:
-        kubectl(
-            "patch",
-            "node",
-            name,
-            "--subresource=status",
-            "--type=merge",
-            "-p",
-            json.dumps(node_ready(capacity)),
-        )
+        mark_node_ready(name, capacity)
     try:
         yield namespace
     finally:
