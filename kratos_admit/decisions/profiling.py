@@ -4,6 +4,7 @@ wanted or demanded, which container, which form and why; and the original-templa
 from __future__ import annotations
 
 import base64
+import functools
 import gzip
 import json
 import posixpath
@@ -92,9 +93,11 @@ def profiling_demanded(
 _VERSION_SUFFIX = re.compile(r"[-_.]?[0-9]+(?:\.[0-9]+)*[a-z]?$")
 
 
-def is_interpreter(path: str, interpreters: Iterable[str]) -> bool:
+@functools.lru_cache(maxsize=1024)
+def is_interpreter(path: str, interpreters: tuple[str, ...]) -> bool:
     """Whether ``path``'s file name is one of config ``interpreters``, a version suffix allowed:
-    ``/usr/bin/python3.11`` matches ``python``, ``pypy3.10`` ``pypy``, ``node18`` ``node``."""
+    ``/usr/bin/python3.11`` matches ``python``, ``pypy3.10`` ``pypy``, ``node18`` ``node``. Cached:
+    a cluster runs few distinct commands, and the admission path then pays a lookup."""
     name = posixpath.basename(path.rstrip("/"))
     known = frozenset(interpreters)
     if name in known:
@@ -169,14 +172,14 @@ def profiling_plan(workload: Workload, gpus: PodGpus, config: Config) -> Profili
     executable = profiling_executable(workload, target)
     wrapped = _wrappable(workload, target)
     form = requested_form(annotations, config)
-    asked = (
-        f"the {v.PROFILING_FORM_ANNOTATION} annotation asks for it"
-        if v.PROFILING_FORM_ANNOTATION in annotations
-        else f"config profilingForm is {form}"
-    )
-    if form == "staged":
-        return None if executable is None else ProfilingPlan(target, executable, (), asked)
-    if form == "in-image":
+    if form != "auto":
+        asked = (
+            f"the {v.PROFILING_FORM_ANNOTATION} annotation asks for it"
+            if v.PROFILING_FORM_ANNOTATION in annotations
+            else f"config profilingForm is {form}"
+        )
+        if form == "staged":
+            return None if executable is None else ProfilingPlan(target, executable, (), asked)
         return None if wrapped is None else ProfilingPlan(target, None, wrapped, asked)
     if executable is not None and not is_interpreter(executable, config.interpreters):
         why = f"{executable} is an absolute executable, not an interpreter or launcher (config interpreters)"
@@ -279,22 +282,45 @@ def profiling_products(
     cluster, all of them when the node list is unknown); else the best-calibrated product in the
     cluster (both factors qualify; the most runs behind the weaker one); before any qualifies, the
     product with the most Nodes. Empty when the cluster's products are unknown, or all its products
-    have as many Nodes (a term naming them all would prefer nothing)."""
+    have as many Nodes (a term naming them all would prefer nothing). Computed once per distinct
+    cluster, calibration and configuration, and served from a bounded cache after that, as the
+    ranking is: the admission path pays a lookup."""
+    return _profiling_products(
+        frozenset(node_products),
+        tuple(sorted(product_nodes.items())),
+        calibration=calibration,
+        catalog=catalog,
+        preferred=tuple(config.profiling_products),
+        min_calibration_runs=config.min_calibration_runs,
+    )
+
+
+@functools.lru_cache(maxsize=256)
+def _profiling_products(
+    node_products: frozenset[str],
+    product_nodes: tuple[tuple[str, int], ...],
+    *,
+    calibration: Calibration,
+    catalog: Catalog,
+    preferred: tuple[str, ...],
+    min_calibration_runs: int,
+) -> tuple[str, ...]:
     present = sorted(node_products)
-    if config.profiling_products:
-        chosen = [p for p in config.profiling_products if p in present] if present else []
-        return tuple(chosen or config.profiling_products)
+    if preferred:
+        chosen = [p for p in preferred if p in present] if present else []
+        return tuple(chosen or preferred)
     if not present:
         return ()
     qualified: dict[str, int] = {}
     for label in present:
         entry = catalog.placement(label)
         found = calibration.get(entry.product) if entry is not None else None
-        if found is not None and found.qualifies(config.min_calibration_runs):
+        if found is not None and found.qualifies(min_calibration_runs):
             qualified[label] = found.runs
     if qualified:
         best = max(qualified.values())
         return tuple(label for label in present if qualified.get(label) == best)
-    most = max(product_nodes.get(label, 0) for label in present)
-    largest = tuple(label for label in present if product_nodes.get(label, 0) == most)
+    nodes = dict(product_nodes)
+    most = max(nodes.get(label, 0) for label in present)
+    largest = tuple(label for label in present if nodes.get(label, 0) == most)
     return largest if len(largest) < len(present) else ()  # all alike: nothing to prefer

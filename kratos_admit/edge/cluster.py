@@ -135,6 +135,7 @@ class ClusterNodeStore:
         self.core = client.CoreV1Api(api)
         self._by_node: dict[str, str] = {}
         self._products: frozenset[str] = frozenset()
+        self._product_nodes: Counter[str] = Counter()
         self.informer = Informer(
             self.core.list_node,
             name="gpu-nodes",
@@ -149,7 +150,7 @@ class ClusterNodeStore:
 
     def _replace(self, items: list[Obj]) -> None:
         self._by_node = {str(n["metadata"]["name"]): p for n in items if (p := self._product(n))}
-        self._products = frozenset(self._by_node.values())
+        self._changed()
 
     def _event(self, kind: str, node: Obj) -> None:
         name = str(node.get("metadata", {}).get("name", ""))
@@ -158,13 +159,18 @@ class ClusterNodeStore:
             self._by_node.pop(name, None)
         else:
             self._by_node[name] = product
+        self._changed()
+
+    def _changed(self) -> None:
+        """What admission reads, derived once per change of the Nodes, not per request."""
         self._products = frozenset(self._by_node.values())
+        self._product_nodes = Counter(self._by_node.values())
 
     def gpu_products(self) -> frozenset[str]:
         return self._products
 
     def product_nodes(self) -> Mapping[str, int]:
-        return Counter(self._by_node.values())
+        return self._product_nodes
 
     def ready(self) -> bool:
         return self.informer.synced.is_set()
