@@ -160,6 +160,17 @@ def _wrappable(workload: Workload, gpu_container: ContainerGpus) -> tuple[str, .
     return None
 
 
+def can_profile(workload: Workload, target: ContainerGpus, config: Config) -> bool:
+    """Whether ``profiling_plan`` finds a form for ``target``, without writing down why (the
+    validating path only needs the answer)."""
+    form = requested_form(workload.metadata.annotations, config)
+    if form == "staged":
+        return profiling_executable(workload, target) is not None
+    if form == "in-image":
+        return _wrappable(workload, target) is not None
+    return profiling_executable(workload, target) is not None or _wrappable(workload, target) is not None
+
+
 def profiling_plan(workload: Workload, gpus: PodGpus, config: Config) -> ProfilingPlan | None:
     """DESIGN "Profiling in the workload's own image": the form the annotation or config asks for,
     or under ``auto`` staged for an absolute executable that is not an interpreter or launcher and
@@ -252,9 +263,9 @@ def profiling_target_errors(workload: Workload, gpus: PodGpus, config: Config) -
                 f'set {v.PROFILING_ANNOTATION}: "false" to run without a profile',
             )
         ]
-    if profiling_plan(workload, gpus, config) is not None:
-        return []
     target = candidates[0]
+    if can_profile(workload, target, config):
+        return []
     if requested_form(workload.metadata.annotations, config) == "staged":
         message = (
             "the staged profiling form needs an absolute executable: make command[0] an absolute path, "
