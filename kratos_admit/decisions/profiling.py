@@ -181,7 +181,6 @@ def profiling_plan(workload: Workload, gpus: PodGpus, config: Config) -> Profili
     target = gpus.gpu_containers[0]
     annotations = workload.metadata.annotations
     executable = profiling_executable(workload, target)
-    wrapped = _wrappable(workload, target)
     form = requested_form(annotations, config)
     if form != "auto":
         asked = (
@@ -191,10 +190,12 @@ def profiling_plan(workload: Workload, gpus: PodGpus, config: Config) -> Profili
         )
         if form == "staged":
             return None if executable is None else ProfilingPlan(target, executable, (), asked)
+        wrapped = _wrappable(workload, target)
         return None if wrapped is None else ProfilingPlan(target, None, wrapped, asked)
     if executable is not None and not is_interpreter(executable, config.interpreters):
         why = f"{executable} is an absolute executable, not an interpreter or launcher (config interpreters)"
         return ProfilingPlan(target, executable, (), why)
+    wrapped = _wrappable(workload, target)
     if wrapped is None:
         return None
     named = (
@@ -298,7 +299,7 @@ def profiling_products(
     ranking is: the admission path pays a lookup."""
     return _profiling_products(
         frozenset(node_products),
-        tuple(sorted(product_nodes.items())),
+        tuple(product_nodes.items()),  # a store hands out the same mapping until its Nodes change
         calibration=calibration,
         catalog=catalog,
         preferred=tuple(config.profiling_products),
