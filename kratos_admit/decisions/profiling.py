@@ -294,17 +294,31 @@ def profiling_products(
     cluster, all of them when the node list is unknown); else the best-calibrated product in the
     cluster (both factors qualify; the most runs behind the weaker one); before any qualifies, the
     product with the most Nodes. Empty when the cluster's products are unknown, or all its products
-    have as many Nodes (a term naming them all would prefer nothing). Computed once per distinct
-    cluster, calibration and configuration, and served from a bounded cache after that, as the
-    ranking is: the admission path pays a lookup."""
-    return _profiling_products(
+    have as many Nodes (a term naming them all would prefer nothing).
+
+    Remembered for the inputs it was last asked with, by identity: the stores hand out the same
+    objects until the cluster or the calibration changes, so the admission path pays five ``is``
+    checks, not a hash of the catalog and the calibration."""
+    inputs: tuple[object, ...] = (node_products, product_nodes, calibration, catalog, config)
+    if _LAST_PROFILING_PRODUCTS:
+        seen, answer = _LAST_PROFILING_PRODUCTS[0]
+        if all(a is b for a, b in zip(seen, inputs, strict=True)):
+            return answer
+    result = _profiling_products(
         frozenset(node_products),
-        tuple(product_nodes.items()),  # a store hands out the same mapping until its Nodes change
+        tuple(product_nodes.items()),
         calibration=calibration,
         catalog=catalog,
         preferred=tuple(config.profiling_products),
         min_calibration_runs=config.min_calibration_runs,
     )
+    _LAST_PROFILING_PRODUCTS[:] = [(inputs, result)]
+    return result
+
+
+_LAST_PROFILING_PRODUCTS: list[
+    tuple[tuple[object, ...], tuple[str, ...]]
+] = []  # the last call's inputs and answer
 
 
 @functools.lru_cache(maxsize=256)
