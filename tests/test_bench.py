@@ -51,3 +51,16 @@ def test_review_benchmark_smoke_run_reviews_its_file_with_both_outputs():
     lines = result.stdout.splitlines()
     assert lines[0].startswith("input: 30 Jobs")
     assert [line.split()[:3] for line in lines[1:]] == [["review", "-o", "json"], ["review", "-o", "yaml"]]
+
+
+def test_instruction_count_driver_runs_the_scenario_it_names_and_refuses_others():
+    script = str(REPO / "bench" / "count_reviews.py")
+    ran = subprocess.run(
+        [sys.executable, script, "profiling", "3"], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert ran.returncode == 0, ran.stderr
+    assert ran.stdout.startswith("3 profiling reviews after 20 warm-up ones, last patched, ")
+    refused = subprocess.run(
+        [sys.executable, script, "nope", "3"], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert refused.returncode == 2 and "invalid choice: 'nope'" in refused.stderr

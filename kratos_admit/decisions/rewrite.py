@@ -11,7 +11,7 @@ from kratos_admit.decisions.profiling import ProfilingPlan, encode_original_temp
 from kratos_admit.domain import vocabulary as v
 from kratos_admit.domain.config import Config
 from kratos_admit.domain.fields import METADATA
-from kratos_admit.domain.raw import as_list, as_mapping, child, clone
+from kratos_admit.domain.raw import as_list, as_mapping, child, clone, is_mapping
 from kratos_admit.domain.signing import sign_block
 from kratos_admit.domain.workload import MetadataBlock
 
@@ -40,7 +40,7 @@ def staged_path(executable: str) -> str:
 
 
 def _user_mounts(user: Mapping[str, Any]) -> list[Mapping[str, Any]]:
-    return [m for m in as_list(user.get("volumeMounts")) if isinstance(m, Mapping)]
+    return [m for m in as_list(user.get("volumeMounts")) if is_mapping(m)]
 
 
 # Identity fields of the user's securityContext the staging copy keeps: it reads the user's image

@@ -8,7 +8,7 @@ from typing import Any
 
 from kratos_admit.domain import vocabulary as v
 from kratos_admit.domain.quantity import parse_positive_integer
-from kratos_admit.domain.raw import as_list, as_mapping
+from kratos_admit.domain.raw import as_list, as_mapping, is_mapping
 from kratos_admit.domain.workload import Container, Workload
 
 
@@ -106,7 +106,7 @@ def read_pod_gpus(workload: Workload) -> PodGpus:
         claims = tuple(
             str(c.get("name"))
             for c in as_list(as_mapping(container.raw.get("resources")).get("claims"))
-            if isinstance(c, Mapping)
+            if is_mapping(c)
         )
         containers.append(
             ContainerGpus(

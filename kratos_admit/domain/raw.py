@@ -17,7 +17,14 @@ def as_mapping(value: object) -> Mapping[str, Any]:
     """``value`` when it is a mapping, else an empty one (a missing or null field reads as empty)."""
     if type(value) is dict:  # JSON gives plain dicts: skip the slower ABC check on the hot path
         return value
+    if value is None:  # an absent or null field, the other common case: no ABC check either
+        return _EMPTY
     return value if isinstance(value, Mapping) else _EMPTY
+
+
+def is_mapping(value: object) -> bool:
+    """``isinstance(value, Mapping)``, answered for a plain dict without the ABC machinery."""
+    return type(value) is dict or isinstance(value, Mapping)
 
 
 def as_list(value: object) -> list[Any]:

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from kratos_admit.domain import vocabulary as v
-from kratos_admit.domain.raw import child
+from kratos_admit.domain.raw import as_mapping, child
 
 SIGNATURE_PREFIX: Final = "hmac-sha256:"
 MIN_KEY_BYTES: Final = 32
@@ -39,9 +39,7 @@ def load_signing_key(path: Path) -> bytes:
 
 def reserved_keys(meta: Mapping[str, Any]) -> tuple[dict[str, str], dict[str, str]]:
     """The KRATOS-only labels and annotations of a block (signature excluded), as found."""
-    labels = meta.get("labels") if isinstance(meta.get("labels"), Mapping) else {}
-    annotations = meta.get("annotations") if isinstance(meta.get("annotations"), Mapping) else {}
-    assert isinstance(labels, Mapping) and isinstance(annotations, Mapping)
+    labels, annotations = as_mapping(meta.get("labels")), as_mapping(meta.get("annotations"))
     return (
         {k: str(val) for k, val in labels.items() if k in v.RESERVED_LABELS},
         {
@@ -72,14 +70,12 @@ def _signature(
 
 def has_reserved_keys(meta: Mapping[str, Any]) -> bool:
     labels, annotations = reserved_keys(meta)
-    raw_annotations = meta.get("annotations")
-    signed = isinstance(raw_annotations, Mapping) and v.SIGNATURE_ANNOTATION in raw_annotations
+    signed = v.SIGNATURE_ANNOTATION in as_mapping(meta.get("annotations"))
     return bool(labels or annotations or signed)
 
 
 def signature_valid(meta: Mapping[str, Any], *, namespace: str, key: bytes) -> bool:
-    annotations = meta.get("annotations")
-    given = annotations.get(v.SIGNATURE_ANNOTATION) if isinstance(annotations, Mapping) else None
+    given = as_mapping(meta.get("annotations")).get(v.SIGNATURE_ANNOTATION)
     if not isinstance(given, str):
         return False
     return hmac.compare_digest(given, compute_signature(meta, namespace=namespace, key=key))
@@ -92,6 +88,5 @@ def sign_block(meta: dict[str, Any], *, namespace: str, key: bytes) -> None:
 
 def signed_role(meta: Mapping[str, Any], *, namespace: str, key: bytes) -> str | None:
     """The block's ``gpu.scheduler.io/role`` when KRATOS signed it; a forged role counts as none."""
-    labels = meta.get("labels")
-    role = labels.get(v.ROLE_LABEL) if isinstance(labels, Mapping) else None
+    role = as_mapping(meta.get("labels")).get(v.ROLE_LABEL)
     return role if isinstance(role, str) and signature_valid(meta, namespace=namespace, key=key) else None
