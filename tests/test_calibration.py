@@ -467,8 +467,8 @@ def as_before(calibration: Calibration, min_runs: int) -> Calibration:
 
 @pytest.mark.parametrize(
     ("seed", "before_at_least"),
-    [(2, 0.0), (3, 0.2), (5, 0.5), (6, 0.4)],
-    ids=["draw-2", "draw-3", "draw-5", "draw-6"],
+    [(1, 0.08), (2, 0.0), (3, 0.2), (5, 0.5), (6, 0.4)],
+    ids=["draw-1", "draw-2", "draw-3", "draw-5", "draw-6"],
 )
 def test_workloads_profiled_on_the_product_furthest_from_the_catalog_are_predicted_within_ten_percent(
     seed, before_at_least
@@ -480,13 +480,13 @@ def test_workloads_profiled_on_the_product_furthest_from_the_catalog_are_predict
     only once both its factors qualify, the profiles' own shares), the same runs predict worse, by
     up to 57 %: the error it starts from.
 
-    Draw 1 is left out, and not for noise: its worst error is 10.2 % (the L4), all of it Monte
-    Carlo pricing, whose runs are within 0.2 to 2.8 % of their true times. Its A100 and T4 are
-    predicted 14 % short relative to its L40S, because its ranking reads calibrated FP32 on the
-    A100 and T4 but the catalog's on the L40S and L4 (their compute factors do not qualify) and
-    scales the model to its observed L40S and L4 times (docs/ranking.md "Profiling on known
-    ground", "What it does not achieve yet"). Read as before, draw 1 gives the same 10.2 %: the
-    error is older than the re-fit."""
+    Draw 1 passes since a workload's few runs on a product (fewer than minObservedRuns) are weighed
+    with the model's figure there: its Monte Carlo pricing ran once on the A100 and once on the T4,
+    where the model, reading calibrated FP32 there and the catalog's on the L40S and L4 it is scaled
+    to, predicted 14 % short. Of draws 1 to 21, three still miss (11, 12, 19), all for one reason the
+    data cannot mend: no compute-bound run ever measured the T4's FP32 (11, 19) or too few to qualify
+    (12: 3 runs), so compute-bound work is predicted there from the catalog's figure, 50 % off by
+    construction (docs/ranking.md "What it does not achieve yet")."""
     cluster = load_cluster(EXAMPLES / "simulation" / "cluster.yaml", CATALOG)
     t4 = next(n for n in cluster if n.product == T4)
     cluster += [dataclasses.replace(t4, name=f"gpu-t4-extra-{i}") for i in range(6)]

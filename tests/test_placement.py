@@ -111,6 +111,32 @@ def test_the_header_counts_the_observations_actually_used(tmp_path: Path, observ
     assert table.count(" observed ") == used
 
 
+def test_a_product_with_fewer_runs_shows_them_weighed_with_the_model(tmp_path: Path):
+    profile = yaml.safe_load((EXAMPLES / "profiles" / "vector-add-profile.yaml").read_text())
+    profile["status"]["observations"] = [
+        observed(A100, 3),
+        observed(L40S, 4, "90.0"),
+        observed("NVIDIA-L4", 1, "300.0"),
+    ]
+    path = tmp_path / "profile.yaml"
+    path.write_text(yaml.safe_dump(profile))
+    nodes = nodes_file(tmp_path, A100, L40S, "NVIDIA-L4")
+    status, out, err = run("placement", "-p", str(path), "--nodes", str(nodes), "-o", "json")
+    assert status == ExitStatus.OK, err
+    rows = {r["product"]: r for r in json.loads(out)}
+    assert [rows[p]["time_from"] for p in (A100, L40S, "NVIDIA-L4")] == [
+        "observed",
+        "observed",
+        "model + 1 run",
+    ]
+    status, out, err = run("placement", "-p", str(path), "--nodes", str(nodes))
+    header = out.split("\n\n", 1)[0].splitlines()
+    assert (
+        header[-1]
+        == "observed on NVIDIA-L4: 1 runs, mean 300.0 s (weighed with the model, which counts as one run)"
+    )
+
+
 def header_of(profile: Path) -> list[str]:
     status, out, err = run("placement", "-p", str(profile), "--nodes", str(EXAMPLES / "nodes.yaml"))
     assert status == ExitStatus.OK, err

@@ -127,6 +127,25 @@ def test_the_unobserved_products_follow_the_model_scaled_to_the_observations():
     assert scaled["NVIDIA-L4"] / scaled[L40S] == pytest.approx(model["NVIDIA-L4"] / model[L40S])
 
 
+@pytest.mark.parametrize(("runs", "own"), [(1, 1 / 2), (2, 2 / 3)])
+def test_fewer_runs_than_min_observed_runs_are_weighed_with_the_model(runs, own):
+    """A product the workload ran on fewer than minObservedRuns times: the model's figure there
+    counts as one run, each of the workload's own runs as one, in log-time (docs/ranking.md)."""
+    memory_bound = make_profile(sm="12.0", mem="85.0", product=A100)
+    measured = ((A100, 3, 400.0), ("NVIDIA-H100-80GB-HBM3", 3, 250.0))
+    _, without = order(observed(memory_bound, *measured))
+    _, ranked = order(observed(memory_bound, *measured, (L40S, runs, 900.0)))
+    before = {r.product.product: r for r in without}
+    after = {r.product.product: r for r in ranked}
+    unit = 400.0 / before[A100].relative_time  # seconds per model unit, set by the measured products
+    expected = (900.0 / unit) ** own * before[L40S].relative_time ** (1 - own)
+    assert after[L40S].relative_time == pytest.approx(expected)
+    assert after[L40S].relative_time > before[L40S].relative_time  # pulled toward the slow run
+    assert not after[L40S].observed and after[L40S].as_dict()["source"] == "model"
+    assert after[L40S].as_dict()["weighedRuns"] == runs and "weighedRuns" not in after[A100].as_dict()
+    assert after[A100].relative_time == pytest.approx(before[A100].relative_time)  # the unit is kept
+
+
 @pytest.mark.parametrize(
     "runs",
     [

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from kratos_admit.decisions.calibration import (
     DIGITS,
     HUBER_DELTA,
+    PRIOR_RUNS,
     Calibration,
     FactorSupport,
     ProductCalibration,
@@ -44,8 +45,7 @@ ROUNDS = 200
 # at least this many times the other); a sample near the balance point could be explained by either
 DOMINANT = 2.0
 # re-fitted shares (docs/ranking.md "Re-fitted shares"): the profile's measured shares are a prior
-# worth this many runs; a step moves a share by at most this much in log; a share stays in (0, 1]
-PRIOR_RUNS = 1.0
+# worth PRIOR_RUNS runs; a step moves a share by at most this much in log; a share stays in (0, 1]
 MAX_STEP = 0.25
 MIN_SHARE, MAX_SHARE = 0.005, 1.0
 FACTOR_RANGE = math.log(2)  # a held factor is searched within 1/2..2 times the catalog's

@@ -30,7 +30,9 @@ class PlacementRow:
     bandwidth_gbs: float
     bandwidth_from: str
     relative_time: float
-    time_from: str  # "model", "calibrated" or "observed"
+    # "model", "calibrated" or "observed"; "model + 1 run" where the workload's own runs there,
+    # fewer than minObservedRuns, were weighed with the model's figure
+    time_from: str
     weight: int
 
 
@@ -91,7 +93,9 @@ def placement_rows(
                 bandwidth_gbs=round(entry.sustained_bandwidth_gbs),
                 bandwidth_from=bandwidth_from,
                 relative_time=round(r.relative_time, 3),
-                time_from=r.source,
+                time_from=f"{r.source} + {r.weighed_runs} run{'s' if r.weighed_runs > 1 else ''}"
+                if r.weighed_runs
+                else r.source,
                 weight=r.weight,
             )
         )
@@ -108,6 +112,7 @@ def placement_header(profile: WorkloadProfile, config: Config, rows: list[Placem
         f"phase {status.phase if status else 'none'}, bound {status.bound_type if status else 'unknown'}",
     ]
     used = {label for r in rows if r.time_from == "observed" for label in r.labels.split(",")}
+    weighed = {label for r in rows if " + " in r.time_from for label in r.labels.split(",")}
     ranked = {label for r in rows for label in r.labels.split(",")}
     if shares is not None:
         lines.append(
@@ -115,12 +120,14 @@ def placement_header(profile: WorkloadProfile, config: Config, rows: list[Placem
             f"{(status.gpu.product if status else None) or config.reference_product}; "
             f"strategy {config.hint_strategy}; observed runtimes used for "
             f"{sum(r.time_from == 'observed' for r in rows)} of {len(rows)} products (they replace the "
-            f"model once 2 products have {config.min_observed_runs} successful runs each)"
+            f"model once 2 products have {config.min_observed_runs} successful runs each; fewer runs on "
+            f"a product are weighed with the model's figure there, which counts as one run)"
         )
     lines += _source_lines(profile)
     for o in status.observations if status else []:
         why = (
             "used" if o.product in used
+            else "weighed with the model, which counts as one run" if o.product in weighed
             else "not in this cluster" if o.product not in ranked
             else f"not used: fewer than {config.min_observed_runs} runs" if o.runs < config.min_observed_runs
             else f"not used: no second product has {config.min_observed_runs} runs"

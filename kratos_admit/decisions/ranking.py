@@ -12,20 +12,23 @@ figure in the resource that bounds it (roofline); the idle share (latency, launc
 Calibration (``calibration.py``) replaces a product's catalog figures with the cluster's own once it
 rests on ``minCalibrationRuns`` runs from at least two workloads, and a workload that ran on two
 products is read with the shares re-fitted from its runs (of the figures the fit gave the product
-it was profiled on) instead of its profile's. Measured runtimes beat the model: once at least two products have ``minObservedRuns`` successful
-runs each (the profile's ``status.observations``), those products are ranked by their observed
-mean times, and every other product by the model scaled to agree with them.
+it was profiled on) instead of its profile's. Measured runtimes beat the model: once at least two
+products have ``minObservedRuns`` successful runs each (the profile's ``status.observations``),
+those products are ranked by their observed mean times, and every other product by the model
+scaled to agree with them. A product the workload ran on fewer times is weighed: the model's
+prediction counts as ``PRIOR_RUNS`` runs there, each of its own runs as one (a weighted mean in
+log-time), so a run the model's figures disagree with pulls the prediction toward what happened.
 """
 
 from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from kratos_admit.decisions.calibration import NO_CALIBRATION, Calibration
+from kratos_admit.decisions.calibration import NO_CALIBRATION, PRIOR_RUNS, Calibration
 from kratos_admit.domain.catalog import Catalog, GpuProduct
 from kratos_admit.domain.profile import WorkloadProfile
 from kratos_admit.domain.vocabulary import Strategy
@@ -53,18 +56,22 @@ class RankedProduct:
     observed: bool = False  # ranked from measured runtimes, not the model
     # the model ran on the cluster's calibrated figures (this product's or the reference's)
     calibrated: bool = False
+    weighed_runs: int = 0  # the model weighed with this many runs of its own (fewer than minObservedRuns)
 
     @property
     def source(self) -> RankingSource:
         return "observed" if self.observed else "calibrated" if self.calibrated else "model"
 
     def as_dict(self) -> dict[str, object]:
-        return {
+        found: dict[str, object] = {
             "product": self.product.product,
             "weight": self.weight,
             "relativeTime": round(self.relative_time, 3),
             "source": self.source,
         }
+        if self.weighed_runs:
+            found["weighedRuns"] = self.weighed_runs  # the workload's own runs the model was weighed with
+        return found
 
 
 def ranking_source(ranked: Sequence[RankedProduct]) -> RankingSource:
@@ -73,17 +80,17 @@ def ranking_source(ranked: Sequence[RankedProduct]) -> RankingSource:
     return ranked[0].source if ranked else "none"
 
 
-def observed_times(profile: WorkloadProfile, min_runs: int) -> tuple[tuple[str, float], ...]:
-    """(product label, mean seconds) of every product with at least ``min_runs`` successful runs."""
+def observed_times(profile: WorkloadProfile) -> tuple[tuple[str, float, int], ...]:
+    """(product label, mean seconds, runs) of every product with a successful run."""
     status = profile.status
-    found: list[tuple[str, float]] = []
+    found: list[tuple[str, float, int]] = []
     for observation in status.observations if status is not None else ():
         try:
             seconds = float(observation.mean_seconds)
         except ValueError:
             continue
-        if observation.runs >= min_runs and seconds > 0:
-            found.append((observation.product, seconds))
+        if observation.runs >= 1 and seconds > 0:
+            found.append((observation.product, seconds, observation.runs))
     return tuple(sorted(found))
 
 
@@ -159,7 +166,8 @@ def rank_gpu_products(
             reference_product=reference_product,
             min_compute_capability=min_compute_capability,
             min_memory_mib=min_memory_mib,
-            observed=observed_times(profile, min_observed_runs),
+            observed=observed_times(profile),
+            min_observed_runs=min_observed_runs,
             calibration=calibration,
             min_calibration_runs=min_calibration_runs,
         )
@@ -178,7 +186,8 @@ def _rank(
     reference_product: str,
     min_compute_capability: tuple[int, int] | None,
     min_memory_mib: int | None,
-    observed: tuple[tuple[str, float], ...],
+    observed: tuple[tuple[str, float, int], ...],
+    min_observed_runs: int,
     calibration: Calibration,
     min_calibration_runs: int,
 ) -> tuple[RankedProduct, ...]:
@@ -220,13 +229,25 @@ def _rank(
         name: predicted_relative_time(sm, mem, reference=reference, product=entry)
         for name, (entry, _) in labels_by_product.items()
     }
-    measured = _observed_by_product(catalog, observed, labels_by_product)
+    measured = _observed_by_product(
+        catalog,
+        tuple((label, t) for label, t, runs in observed if runs >= min_observed_runs),
+        labels_by_product,
+    )
+    weighed: dict[str, int] = {}
     if len(measured) >= 2:
         # the model, scaled by the geometric mean of observed/predicted, so both share one unit
         scale = math.exp(sum(math.log(t / modelled[name]) for name, t in measured.items()) / len(measured))
         relative = {
             name: measured[name] / scale if name in measured else rel for name, rel in modelled.items()
         }
+        for name, (seconds, runs) in _few_runs(
+            catalog, observed, min_observed_runs, measured, relative
+        ).items():
+            # in log-time, the model's prediction worth PRIOR_RUNS runs, each run of its own one
+            own = runs / (runs + PRIOR_RUNS)
+            relative[name] = math.exp(own * math.log(seconds / scale) + (1 - own) * math.log(modelled[name]))
+            weighed[name] = runs
     else:
         measured, relative = {}, modelled
     scored = []
@@ -238,7 +259,13 @@ def _rank(
     best = max(s for s, *_ in scored)
     ranked = [
         RankedProduct(
-            entry, labels, rel, max(1, min(100, round(100 * score / best))), seen, name in calibrated
+            entry,
+            labels,
+            rel,
+            max(1, min(100, round(100 * score / best))),
+            seen,
+            name in calibrated,
+            weighed.get(name, 0),
         )
         for score, entry, labels, rel, seen, name in scored
     ]
@@ -259,6 +286,25 @@ def _observed_by_product(
         if entry is not None and entry.product in present:
             totals.setdefault(entry.product, []).append(seconds)
     return {name: sum(times) / len(times) for name, times in totals.items()}
+
+
+def _few_runs(
+    catalog: Catalog,
+    observed: tuple[tuple[str, float, int], ...],
+    min_runs: int,
+    measured: dict[str, float],
+    present: Mapping[str, object],
+) -> dict[str, tuple[float, int]]:
+    """(mean seconds, runs) by ranked entry of the products with runs, but fewer than ``min_runs``
+    on every label of theirs: their runs pooled (a run-weighted mean) across the entry's labels."""
+    totals: dict[str, tuple[float, int]] = {}
+    for label, seconds, runs in observed:
+        entry = catalog.placement(label)
+        if entry is None or entry.product not in present or entry.product in measured or runs >= min_runs:
+            continue
+        total, count = totals.get(entry.product, (0.0, 0))
+        totals[entry.product] = (total + seconds * runs, count + runs)
+    return {name: (total / count, count) for name, (total, count) in totals.items()}
 
 
 def _meets(entry: GpuProduct, min_cc: tuple[int, int] | None, min_memory_mib: int | None) -> bool:
