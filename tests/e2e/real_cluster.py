@@ -412,6 +412,16 @@ async def until(check: Callable[[], Any], *, timeout: float = 60.0, what: str = 
         await asyncio.sleep(0.25)
 
 
+# The RuntimeClass KRATOS sets (config runtimeClassName): the API server's RuntimeClass admission
+# plugin refuses a Pod that names one that does not exist ("pod rejected: RuntimeClass ... not found").
+RUNTIME_CLASS = {
+    "apiVersion": "node.k8s.io/v1",
+    "kind": "RuntimeClass",
+    "metadata": {"name": "nvidia"},
+    "handler": "nvidia",
+}
+
+
 def install(directory: Path) -> Generator[Installed, None, None]:
     """Install KRATOS (the session fixture's body): applied objects, the two processes, the Nodes."""
     kubectl("delete", "namespaces", "-l", "kratos-e2e=true", "--wait=false")  # an earlier run's, if any
@@ -421,8 +431,7 @@ def install(directory: Path) -> Generator[Installed, None, None]:
     plain, webhooks = install_objects(front, (certs / "ca.crt").read_bytes())
     apply(plain)
     kubectl("wait", "--for=condition=Established", "crd/workloadprofiles.gpu.scheduler.io", "--timeout=60s")
-    apply([{"apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass", "metadata": {"name": "nvidia"},
-            "handler": "nvidia"}])  # fmt: skip
+    apply([RUNTIME_CLASS])
     apply([gpu_node(*node) for node in GPU_NODES])
     make_nodes_ready()
     installed = Installed(

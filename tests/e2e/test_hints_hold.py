@@ -31,6 +31,7 @@ from tests.e2e.real_cluster import (
     L4,
     L40S,
     NAMESPACE,
+    RUNTIME_CLASS,
     admin_kubeconfig,
     apply,
     kubectl,
@@ -200,6 +201,7 @@ def hold_cluster() -> Iterator[str]:
     as KRATOS already admitted them)."""
     namespace = f"e2e-hold-{secrets.token_hex(2)}"
     kubectl("create", "namespace", namespace)
+    apply([RUNTIME_CLASS])  # the hinted Pods name it; on a fresh cluster no other test has made it yet
     apply([hold_node(n, p, c) for n, p, c in HOLD_NODES])
     for name, _, capacity in HOLD_NODES:
         mark_node_ready(name, capacity)
