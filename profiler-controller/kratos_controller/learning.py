@@ -92,14 +92,18 @@ def runs_of(pods: Iterable[Mapping[str, Any]], products: Mapping[str, str]) -> l
 def record_runs(profile: Obj, runs: Iterable[Run]) -> RecordObservations | None:
     """The profile's status with the runs it has not counted yet: a running mean and count per
     product, and the run's uid remembered (the last MAX_COUNTED_RUNS) so none is counted twice."""
-    meta = as_mapping(profile.get("metadata"))
     try:
         status = ProfileStatus.model_validate(profile.get("status") or {})
     except ValidationError:
         return None
-    updated = with_runs(status, ((run.uid, run.product, run.seconds) for run in runs))
+    return _recorded(profile, with_runs(status, ((run.uid, run.product, run.seconds) for run in runs)))
+
+
+def _recorded(profile: Obj, updated: ProfileStatus | None) -> RecordObservations | None:
+    """The status write for ``profile``, guarded by its resourceVersion; None when nothing changed."""
     if updated is None:
         return None
+    meta = as_mapping(profile.get("metadata"))
     return RecordObservations(
         str(meta.get("namespace", "")),
         str(meta.get("name", "")),
@@ -258,20 +262,11 @@ def record_telemetry(
         name = v.profile_name(due.workload)
         labels = {v.WORKLOAD_LABEL: due.workload}
         return PublishProfile(due.namespace, name, {"workload": due.workload}, status, labels, only_new=True)
-    meta = as_mapping(profile.get("metadata"))
     try:
         current = ProfileStatus.model_validate(profile.get("status") or {"phase": "Profiling"})
     except ValidationError:
         return None
-    updated = with_telemetry(current, run, now=now)
-    if updated is None:
-        return None
-    return RecordObservations(
-        str(meta.get("namespace", "")),
-        str(meta.get("name", "")),
-        str(meta.get("resourceVersion", "")),
-        updated,
-    )
+    return _recorded(profile, with_telemetry(current, run, now=now))
 
 
 def counted_telemetry(profile: Obj | None, uid: str) -> bool:

@@ -34,6 +34,7 @@ from tests.e2e.real_cluster import (
     RUNTIME_CLASS,
     admin_kubeconfig,
     apply,
+    gpu_node,
     kubectl,
     mark_node_ready,
     service_account_kubeconfig,
@@ -78,22 +79,13 @@ def component_objects(tmp_path: Path) -> list[dict[str, Any]]:
     return [o for o in render(overlay) if (o["kind"], o["metadata"]["name"]) not in base]
 
 
-def hold_node(name: str, product: str, capacity: dict[str, str]) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "Node",
-        "metadata": {
-            "name": name,
-            "labels": {
-                "kubernetes.io/hostname": name,
-                TAINT: "true",
-                v.GPU_PRESENT_LABEL: "true",
-                v.GPU_PRODUCT_LABEL: product,
-            },
-        },
-        # only this test's Pods tolerate it: the rest of the suite never lands here
-        "spec": {"taints": [{"key": TAINT, "value": "true", "effect": "NoSchedule"}]},
-    }
+def hold_node(name: str, product: str) -> dict[str, Any]:
+    """The suite's GPU Node, with a taint (and label) of this test's own instead of the GPU taint:
+    only this test's Pods tolerate it, so the rest of the suite never lands here."""
+    node = gpu_node(name, product, tainted=False)
+    node["metadata"]["labels"][TAINT] = "true"
+    node["spec"] = {"taints": [{"key": TAINT, "value": "true", "effect": "NoSchedule"}]}
+    return node
 
 
 def hinted_pod(tmp_path: Path, scheduler_name: str) -> dict[str, Any]:
@@ -120,7 +112,7 @@ def hinted_pod(tmp_path: Path, scheduler_name: str) -> dict[str, Any]:
             }
         )
     )
-    (tmp_path / "nodes.yaml").write_text(yaml.safe_dump_all([hold_node(n, p, c) for n, p, c in HOLD_NODES]))
+    (tmp_path / "nodes.yaml").write_text(yaml.safe_dump_all([hold_node(n, p) for n, p, _ in HOLD_NODES]))
     (tmp_path / "config.yaml").write_text(yaml.safe_dump({"schedulerName": scheduler_name}))
     pod = {
         "apiVersion": "v1",
@@ -202,7 +194,7 @@ def hold_cluster() -> Iterator[str]:
     namespace = f"e2e-hold-{secrets.token_hex(2)}"
     kubectl("create", "namespace", namespace)
     apply([RUNTIME_CLASS])  # the hinted Pods name it; on a fresh cluster no other test has made it yet
-    apply([hold_node(n, p, c) for n, p, c in HOLD_NODES])
+    apply([hold_node(n, p) for n, p, _ in HOLD_NODES])
     for name, _, capacity in HOLD_NODES:
         mark_node_ready(name, capacity)
     try:
