@@ -744,6 +744,17 @@ with open(os.environ["FAKE_NCU_LOG"], "a") as log:
 if args == ["--version"]:
     print("NVIDIA (R) Nsight Compute Command Line Profiler\nVersion 2024.3.2.0 (build 34861637) (public-release)")
     sys.exit(0)
+if args == ["--list-sets"]:
+    # FAKE_NCU_SETS: a real ncu's table (tests/data/ncu-2022.3/list-sets.txt); else one in its layout
+    # with the later versions' set names
+    if os.environ.get("FAKE_NCU_SETS"):
+        sys.stdout.write(open(os.environ["FAKE_NCU_SETS"]).read())
+    else:
+        rule = "-" * 10 + " " + "-" * 40 + " " + "-" * 7 + " " + "-" * 17
+        print(rule + "\n" + "Identifier Sections".ljust(52) + "Enabled Estimated Metrics\n" + rule)
+        for name, sections, on in (("basic", "LaunchStats, Occupancy, SpeedOfLight", "yes"), ("detailed", "ComputeWorkloadAnalysis, LaunchStats", "no"), ("full", "ComputeWorkloadAnalysis, InstructionStats", "no")):
+            print(name.ljust(11) + sections.ljust(41) + on.ljust(8) + "40")
+    sys.exit(0)
 if "--import" in args:
     sys.stdout.write(open(args[args.index("--import") + 1]).read())
     sys.exit(0)

@@ -120,3 +120,38 @@ def test_telemetry_is_off_by_default_and_its_labels_fit_the_gpu_operator():
     assert telemetry.prometheus_url is None
     assert telemetry.labels.pod_pairs() == [("namespace", "pod"), ("exported_namespace", "exported_pod")]
     assert telemetry.labels.hostname == ("Hostname", "hostname") and telemetry.labels.uuid == ("UUID",)
+
+
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [
+        ("KRATOS_WEBHOOK_SERVICE_HOST", "10.0.0.12"),
+        ("KRATOS_WEBHOOK_SERVICE_PORT", "443"),
+        ("KRATOS_WEBHOOK_SERVICE_PORT_HTTPS", "443"),
+        ("KRATOS_WEBHOOK_PORT", "tcp://10.0.0.12:443"),
+        ("KRATOS_WEBHOOK_PORT_443_TCP", "tcp://10.0.0.12:443"),
+        ("KRATOS_WEBHOOK_PORT_443_TCP_PROTO", "tcp"),
+        ("KRATOS_WEBHOOK_PORT_443_TCP_PORT", "443"),
+        ("KRATOS_WEBHOOK_PORT_443_TCP_ADDR", "10.0.0.12"),
+        ("KRATOS_FOO_PORT_53_UDP", "udp://[fd00::7]:53"),
+        ("KRATOS_FOO_SERVICE_HOST", "fd00::7"),
+    ],
+)
+def test_the_kubelets_service_link_variables_are_not_settings(variable: str, value: str):
+    """Issue 33: what the kubelet injects for a Service named kratos-... (kubernetes
+    pkg/kubelet/envvars/envvars.go) is passed over, never "no such setting"."""
+    assert load_config(environ={variable: value}) == load_config(environ={})
+
+
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [
+        ("KRATOS_WEBHOOK_PORT", "8443"),  # not a link's tcp://HOST:PORT
+        ("KRATOS_METRICS_PORT", "9090"),
+        ("KRATOS_WEBHOOK_SERVICE_HOST", "webhook.example.com"),  # a link's value is a ClusterIP
+        ("KRATOS_WEBHOOK_PORT_443_TCP_PROTO", "https"),
+    ],
+)
+def test_a_variable_only_shaped_like_a_service_link_is_still_an_error(variable: str, value: str):
+    with pytest.raises(ConfigError, match=f"{variable}: no such setting"):
+        load_config(environ={variable: value})

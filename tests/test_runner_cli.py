@@ -448,3 +448,49 @@ def test_the_runner_runs_on_python_3_8_as_the_staged_form_does(bench: Path, monk
     summary = json.loads((bench / "termination-log").read_text())
     assert ran.returncode == 127 and "Traceback" not in ran.stderr
     assert "libq.so.6 is missing" in summary["reason"] and IN_IMAGE_FIX in summary["reason"]
+
+
+SETS_2022_3 = DATA / "ncu-2022.3" / "list-sets.txt"  # `ncu --list-sets` of Debian's nsight-compute 2022.3
+
+
+def test_the_section_sets_of_ncu_2022_3_are_read_from_its_own_table():
+    from kratos_runner.cli import parse_section_sets
+
+    sets = parse_section_sets(SETS_2022_3.read_text())
+    assert sets == {"default": True, "detailed": False, "full": False, "roofline": False, "source": False}
+
+
+@pytest.mark.parametrize(
+    ("requested", "chosen", "note"),
+    [
+        ("basic", "default", "this ncu has no section set 'basic'; using its equivalent 'default'"),
+        ("full", "full", ""),
+        (
+            "pmsampling",
+            "default",
+            "this ncu has no section set 'pmsampling'; using its default set 'default'",
+        ),
+    ],
+)
+def test_a_set_ncu_2022_3_lacks_is_served_by_one_it_has_and_the_summary_names_it(
+    bench: Path, monkeypatch: pytest.MonkeyPatch, requested: str, chosen: str, note: str
+):
+    """Issue 33: `--set basic` on ncu 2022.3 collects nothing ("No metrics to collect found in
+    sections."); the runner asks only for a set the list has, and says which."""
+    monkeypatch.setenv("FAKE_NCU_SETS", str(SETS_2022_3))
+    status, _, err = run(["--set", requested, "--launch-count", "50", "--", str(bench / "vectorAdd")])
+    assert status == 3
+    summary = json.loads((bench / "termination-log").read_text())
+    assert summary["ncuSet"] == chosen and summary["boundType"] == "compute"
+    assert (note in err) if note else "section set" not in err
+    calls = [eval(line) for line in (bench / "ncu-calls.log").read_text().splitlines()]
+    assert ["--list-sets"] in calls
+    assert next(c for c in calls if "--export" in c)[:2] == ["--set", chosen]
+
+
+def test_a_later_ncu_keeps_the_requested_set_and_an_unreadable_list_changes_nothing():
+    from kratos_runner.cli import choose_set, parse_section_sets
+
+    assert choose_set("basic", {"basic": True, "full": False}) == ("basic", "")
+    assert choose_set("basic", None) == ("basic", "")
+    assert parse_section_sets("==ERROR== something else\n") is None

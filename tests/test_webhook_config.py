@@ -17,6 +17,7 @@ from kratos_admit.domain.config import Config, load_config
 from kratos_admit.simulation.scheduling import KRATOS_NODE_AFFINITY_WEIGHT
 from kratos_controller.actions import ContainerEnd, Observed, PublishProfile
 from kratos_controller.reconcile import reconcile
+from tests import service_links
 from tests.harness import (
     EXAMPLES,
     K8S_VERSION,
@@ -129,13 +130,53 @@ def test_cert_manager_component_injects_the_ca(rendered):
     assert certificate["spec"]["dnsNames"][-1] == "kratos-webhook.kratos-system.svc.cluster.local"
 
 
+# a user's own Service in the KRATOS namespace whose name starts with kratos- (issue 33)
+USERS_SERVICE: dict[str, Any] = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "kratos-foo"},
+                 "spec": {"ports": [{"name": "http", "port": 8080}, {"port": 53, "protocol": "UDP"}]}}  # fmt: skip
+
+
 def effective_config(objects: list[dict[str, Any]], deployment: str, tmp_path: Path) -> Config:
-    """What a Deployment's process reads: the ConfigMap's config.yaml, then its KRATOS_* env."""
+    """What a Deployment's process reads: the ConfigMap's config.yaml, then its environment as a
+    kubelet gives it: the container's own env over the service links of every rendered Service (and a
+    user's ``kratos-foo``), as the Pod spec asks for them (tests/service_links.py)."""
     path = tmp_path / f"{deployment}-config.yaml"
     path.write_text(find(objects, "ConfigMap", "kratos-config")["data"]["config.yaml"])
-    [container] = find(objects, "Deployment", deployment)["spec"]["template"]["spec"]["containers"]
-    env = {e["name"]: e["value"] for e in container.get("env", []) if "value" in e}
+    pod = find(objects, "Deployment", deployment)["spec"]["template"]["spec"]
+    [container] = pod["containers"]
+    services = [o for o in objects if o["kind"] == "Service"] + [USERS_SERVICE]
+    env = service_links.for_pod(pod, service_links.with_cluster_ips(services))
+    env.update({e["name"]: e["value"] for e in container.get("env", []) if "value" in e})
     return load_config(path, environ=env)
+
+
+@pytest.mark.parametrize("deployment", ["kratos-webhook", "kratos-controller"])
+def test_service_links_never_stop_a_deployment_from_starting(deployment: str, tmp_path: Path):
+    """Issue 33: the kubelet gives every container KRATOS_WEBHOOK_SERVICE_HOST, KRATOS_WEBHOOK_PORT,
+    KRATOS_WEBHOOK_PORT_443_TCP... for the Service kratos-webhook (and the metrics Services, and any
+    Service a user names kratos-...). The Deployments ask for none (enableServiceLinks: false); a
+    manifest that leaves that out (a Helm user's own) still starts with the same configuration."""
+    shutil.copytree(REPO / "webhook-config", tmp_path / "webhook-config")
+    (tmp_path / "o").mkdir()
+    (tmp_path / "o" / "kustomization.yaml").write_text(
+        "resources: [../webhook-config]\ncomponents: [../webhook-config/components/prometheus]\n"
+    )
+    objects = render(tmp_path / "o")
+    pod = find(objects, "Deployment", deployment)["spec"]["template"]["spec"]
+    assert pod["enableServiceLinks"] is False
+    shipped = effective_config(objects, deployment, tmp_path)
+    del pod["enableServiceLinks"]  # the kubelet's default is true
+    services = service_links.with_cluster_ips(o for o in objects if o["kind"] == "Service")
+    links = service_links.for_pod(
+        pod, [*services, USERS_SERVICE | {"spec": {**USERS_SERVICE["spec"], "clusterIP": "fd00::7"}}]
+    )
+    for name in ("KRATOS_WEBHOOK_SERVICE_HOST", "KRATOS_WEBHOOK_PORT", "KRATOS_WEBHOOK_PORT_443_TCP_ADDR",
+                 "KRATOS_WEBHOOK_METRICS_SERVICE_PORT_METRICS", "KRATOS_CONTROLLER_METRICS_PORT_9090_TCP_PROTO",
+                 "KRATOS_FOO_PORT_53_UDP", "KRATOS_FOO_SERVICE_PORT_HTTP"):  # fmt: skip
+        assert name in links, name
+    assert effective_config(objects, deployment, tmp_path) == shipped
+    path = tmp_path / "config.yaml"
+    path.write_text(find(objects, "ConfigMap", "kratos-config")["data"]["config.yaml"])
+    assert load_config(path, environ=links) == shipped
 
 
 @pytest.mark.parametrize(

@@ -8,8 +8,9 @@ add a dependency and its own precedence rules for no gain here.
 Errors are in KRATOS's words, one line each: the key (and the file or variable it came from), what
 was given and what is allowed, never pydantic's ("Extra inputs are not permitted"). A ``KRATOS_*``
 variable that names no setting stops start-up too (a typo in an overlay must not pass silently),
-except the few that are not settings (``NOT_SETTINGS``). A variable holding a mapping
-(``KRATOS_TELEMETRY``) sets the keys it names and keeps the file's others.
+except the few that are not settings (``NOT_SETTINGS``) and the kubelet's service-link variables
+(``service_link``). A variable holding a mapping (``KRATOS_TELEMETRY``) sets the keys it names and keeps
+the file's others.
 """
 
 from __future__ import annotations
@@ -41,8 +42,36 @@ NOT_SETTINGS: frozenset[str] = frozenset(
         "KRATOS_STAGE_DIR",  # where the runner looks for a staged executable (runner/, default /kratos/stage)
         "KRATOS_FUZZ_EXAMPLES",  # how many examples the property-based server test tries
         "KRATOS_TEST_OUTSIDE_DATA",  # where the tests find the outside data (tests/harness.py)
+        "KRATOS_TEST_NCU",  # a real ncu the opt-in tests run (tests/test_real_ncu.py)
     }
 )
+
+# The kubelet's "service links": for every Service of the Pod's namespace (unless the Pod sets
+# enableServiceLinks: false) it adds variables named after the Service, upper-cased with '-' as '_'
+# (kubernetes pkg/kubelet/envvars/envvars.go, FromServices and makeLinkVariables), so a Service called
+# kratos-webhook gives KRATOS_WEBHOOK_SERVICE_HOST=10.0.0.12, KRATOS_WEBHOOK_SERVICE_PORT=443,
+# KRATOS_WEBHOOK_SERVICE_PORT_HTTPS=443 (a named port), KRATOS_WEBHOOK_PORT=tcp://10.0.0.12:443, and per
+# port KRATOS_WEBHOOK_PORT_443_TCP (the same URL) with _PROTO, _PORT and _ADDR. Both the name's shape
+# and the value's are checked, so only what a kubelet writes is passed over.
+_SERVICE_LINK_SHAPES: tuple[tuple[re.Pattern[str], re.Pattern[str]], ...] = (
+    (re.compile(r"[A-Z0-9_]+_SERVICE_HOST"), re.compile(r"[0-9A-Fa-f.:]+")),
+    (re.compile(r"[A-Z0-9_]+_SERVICE_PORT(_[A-Z0-9_]+)?"), re.compile(r"[0-9]{1,5}")),
+    (
+        re.compile(r"[A-Z0-9_]+_PORT(_[0-9]{1,5}_(TCP|UDP|SCTP))?"),
+        re.compile(r"(tcp|udp|sctp)://\S+:[0-9]{1,5}"),
+    ),
+    (re.compile(r"[A-Z0-9_]+_PORT_[0-9]{1,5}_(TCP|UDP|SCTP)_PROTO"), re.compile(r"tcp|udp|sctp")),
+    (re.compile(r"[A-Z0-9_]+_PORT_[0-9]{1,5}_(TCP|UDP|SCTP)_PORT"), re.compile(r"[0-9]{1,5}")),
+    (re.compile(r"[A-Z0-9_]+_PORT_[0-9]{1,5}_(TCP|UDP|SCTP)_ADDR"), re.compile(r"[0-9A-Fa-f.:]+")),
+)
+
+
+def service_link(variable: str, value: str) -> bool:
+    """Whether ``variable=value`` is one the kubelet injects for a Service (never a setting)."""
+    return any(
+        name.fullmatch(variable) is not None and shape.fullmatch(value) is not None
+        for name, shape in _SERVICE_LINK_SHAPES
+    )
 
 
 # Programs that run something else (a script, a child process), by file name: an absolute command[0]
@@ -258,6 +287,8 @@ def _env_overrides(environ: Mapping[str, str]) -> tuple[dict[str, Any], dict[str
         if not variable.startswith(ENV_PREFIX) or variable in NOT_SETTINGS:
             continue
         key = settings.get(variable)
+        if key is None and service_link(variable, environ[variable]):
+            continue
         if key is None:
             close = difflib.get_close_matches(variable, list(settings), n=1, cutoff=0.8)
             hint = f" (did you mean {close[0]}?)" if close else ""

@@ -79,6 +79,7 @@ class RunnerSummary(BaseModel):
     killed: bool = False
     exit_code: int = Field(default=0, alias="exitCode")
     ncu_version: str = Field(default="", alias="ncuVersion")
+    ncu_set: str = Field(default="", alias="ncuSet")  # the section set the runner asked ncu for
     reason: str = ""
 
 

@@ -217,6 +217,8 @@ def configmap_data(summary: Summary, status: ProfileStatus, message: str | None)
         data["gpuComputeCapability"] = status.gpu.compute_capability
     if summary.data is not None:
         data["ncuVersion"] = summary.data.ncu_version
+        if summary.data.ncu_set:
+            data["ncuSet"] = summary.data.ncu_set
         data["exitCode"] = str(summary.data.exit_code)
     data["summary.json"] = message or ""
     return data

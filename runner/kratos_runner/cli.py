@@ -61,6 +61,59 @@ def ncu_version(ncu: str, env: dict[str, str]) -> str:
     return match.group(1) if match else ""
 
 
+# Section sets: ncu 2022.3 (Debian's nsight-compute, CUDA 11.8) lists default, detailed, full, roofline and
+# source; later versions call the set with LaunchStats, Occupancy and SpeedOfLight "basic". Both hold
+# every metric the parser reads (SpeedOfLight: sm__throughput, gpu__compute_memory_throughput,
+# gpu__dram_throughput, lts__throughput, gpu__time_duration; Occupancy: sm__warps_active), so a request
+# for one is served by the other where this ncu has only that one.
+EQUIVALENT_SETS = ("basic", "default")
+_SETS_RULE = re.compile(r"^-+(?: +-+)+ *$")
+
+
+def section_sets(ncu: str, env: dict[str, str]) -> dict[str, bool] | None:
+    """The section sets this ``ncu`` has (``ncu --list-sets``): identifier -> enabled by default; None
+    when the list cannot be read. The table's columns are as wide as its rule of dashes; a long
+    Sections cell wraps onto rows with an empty Identifier."""
+    try:
+        out = subprocess.run(
+            [ncu, "--list-sets"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=60, check=False,
+            env=env,
+        )  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return parse_section_sets(out.stdout.decode("utf-8", "replace")) if out.returncode == 0 else None
+
+
+def parse_section_sets(text: str) -> dict[str, bool] | None:
+    lines = text.splitlines()
+    rules = [i for i, line in enumerate(lines) if _SETS_RULE.match(line)]
+    if len(rules) < 2:
+        return None
+    spans = [(m.start(), m.end()) for m in re.finditer(r"-+", lines[rules[0]])]
+    if len(spans) < 3:
+        return None
+    sets: dict[str, bool] = {}
+    for line in lines[rules[1] + 1 :]:
+        identifier = line[spans[0][0] : spans[0][1]].strip()
+        if identifier and not _SETS_RULE.match(line):
+            sets[identifier] = line[spans[2][0] : spans[2][1] + 1].strip() == "yes"
+    return sets or None
+
+
+def choose_set(requested: str, sets: dict[str, bool] | None) -> tuple[str, str]:
+    """The set to ask for, and a note when it is not the one requested ("" when it is)."""
+    if sets is None or requested in sets:
+        return requested, ""
+    if requested in EQUIVALENT_SETS:
+        for other in EQUIVALENT_SETS:
+            if other in sets:
+                return other, f"this ncu has no section set {requested!r}; using its equivalent {other!r}"
+    enabled = [name for name, on in sets.items() if on]
+    if enabled:
+        return enabled[0], f"this ncu has no section set {requested!r}; using its default set {enabled[0]!r}"
+    return requested, ""
+
+
 def write_summary(summary: dict[str, object], stdout: TextIO, stderr: TextIO) -> None:
     text = encode_summary(summary)
     path = os.environ.get("KRATOS_TERMINATION_LOG", DEFAULT_TERMINATION_LOG)
@@ -126,6 +179,9 @@ def profile(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> int:
         write_summary(_failed(with_fix(unusable, exe), status), stdout, stderr)
         return status
     version = ncu_version(ncu, env)
+    chosen, note = choose_set(args.set, section_sets(ncu, env))
+    if note:
+        print(f"kratos-runner: {note} (sets: ncu --list-sets)", file=stderr)
     with tempfile.TemporaryDirectory(prefix="kratos-") as workdir:
         report_base = os.path.join(workdir, "profile")
         # --kill: ncu ends the workload once --launch-count kernels are profiled (Nsight Compute CLI,
@@ -134,7 +190,7 @@ def profile(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> int:
         # --target-processes all (the default): child processes are profiled too, so a launcher or a
         # wrapper (torchrun, mpirun, a shell script) has its workers' kernels measured
         run = [
-            ncu, "--set", args.set, "--target-processes", args.target_processes,
+            ncu, "--set", chosen, "--target-processes", args.target_processes,
             "--launch-skip", str(args.launch_skip), "--launch-count", str(args.launch_count), "--kill", "yes",
             "--export", report_base, "--force-overwrite", *args.ncu_arg, *command,
         ]  # fmt: skip
@@ -165,6 +221,7 @@ def profile(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> int:
         if failed_launch:
             reason = with_fix(failed_launch, exe)
         summary = summarise(report, exit_code=exit_code, ncu_version=version, reason=reason)
+        summary["ncuSet"] = chosen
     return _finish(summary, args, stdout, stderr)
 
 
@@ -219,7 +276,12 @@ def build_parser() -> argparse.ArgumentParser:
         "or 'parse FILE' to summarise an existing ncu export.",
     )
     parser.add_argument("--ncu", help="path to ncu (default: PATH, then /opt/nvidia/nsight-compute)")
-    parser.add_argument("--set", default="basic", help="ncu section set (default: basic)")
+    parser.add_argument(
+        "--set",
+        default="basic",
+        help="ncu section set (default: basic); one this ncu lacks is served by its equivalent "
+        "(basic and default are the same sections) or its default set, named in the summary's ncuSet",
+    )
     parser.add_argument(
         "--target-processes",
         choices=TARGET_PROCESSES,

@@ -40,6 +40,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from kratos_admit.domain import vocabulary as v
 from kratos_admit.edge.kube import api_client
 from kratos_admit.webhook.certs import generate
+from tests import service_links
 from tests.harness import (
     REPO,
     DcgmGpu,
@@ -142,12 +143,25 @@ class Installed:
             env = {"KRATOS_CONTROLLER_METRICS_LISTEN": f"127.0.0.1:{metrics_port}", **env}
         popen = subprocess.Popen(
             [sys.executable, "-m", "kratos_admit", command, *args, "--signing-key", str(certs / "signing.key")],
-            cwd=REPO, env={**os.environ, "PYTHONUNBUFFERED": "1", **env},
+            cwd=REPO, env={**os.environ, **kubelet_environment(f"kratos-{command}"), "PYTHONUNBUFFERED": "1", **env},
             stdout=subprocess.DEVNULL, stderr=log.open("wb"),
         )  # fmt: skip
         process = Process(f"{command}:{port or metrics_port}", popen, log)
         self.processes.append(process)
         return process
+
+
+@functools.cache
+def kubelet_environment(deployment: str) -> dict[str, str]:
+    """The service-link variables a kubelet gives the Deployment's container in the KRATOS namespace
+    (tests/service_links.py), from the rendered Services with the prometheus component's, as its Pod
+    spec asks for them: the processes here meet what a Pod of that Deployment meets (issue 33)."""
+    objects = render(REPO / "webhook-config") + render(REPO / "webhook-config" / "components" / "prometheus")
+    [pod] = [o["spec"]["template"]["spec"] for o in objects
+             if o["kind"] == "Deployment" and o["metadata"]["name"] == deployment]  # fmt: skip
+    return service_links.for_pod(
+        pod, service_links.with_cluster_ips(o for o in objects if o["kind"] == "Service")
+    )
 
 
 def wait_ready(process: Process, url: str, *, context: Any = None, timeout: float = 60) -> None:
