@@ -6,6 +6,11 @@ What it imitates, and how:
   layer: ``/usr`` and ``/etc`` for an image with a shell and Python; only ``/usr/lib`` and
   ``/usr/lib64`` for one that has glibc and nothing else), a directory of its own files copied into
   the container's root (its own layer), and its config's ``Env``, ``WorkingDir`` and ``Entrypoint``.
+- **No GPU software from the host.** A container image holds only what it was built with, so the
+  host's Nsight Compute, CUDA toolkit and driver libraries never show through the shared system
+  directories: every path of ``HOST_GPU_SOFTWARE`` that exists on the host is hidden in the
+  container (an empty read-only folder over a folder, ``/dev/null`` over a file). A machine with
+  Nsight Compute, CUDA or a driver installed runs the same containers as one without (issue 30).
 - **The container's filesystem.** Each container gets its own root directory and its own mount
   namespace (``unshare --mount``), then ``chroot``: what it sees is its image, its volume mounts and
   ``/dev/termination-log``, nothing else of the host.
@@ -28,6 +33,7 @@ have; ``available()`` says why not where they are missing, for a test to skip wi
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import shutil
@@ -41,6 +47,15 @@ from typing import Any
 # Debian's merged /usr: the top-level directories an image's binaries expect, as links into /usr
 MERGED_USR_LINKS = {"bin": "usr/bin", "sbin": "usr/sbin", "lib": "usr/lib", "lib64": "usr/lib64"}
 DEVICES = ("null", "zero", "random", "urandom")
+# Where Nsight Compute, the CUDA toolkit and the driver's user-space libraries install themselves
+# (Debian's nsight-compute and nvidia-* packages, CUDA's cuda-* packages and run files, NVIDIA's driver
+# installer); globs, matched on the host under the shared system directories only.
+HOST_GPU_SOFTWARE = (
+    "/usr/bin/ncu", "/usr/bin/nv-nsight-cu-cli", "/usr/bin/ncu-ui", "/usr/bin/nvidia-smi", "/usr/bin/nvcc",
+    "/usr/lib/nsight-compute", "/usr/lib/*-linux-gnu/nsight-compute", "/usr/local/cuda", "/usr/local/cuda-*",
+    "/usr/local/bin/ncu", "/opt/nvidia", "/usr/lib/*-linux-gnu/libcuda.so*", "/usr/lib/*-linux-gnu/libnvidia-*.so*",
+    "/usr/lib64/libcuda.so*", "/usr/lib/*-linux-gnu/nvidia",
+)  # fmt: skip
 
 
 class KubeletError(RuntimeError):
@@ -114,6 +129,18 @@ def _user(container: Mapping[str, Any], pod_spec: Mapping[str, Any]) -> tuple[in
     return uid, gid
 
 
+def hidden_gpu_software(system: Sequence[str]) -> list[str]:
+    """The host's GPU software under the directories an image shares (``HOST_GPU_SOFTWARE``), to hide.
+    A link is hidden by hiding what it leads to, when that is shared too."""
+    found: set[str] = set()
+    for pattern in HOST_GPU_SOFTWARE:
+        for path in glob.glob(pattern):
+            for candidate in (path, os.path.realpath(path)):
+                if any(candidate == d or candidate.startswith(d.rstrip("/") + "/") for d in system):
+                    found.add(candidate)
+    return sorted(found)
+
+
 def _container_root(root: Path, image: Image) -> None:
     for name in ("usr", "etc", "tmp", "proc", "dev", "opt"):
         (root / name).mkdir(parents=True, exist_ok=True)
@@ -139,6 +166,12 @@ for source in spec["system"]:
     target = root + source
     os.makedirs(target, exist_ok=True)
     bind(source, target, True)
+for hidden in spec["hidden"]:
+    target = root + hidden
+    if os.path.isdir(target) and not os.path.islink(target):
+        subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=4k", "none", target], check=True)
+    elif os.path.lexists(target) and not os.path.islink(target):
+        bind("/dev/null", target, True)
 for device in spec["devices"]:
     target = root + "/dev/" + device
     open(target, "a").close()
@@ -191,6 +224,7 @@ def run_container(
     spec = {
         "root": str(root),
         "system": list(image.system),
+        "hidden": hidden_gpu_software(image.system),
         "devices": list(DEVICES),
         "mounts": mounts,
         "termination": str(termination),

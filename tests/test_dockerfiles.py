@@ -19,8 +19,9 @@ def instructions(path: str) -> list[tuple[str, str]]:
 
 def test_main_image_is_multi_stage_non_root_and_runs_kratos_admit():
     steps = instructions("Dockerfile")
+    assert steps[0] == ("ARG", "PYTHON_IMAGE=python:3.12-slim"), "the base is a build argument"
     froms = [arg for op, arg in steps if op == "FROM"]
-    assert len(froms) == 2 and froms[0].endswith("AS build"), "a build stage, then a runtime stage"
+    assert froms == ["${PYTHON_IMAGE} AS build", "${PYTHON_IMAGE}"], "a build stage, then a runtime stage"
     runtime = steps[[i for i, (op, _) in enumerate(steps) if op == "FROM"][1] :]
     users = [arg for op, arg in runtime if op == "USER"]
     assert users and users[-1].split(":")[0] not in ("0", "root"), "runs as a non-root user"
@@ -28,6 +29,12 @@ def test_main_image_is_multi_stage_non_root_and_runs_kratos_admit():
     assert any(op == "ENV" and "PYTHONDONTWRITEBYTECODE=1" in arg for op, arg in runtime), (
         "read-only root filesystem: no .pyc writes"
     )
+    # a virtual environment, so a distribution's externally managed python3 (PEP 668) is no obstacle,
+    # and python3 (Debian has no `python` outside a venv)
+    build = " ".join(arg for op, arg in steps if op == "RUN")
+    assert "python3 -m venv /opt/kratos/venv" in build and "/opt/kratos/venv/bin/pip install" in build
+    assert ("COPY", "--from=build /opt/kratos/venv /opt/kratos/venv") in runtime
+    assert any(op == "ENV" and "PATH=/opt/kratos/venv/bin:" in arg for op, arg in runtime)
     assert not any(op == "RUN" and ("gcc" in arg or "build-essential" in arg) for op, arg in runtime)
     copied = " ".join(arg for op, arg in steps if op == "COPY")
     assert "kratos_admit" in copied and "profiler-controller" in copied
@@ -43,14 +50,22 @@ def test_the_deployments_user_matches_the_image_user():
     assert f"runAsUser: {image_user}" in deployment
 
 
-def test_runner_image_has_nsight_compute_python_and_the_runner():
+def test_runner_image_takes_its_base_and_its_nsight_compute_source_as_arguments():
     steps = instructions("runner/Dockerfile")
-    assert steps[0][0] == "ARG" and any(op == "FROM" and "nvidia/cuda" in arg for op, arg in steps)
+    arguments = {arg.split("=")[0]: arg.partition("=")[2] for op, arg in steps if op == "ARG"}
+    assert arguments["NSIGHT_SOURCE"] == "cuda" and "nvidia/cuda" in arguments["RUNNER_BASE"]
+    assert "ONEFILE_BASE" in arguments and "nsight-compute" in arguments["NSIGHT_PACKAGE"]
+    froms = [arg for op, arg in steps if op == "FROM"]
+    assert "${RUNNER_BASE} AS nsight-cuda" in froms and "${RUNNER_BASE} AS nsight-debian" in froms
+    assert "nsight-${NSIGHT_SOURCE} AS nsight" in froms and froms[-1] == "${RUNNER_BASE}"
     run = " ".join(arg for op, arg in steps if op == "RUN")
-    package = next(arg for op, arg in steps if op == "ARG" and arg.startswith("NSIGHT_PACKAGE="))
-    assert "python3" in run and "${NSIGHT_PACKAGE}" in run and "nsight-compute" in package
-    assert ("COPY", "kratos_runner /opt/kratos/kratos_runner") in steps
-    assert any(op == "ENV" and "/usr/local/cuda/bin" in arg for op, arg in steps), "ncu on PATH"
+    assert "${NSIGHT_PACKAGE}" in run and "nsight-compute" in run and "non-free" in run
+    # the tools tree is laid out by the real program's place, the same for both sources
+    assert "python3 -B -m kratos_runner.tools /opt/kratos/tools" in run
+    final = steps[[i for i, (op, _) in enumerate(steps) if op == "FROM"][-1] :]
+    assert ("COPY", "--from=nsight /opt/kratos/tools/nsight-compute /opt/kratos/tools/nsight-compute") in final
+    assert ("COPY", "kratos_runner /opt/kratos/kratos_runner") in final
+    assert "ncu --version" in " ".join(arg for op, arg in final if op == "RUN"), "the build runs ncu once"
 
 
 def test_runner_image_runs_as_a_numeric_non_root_user():
@@ -67,12 +82,12 @@ def test_runner_image_builds_the_one_file_runner_in_a_stage_and_keeps_python_m_k
     final image still starts the staged form with python3 -m kratos_runner."""
     steps = instructions("runner/Dockerfile")
     starts = [i for i, (op, _) in enumerate(steps) if op == "FROM"]
-    assert len(starts) == 2 and steps[starts[0]][1].endswith("AS onefile")
+    assert len(starts) == 5 and steps[starts[0]][1].endswith("AS onefile")
     stage = steps[starts[0] : starts[1]]
     run = " ".join(arg for op, arg in stage if op == "RUN")
     assert "pyinstaller==${PYINSTALLER_VERSION}" in run and "binutils" in run
-    assert ("RUN", "python /src/build_onefile.py --out /out") in stage
+    assert ("RUN", "/opt/build/bin/python /src/build_onefile.py --out /out") in stage
     assert ("COPY", "build_onefile.py /src/build_onefile.py") in stage
-    final = steps[starts[1] :]
+    final = steps[starts[-1] :]
     assert ("COPY", "--from=onefile /out/kratos-runner /opt/kratos/tools/kratos-runner") in final
     assert final[-1] == ("ENTRYPOINT", '["python3", "-m", "kratos_runner"]')
