@@ -63,7 +63,10 @@ def test_runner_image_takes_its_base_and_its_nsight_compute_source_as_arguments(
     # the tools tree is laid out by the real program's place, the same for both sources
     assert "python3 -B -m kratos_runner.tools /opt/kratos/tools" in run
     final = steps[[i for i, (op, _) in enumerate(steps) if op == "FROM"][-1] :]
-    assert ("COPY", "--from=nsight /opt/kratos/tools/nsight-compute /opt/kratos/tools/nsight-compute") in final
+    assert (
+        "COPY",
+        "--from=nsight /opt/kratos/tools/nsight-compute /opt/kratos/tools/nsight-compute",
+    ) in final
     assert ("COPY", "kratos_runner /opt/kratos/kratos_runner") in final
     assert "ncu --version" in " ".join(arg for op, arg in final if op == "RUN"), "the build runs ncu once"
 

@@ -115,7 +115,7 @@ def test_a_program_without_its_sections_is_named(tmp_path: Path):
     ).iterdir():
         section.unlink()
     (tmp_path / "root" / "opt" / "nvidia" / "nsight-compute" / "2024.3.2" / "sections").rmdir()
-    with pytest.raises(LayoutError, match="no sections/ folder at .*2024.3.2/sections"):
+    with pytest.raises(LayoutError, match=r"no sections/ folder at .*2024\.3\.2/sections"):
         lay_out(str(ncu), str(tmp_path / "tools"))
 
 
@@ -128,4 +128,4 @@ def test_the_command_says_what_is_wrong_in_one_line(tmp_path: Path):
     script = write(tmp_path / "ncu", "#!/bin/sh\necho not nsight\n", 0o755)
     err = io.StringIO()
     assert main(["--ncu", str(script), str(tmp_path / "tools")], io.StringIO(), err) == 1
-    assert "is not an ncu program this machine runs" in err.getvalue() and "\n" == err.getvalue()[-1]
+    assert "is not an ncu program this machine runs" in err.getvalue() and err.getvalue()[-1] == "\n"
