@@ -252,6 +252,7 @@ SHARED_TEST_HELPERS = {
     "tests.kube_double",
     "tests.local_kubelet",
     "tests.pod_security",
+    "tests.service_links",
 }
 
 

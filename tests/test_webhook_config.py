@@ -17,7 +17,6 @@ from kratos_admit.domain.config import Config, load_config
 from kratos_admit.simulation.scheduling import KRATOS_NODE_AFFINITY_WEIGHT
 from kratos_controller.actions import ContainerEnd, Observed, PublishProfile
 from kratos_controller.reconcile import reconcile
-from tests import service_links
 from tests.harness import (
     EXAMPLES,
     K8S_VERSION,
@@ -29,6 +28,7 @@ from tests.harness import (
     render,
     runner_summary,
 )
+from tests.service_links import for_pod, with_cluster_ips
 
 COMPONENTS = [
     "cert-manager",
@@ -144,7 +144,7 @@ def effective_config(objects: list[dict[str, Any]], deployment: str, tmp_path: P
     pod = find(objects, "Deployment", deployment)["spec"]["template"]["spec"]
     [container] = pod["containers"]
     services = [o for o in objects if o["kind"] == "Service"] + [USERS_SERVICE]
-    env = service_links.for_pod(pod, service_links.with_cluster_ips(services))
+    env = for_pod(pod, with_cluster_ips(services))
     env.update({e["name"]: e["value"] for e in container.get("env", []) if "value" in e})
     return load_config(path, environ=env)
 
@@ -165,8 +165,8 @@ def test_service_links_never_stop_a_deployment_from_starting(deployment: str, tm
     assert pod["enableServiceLinks"] is False
     shipped = effective_config(objects, deployment, tmp_path)
     del pod["enableServiceLinks"]  # the kubelet's default is true
-    services = service_links.with_cluster_ips(o for o in objects if o["kind"] == "Service")
-    links = service_links.for_pod(
+    services = with_cluster_ips(o for o in objects if o["kind"] == "Service")
+    links = for_pod(
         pod, [*services, USERS_SERVICE | {"spec": {**USERS_SERVICE["spec"], "clusterIP": "fd00::7"}}]
     )
     for name in ("KRATOS_WEBHOOK_SERVICE_HOST", "KRATOS_WEBHOOK_PORT", "KRATOS_WEBHOOK_PORT_443_TCP_ADDR",

@@ -40,7 +40,6 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from kratos_admit.domain import vocabulary as v
 from kratos_admit.edge.kube import api_client
 from kratos_admit.webhook.certs import generate
-from tests import service_links
 from tests.harness import (
     REPO,
     DcgmGpu,
@@ -52,6 +51,7 @@ from tests.harness import (
     render,
     runner_summary,
 )
+from tests.service_links import for_pod, with_cluster_ips
 
 KUBECONFIG_VARIABLE = "KRATOS_E2E_KUBECONFIG"
 NAMESPACE = "kratos-system"
@@ -159,9 +159,7 @@ def kubelet_environment(deployment: str) -> dict[str, str]:
     objects = render(REPO / "webhook-config") + render(REPO / "webhook-config" / "components" / "prometheus")
     [pod] = [o["spec"]["template"]["spec"] for o in objects
              if o["kind"] == "Deployment" and o["metadata"]["name"] == deployment]  # fmt: skip
-    return service_links.for_pod(
-        pod, service_links.with_cluster_ips(o for o in objects if o["kind"] == "Service")
-    )
+    return for_pod(pod, with_cluster_ips(o for o in objects if o["kind"] == "Service"))
 
 
 def wait_ready(process: Process, url: str, *, context: Any = None, timeout: float = 60) -> None:

@@ -1,0 +1,503 @@
+"""The second end-to-end tier: KRATOS as users run it, on one real node (issue 30).
+
+Runs when ``KRATOS_E2E_KUBECONFIG`` names an admin kubeconfig of a cluster with a real node (a kubelet
+with containerd and runc, fake GPUs advertised on it, a RuntimeClass ``nvidia``) and
+``KRATOS_E2E_REAL_NODE`` names a local Debian 12 image with python3 and python3-venv to build from
+(e.g. ``localhost/debian-python:bookworm``); podman builds the images and ``CONTAINERD_ADDRESS``
+names the node's containerd, into which they are loaded. Skipped otherwise, and never beside the
+first tier (both install into ``kratos-system``).
+
+In order, each a test: (1) both images built from the repository with the commands of
+docs/install.md "Building the images", loaded into the node; (2) the README's install, steps 2 and 3
+run literally, then the webhook and controller Ready as Pods of those images, under their
+ServiceAccounts, read-only and non-root, and the API server calling the webhook through its Service;
+(3) both profiling forms with the real Nsight Compute (Debian's, in the runner image) on fake GPUs:
+the README's step 4 (the example vectorAdd Job, staged) and a ``python train.py`` Job (in-image),
+each profiling run failing in ncu's own words, the profile Failed saying so, and the execution Job
+running the user's command in the user's image; (4) an upgrade to a second image tag while Jobs are
+created at a steady rate; (5) the uninstall of docs/operations.md, each command exiting 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes_asyncio import client
+
+from kratos_admit.domain import vocabulary as v
+from tests.e2e.real_cluster import admin_api, admin_kubeconfig, kubectl
+from tests.harness import REPO
+
+BASE = os.environ.get("KRATOS_E2E_REAL_NODE", "")
+NAMESPACE = "kratos-system"
+USERS = "team-a"  # the README's namespace
+CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
+TAGS = ("0.1.0", "0.1.1")  # the README's tag, and the upgrade's
+VECTOR_ADD_IMAGE = "nvcr.io/nvidia/k8s/cuda-sample:vectoradd-cuda12.5.0"  # examples/vector-add-job.yaml's
+TRAIN_IMAGE = "localhost/train:py"
+Obj = dict[str, Any]
+
+
+def _why_not() -> str | None:
+    if admin_kubeconfig() is None:
+        return (
+            "end-to-end suite: set KRATOS_E2E_KUBECONFIG to an admin kubeconfig of a real cluster to run it"
+        )
+    if not BASE:
+        return "real-node tier: set KRATOS_E2E_REAL_NODE to a local Debian 12 python3 image to build from"
+    if shutil.which("podman") is None or not os.environ.get("CONTAINERD_ADDRESS"):
+        return "real-node tier: needs podman and CONTAINERD_ADDRESS (the node's containerd)"
+    return None
+
+
+pytestmark = pytest.mark.skipif(_why_not() is not None, reason=str(_why_not()))
+
+
+@dataclass
+class Tier:
+    """What the tests of this tier hand on to each other, in order."""
+
+    work: Path  # the user's working directory: a copy of the repository's install files
+    env: dict[str, str]
+    figures: dict[str, Any] = field(default_factory=dict)
+    done: set[str] = field(default_factory=set)
+
+    def need(self, step: str) -> None:
+        if step not in self.done:
+            pytest.fail(f"the earlier step {step!r} did not pass: this tier runs in order")
+
+
+def sh(
+    script: str, tier: Tier, *, timeout: float = 600, check: bool = True
+) -> subprocess.CompletedProcess[str]:
+    """A user's shell: bash in the working directory, -e, and what it printed."""
+    done = subprocess.run(
+        ["bash", "-euo", "pipefail", "-c", script], cwd=tier.work, env=tier.env,
+        capture_output=True, text=True, timeout=timeout, check=False,
+    )  # fmt: skip
+    if check:
+        assert done.returncode == 0, (
+            f"{script}\nexit {done.returncode}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+        )
+    return done
+
+
+def shell_block(page: str, after: str) -> str:
+    """The first ```sh block of ``page`` after the text ``after``."""
+    text = (REPO / page).read_text()
+    found = re.search(r"```sh\n(.*?)```", text[text.index(after) :], re.S)
+    assert found, f"{page}: no sh block after {after!r}"
+    return found.group(1)
+
+
+def readme_steps() -> dict[int, str]:
+    """The README's install block, by its numbered comments (``# 1. images`` ...)."""
+    block = shell_block("README.md", "## Install on a cluster")
+    steps: dict[int, str] = {}
+    current = 0
+    for line in block.splitlines(keepends=True):
+        numbered = re.match(r"# (\d)\. ", line)
+        if numbered:
+            current = int(numbered.group(1))
+        steps[current] = steps.get(current, "") + line
+    return steps
+
+
+@pytest.fixture(scope="module")
+def tier(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Tier]:
+    work = tmp_path_factory.mktemp("user")
+    for name in ("webhook-config", "examples", "runner"):
+        shutil.copytree(
+            REPO / name, work / name, ignore=shutil.ignore_patterns("__pycache__", "dist", "build")
+        )
+    for name in ("Dockerfile", "pyproject.toml", "README.md", ".dockerignore"):
+        shutil.copy(REPO / name, work / name)
+    for name in ("kratos_admit", "profiler-controller"):
+        shutil.copytree(REPO / name, work / name, ignore=shutil.ignore_patterns("__pycache__"))
+    (work / ".venv").symlink_to(Path(sys.executable).parent.parent)
+    env = {**os.environ, "KUBECONFIG": str(admin_kubeconfig())}
+    yield Tier(work, env)
+    kubectl("delete", "namespace", USERS, "--ignore-not-found", "--wait=false", check=False)
+
+
+def pods(namespace: str, selector: str) -> list[Obj]:
+    """The Pods that run on (a Pod of a rollout's old ReplicaSet may still be terminating)."""
+    listed = json.loads(kubectl("-n", namespace, "get", "pods", "-l", selector, "-o", "json"))
+    return [pod for pod in listed["items"] if "deletionTimestamp" not in pod["metadata"]]
+
+
+def until(check: Any, *, timeout: float, what: str, every: float = 1.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        result = check()
+        if result:
+            return result
+        assert time.monotonic() < deadline, f"{what}: not within {timeout} s"
+        time.sleep(every)
+
+
+def load(tier: Tier, *images: str) -> None:
+    """Into the node's containerd, as its own images (nothing is pulled: there is no registry)."""
+    for image in images:
+        sh(f"podman save {image} | ctr -n k8s.io images import - > /dev/null", tier)
+
+
+# --- 1. images ---------------------------------------------------------------------------------
+
+
+def test_1_both_images_build_from_the_repository_and_load_into_the_node(tier: Tier):
+    block = shell_block("docs/install.md", "## Building the images")
+    assert "BASE=localhost/debian-python:bookworm" in block
+    block = block.replace("BASE=localhost/debian-python:bookworm", f"BASE={BASE}")
+    mount = f"-v {CA_BUNDLE}:{CA_BUNDLE}:ro " if Path(CA_BUNDLE).exists() else ""
+    for line in [line for line in block.splitlines() if line.startswith("podman build")]:
+        started = time.monotonic()
+        sh(
+            block.splitlines()[0] + "\n" + line.replace("podman build ", f"podman build -q {mount}", 1),
+            tier,
+            timeout=900,
+        )
+        image = line.split()[3]
+        tier.figures[f"build {image}"] = round(time.monotonic() - started, 1)
+    admit, runner = (f"localhost/kratos-admit:{TAGS[0]}", f"localhost/kratos-nsight-compute-poc:{TAGS[0]}")
+    for image in (admit, runner):
+        size = sh(f"podman image inspect {image} --format '{{{{.Size}}}}'", tier).stdout.strip()
+        tier.figures[f"size {image}"] = f"{int(size) / 1e6:.0f} MB"
+    # the image as the Deployments run it: read-only, uid 65532
+    out = sh(f"podman run --rm --network none --read-only --user 65532:65532 {admit} --help", tier).stdout
+    assert "usage: kratos-admit" in out
+    assert (
+        "Version 2022.3"
+        in sh(f"podman run --rm --network none --entrypoint ncu {runner} --version", tier).stdout
+    )
+    # the upgrade's second tag, and the users' images: the example's CUDA sample path with a real
+    # executable, and a Debian Python image with train.py
+    sh(f"podman tag {admit} localhost/kratos-admit:{TAGS[1]}", tier)
+    user = tier.work / "user-images"
+    (user / "vector-add").mkdir(parents=True)
+    (user / "vector-add" / "vectorAdd.c").write_text(
+        '#include <stdio.h>\nint main(void) { puts("[Vector addition of 50000 elements]"); puts("Test PASSED"); return 0; }\n'
+    )
+    sh(f"cc -O2 -o {user}/vector-add/vectorAdd {user}/vector-add/vectorAdd.c", tier)
+    (user / "vector-add" / "Containerfile").write_text(
+        f"FROM {BASE}\nCOPY vectorAdd /cuda-samples/vectorAdd\n"
+    )
+    (user / "train").mkdir()
+    (user / "train" / "train.py").write_text(
+        "import sys\nprint('training', ' '.join(sys.argv[1:]), flush=True)\nprint('epoch 1 done')\n"
+    )
+    (user / "train" / "Containerfile").write_text(
+        f"FROM {BASE}\nRUN ln -s /usr/bin/python3 /usr/local/bin/python\nWORKDIR /workspace\nCOPY train.py /workspace/train.py\n"
+    )
+    sh(
+        f"podman build -q -t {VECTOR_ADD_IMAGE} {user}/vector-add && podman build -q -t {TRAIN_IMAGE} {user}/train",
+        tier,
+    )
+    started = time.monotonic()
+    load(tier, admit, f"localhost/kratos-admit:{TAGS[1]}", runner, VECTOR_ADD_IMAGE, TRAIN_IMAGE)
+    tier.figures["load 5 images"] = round(time.monotonic() - started, 1)
+    listed = sh("ctr -n k8s.io images ls -q", tier).stdout
+    for image in (admit, runner, VECTOR_ADD_IMAGE):
+        assert image in listed
+    print("images:", json.dumps(tier.figures))
+    tier.done.add("images")
+
+
+# --- 2. the README's install -------------------------------------------------------------------
+
+
+def test_2_the_readmes_install_runs_literally_and_kratos_runs_as_pods_of_those_images(tier: Tier):
+    tier.need("images")
+    steps = readme_steps()
+    kubectl("delete", "namespace", NAMESPACE, USERS, "--ignore-not-found", "--timeout=120s", check=False)
+    for number in (2, 3):
+        started = time.monotonic()
+        sh(steps[number].replace("REGISTRY", "localhost"), tier, timeout=300)
+        tier.figures[f"README step {number}"] = round(time.monotonic() - started, 1)
+    for deployment, account in (
+        ("kratos-webhook", "kratos-webhook"),
+        ("kratos-controller", "kratos-controller"),
+    ):
+        running = pods(NAMESPACE, f"app.kubernetes.io/name={deployment}")
+        assert len(running) == 2, [p["metadata"]["name"] for p in running]
+        for pod in running:
+            spec, status = pod["spec"], pod["status"]
+            assert spec["serviceAccountName"] == account and spec["enableServiceLinks"] is False
+            [container] = spec["containers"]
+            assert container["image"] == f"localhost/kratos-admit:{TAGS[0]}"
+            assert container["securityContext"]["readOnlyRootFilesystem"] is True
+            ready = {c["type"]: c for c in status["conditions"]}["Ready"]
+            assert ready["status"] == "True", status
+            started = time.mktime(time.strptime(pod["metadata"]["creationTimestamp"], "%Y-%m-%dT%H:%M:%SZ"))
+            became = time.mktime(time.strptime(ready["lastTransitionTime"], "%Y-%m-%dT%H:%M:%SZ"))
+            tier.figures.setdefault(f"start to Ready {deployment} s", []).append(round(became - started))
+        # the process really runs as 65532 in the container
+        name = running[0]["metadata"]["name"]
+        assert (
+            kubectl(
+                "-n", NAMESPACE, "exec", name, "--", "python3", "-c", "import os; print(os.getuid())"
+            ).strip()
+            == "65532"
+        )
+    # the API server calls the webhook through its Service: a labelled namespace's Job is mutated
+    kubectl("delete", "namespace", "kratos-probe", "--ignore-not-found", "--timeout=120s")
+    kubectl("create", "namespace", "kratos-probe")
+    kubectl("label", "namespace", "kratos-probe", f"{v.NAMESPACE_LABEL}=enabled")
+    probe = yaml.safe_load((REPO / "examples" / "vector-add-job.yaml").read_text())
+    probe["metadata"]["namespace"] = "kratos-probe"
+    created = json.loads(
+        kubectl("create", "--dry-run=server", "-o", "json", "-f", "-", stdin=yaml.safe_dump(probe))
+    )
+    assert v.HINTS_ANNOTATION in created["metadata"]["annotations"], "mutated by the webhook Pods"
+    # a burst of creates, 8 at a time, and the API server's own webhook latency histogram over it
+    before = metric_histogram()
+    started = time.monotonic()
+    admitted = asyncio.run(burst(probe, 400, 8))
+    seconds = time.monotonic() - started
+    p50, p99 = quantiles(before, metric_histogram())
+    tier.figures["burst"] = (
+        f"{admitted} dry-run creates in {seconds:.1f} s; webhook p50 <= {p50 * 1000:g} ms, p99 <= {p99 * 1000:g} ms"
+    )
+    assert admitted == 400
+    kubectl("delete", "namespace", "kratos-probe", "--wait=false")
+    print("install:", json.dumps(tier.figures))
+    tier.done.add("install")
+
+
+async def burst(job: Obj, count: int, parallel: int) -> int:
+    """``count`` server-side dry-run creates of ``job``, ``parallel`` at a time; how many were admitted."""
+    admitted = 0
+    async with admin_api() as api:
+        batch = client.BatchV1Api(api)
+        queue: asyncio.Queue[int] = asyncio.Queue()
+        for i in range(count):
+            queue.put_nowait(i)
+
+        async def worker() -> None:
+            nonlocal admitted
+            while not queue.empty():
+                i = queue.get_nowait()
+                body: Any = {**job, "metadata": {**job["metadata"], "name": f"burst-{i}"}}
+                await batch.create_namespaced_job(job["metadata"]["namespace"], body, dry_run="All")
+                admitted += 1
+
+        await asyncio.gather(*(worker() for _ in range(parallel)))
+    return admitted
+
+
+# --- 3. both profiling forms with the real Nsight Compute ---------------------------------------
+
+
+def job_status(name: str) -> Obj | None:
+    found = kubectl("-n", USERS, "get", "job", name, "-o", "json", "--ignore-not-found")
+    return json.loads(found) if found.strip() else None
+
+
+def finished(name: str) -> Obj | None:
+    job = job_status(name)
+    if job is None:
+        return None
+    conditions = {c["type"]: c["status"] for c in job["status"].get("conditions", [])}
+    return job if conditions.get("Complete") == "True" or conditions.get("Failed") == "True" else None
+
+
+def events_for(kind: str, name: str) -> list[str]:
+    listed = json.loads(kubectl("-n", USERS, "get", "events", "-o", "json"))["items"]
+    return [
+        e.get("reason", "")
+        for e in listed
+        if e["involvedObject"]["kind"] == kind and e["involvedObject"]["name"] == name
+    ]
+
+
+def profiled_then_executed(tier: Tier, job: str, workload: str, container: str, expected_log: str) -> Obj:
+    """The profiling run of ``job`` really ran and failed in ncu's words; the profile says so; the
+    execution Job ran the user's command in the user's image."""
+    until(lambda: finished(job), timeout=240, what=f"the profiling Job {job} finished")
+    [pod] = pods(USERS, f"job-name={job}")
+    log = kubectl("-n", USERS, "logs", pod["metadata"]["name"], "-c", "profiling-runner")
+    assert "Nsight Compute failed to connect to the CUDA driver" in log or "no CUDA-capable device" in log, (
+        log
+    )
+    assert "No metrics to collect" not in log, log
+    summary = json.loads(pod["status"]["containerStatuses"][0]["state"]["terminated"]["message"])
+    assert summary["ncuSet"] == "default" and summary["ncuVersion"].startswith("2022.3"), summary
+    profile = until(
+        lambda: (p := json.loads(kubectl("-n", USERS, "get", "workloadprofile", f"{workload}-profile", "-o", "json",
+                                         "--ignore-not-found") or "null")) and p.get("status", {}).get("phase") == "Failed" and p,
+        timeout=120, what=f"the profile of {workload} Failed",
+    )  # fmt: skip
+    assert "CUDA driver" in profile["status"]["message"] or "CUDA-capable" in profile["status"]["message"], (
+        profile
+    )
+    execution = f"{job}-execution"
+    done = until(lambda: finished(execution), timeout=240, what=f"the execution Job {execution} finished")
+    assert done["status"].get("succeeded") == 1, done["status"]
+    [run] = pods(USERS, f"job-name={execution}")
+    assert run["spec"]["containers"][0]["name"] == container
+    assert expected_log in kubectl("-n", USERS, "logs", run["metadata"]["name"], "-c", container)
+    reasons = events_for("Job", job)
+    assert "ProfileFailed" in reasons and "ExecutionJobCreated" in reasons, reasons
+    return pod
+
+
+def test_3_both_profiling_forms_run_the_real_nsight_compute_and_the_user_command_runs_after(tier: Tier):
+    tier.need("install")
+    steps = readme_steps()
+    # the README's step 4, but for its two watch/read lines, which wait for a person
+    literal = "\n".join(
+        line
+        for line in steps[4].splitlines()
+        if " -w " not in line and "jsonpath" not in line and "get workloadprofiles" not in line
+    )
+    sh(literal, tier)
+    staged = profiled_then_executed(tier, "vector-add", "vector-add", "vector-add", "Test PASSED")
+    assert [c["name"] for c in staged["spec"]["initContainers"]][-1] == "stage-workload"
+    hints = sh(
+        "kubectl -n team-a get job vector-add-execution -o jsonpath='{.metadata.annotations.gpu\\.scheduler\\.io/hints}'",
+        tier,
+    ).stdout
+    assert json.loads(hints), "the README's last line shows the hints record"
+    train = {
+        "apiVersion": "batch/v1", "kind": "Job",
+        "metadata": {"name": "train", "namespace": USERS, "labels": {v.WORKLOAD_LABEL: "train"}},
+        "spec": {"backoffLimit": 0, "template": {"spec": {"restartPolicy": "Never", "containers": [{
+            "name": "train", "image": TRAIN_IMAGE, "imagePullPolicy": "IfNotPresent",
+            "command": ["python", "train.py", "--epochs", "1"], "workingDir": "/workspace",
+            "resources": {"limits": {"nvidia.com/gpu": 1}},
+        }]}}},
+    }  # fmt: skip
+    kubectl("apply", "-f", "-", stdin=yaml.safe_dump(train))
+    in_image = profiled_then_executed(tier, "train", "train", "train", "training --epochs 1")
+    assert [c["name"] for c in in_image["spec"]["initContainers"]] == ["stage-profiler"]
+    stage = in_image["status"]["initContainerStatuses"][0]["state"]["terminated"]
+    copy = time.mktime(time.strptime(stage["finishedAt"], "%Y-%m-%dT%H:%M:%SZ")) - time.mktime(
+        time.strptime(stage["startedAt"], "%Y-%m-%dT%H:%M:%SZ")
+    )
+    tier.figures["stage-profiler copy s (1 s resolution)"] = copy
+    print("profiling forms:", json.dumps(tier.figures))
+    tier.done.add("profiling")
+
+
+# --- 4. an upgrade under load ------------------------------------------------------------------
+
+
+def test_4_an_upgrade_to_a_second_tag_under_steady_creates_fails_none(tier: Tier):
+    tier.need("install")
+    kubectl("delete", "namespace", "kratos-load", "--ignore-not-found", "--timeout=120s")
+    kubectl("create", "namespace", "kratos-load")
+    kubectl("label", "namespace", "kratos-load", f"{v.NAMESPACE_LABEL}=enabled")
+    probe = yaml.safe_load((REPO / "examples" / "vector-add-job.yaml").read_text())
+    probe["metadata"]["namespace"] = "kratos-load"
+    text = yaml.safe_dump(probe)
+    failures: list[str] = []
+    answered = [0]
+    stop = threading.Event()
+
+    def creates() -> None:
+        while not stop.is_set():  # a steady 4 creates a second, dry-run (admitted exactly like real ones)
+            done = subprocess.run(
+                ["kubectl", "--kubeconfig", str(admin_kubeconfig()), "create", "--dry-run=server", "-o", "name", "-f", "-"],
+                input=text, capture_output=True, text=True, timeout=30, check=False,
+            )  # fmt: skip
+            if done.returncode != 0:
+                failures.append(done.stderr.strip())
+            answered[0] += 1
+            stop.wait(0.25)
+
+    before = metric_histogram()
+    worker = threading.Thread(target=creates)
+    worker.start()
+    try:
+        time.sleep(3)
+        overlay = tier.work / "my-kratos" / "kustomization.yaml"
+        overlay.write_text(overlay.read_text().replace(f'newTag: "{TAGS[0]}"', f'newTag: "{TAGS[1]}"'))
+        sh("kubectl apply -k my-kratos/", tier)
+        sh(
+            f"kubectl -n {NAMESPACE} rollout status deploy/kratos-webhook deploy/kratos-controller --timeout=300s",
+            tier,
+            timeout=320,
+        )
+        time.sleep(3)
+    finally:
+        stop.set()
+        worker.join(60)
+    after = metric_histogram()
+    images = {
+        p["spec"]["containers"][0]["image"] for p in pods(NAMESPACE, "app.kubernetes.io/name=kratos-webhook")
+    }
+    assert images == {f"localhost/kratos-admit:{TAGS[1]}"}
+    pdb = json.loads(kubectl("-n", NAMESPACE, "get", "pdb", "kratos-webhook", "-o", "json"))
+    assert pdb["status"]["currentHealthy"] >= pdb["status"]["desiredHealthy"]
+    p50, p99 = quantiles(before, after)
+    print(f"upgrade: {answered[0]} dry-run creates during the rollout, {len(failures)} failed; "
+          f"API server webhook latency p50 {p50 * 1000:.0f} ms, p99 {p99 * 1000:.0f} ms")  # fmt: skip
+    assert failures == [], failures[:3]
+    kubectl("delete", "namespace", "kratos-load", "--wait=false")
+    tier.done.add("upgrade")
+
+
+def metric_histogram() -> dict[float, float]:
+    """apiserver_admission_webhook_admission_duration_seconds of the mutating webhook, summed over
+    its labels: cumulative count per bucket bound."""
+    buckets: dict[float, float] = {}
+    for line in kubectl("get", "--raw", "/metrics").splitlines():
+        if (
+            line.startswith("apiserver_admission_webhook_admission_duration_seconds_bucket{")
+            and 'name="mutate.gpu.scheduler.io"' in line
+        ):
+            bound = re.search(r'le="([^"]+)"', line)
+            if bound:
+                key = float("inf") if bound.group(1) == "+Inf" else float(bound.group(1))
+                buckets[key] = buckets.get(key, 0.0) + float(line.rsplit(" ", 1)[1])
+    return buckets
+
+
+def quantiles(before: dict[float, float], after: dict[float, float]) -> tuple[float, float]:
+    """p50 and p99 (the upper bound of the bucket that holds them) of the calls between two reads."""
+    diff = sorted((bound, after[bound] - before.get(bound, 0.0)) for bound in after)
+    total = diff[-1][1] if diff else 0.0
+    if total <= 0:
+        return float("nan"), float("nan")
+    p50, p99 = (next(b for b, c in diff if c >= q * total) for q in (0.5, 0.99))
+    return p50, p99
+
+
+# --- 5. uninstall ------------------------------------------------------------------------------
+
+
+def test_5_the_documented_uninstall_exits_0_at_every_command_and_leaves_nothing_held(tier: Tier):
+    tier.need("install")
+    block = shell_block("docs/operations.md", "## Uninstall")
+    for line in [line.split("#", 1)[0].strip() for line in block.splitlines()]:
+        if line:
+            done = sh(line, tier, check=False, timeout=300)
+            assert done.returncode == 0, f"{line}: exit {done.returncode}: {done.stderr.strip()}"
+    leftovers = kubectl(
+        "get", "mutatingwebhookconfigurations,validatingwebhookconfigurations,crd", "-o", "name"
+    )
+    assert "kratos" not in leftovers and "workloadprofiles" not in leftovers
+    started = time.monotonic()
+    kubectl("delete", "namespace", USERS, "--ignore-not-found", "--timeout=120s")
+    until(
+        lambda: "kratos-system" not in kubectl("get", "namespaces", "-o", "name"),
+        timeout=120,
+        what="kratos-system deleted",
+    )
+    print(
+        f"uninstall: every command exited 0; {USERS} and {NAMESPACE} deleted in {time.monotonic() - started:.1f} s"
+    )
