@@ -771,6 +771,9 @@ workload = args[i:]
 export = options["--export"]
 skip, count = int(options.get("--launch-skip", "0")), int(options.get("--launch-count", "1000000"))
 kill = options.get("--kill", "no") in ("yes", "on", "1", "true")
+if os.environ.get("FAKE_NCU_OUTPUT"):  # a real ncu's words for a run that profiled nothing, played back
+    sys.stdout.write(open(os.environ["FAKE_NCU_OUTPUT"]).read())
+    sys.exit(int(os.environ.get("FAKE_NCU_STATUS", "1")))
 print("==PROF== Connected to process 4242 (" + workload[0] + ")", flush=True)
 if os.environ.get("FAKE_NCU_MODE") == "perm":
     print("==ERROR== ERR_NVGPUCTRPERM - The user does not have permission to access NVIDIA GPU Performance Counters on the target device 0.", flush=True)

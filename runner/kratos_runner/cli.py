@@ -13,18 +13,13 @@ import sys
 import tempfile
 from typing import Sequence, TextIO
 
+from kratos_runner.failures import classify
 from kratos_runner.launch import cannot_start, child_environment, loader_failure, with_fix
 from kratos_runner.parse import Report, parse_report
 from kratos_runner.summary import encode_summary, summarise
 
 DEFAULT_TERMINATION_LOG = "/dev/termination-log"
 NOT_RUN = 127  # exit status when the workload could not be started at all
-PERMISSION_MARKER = "ERR_NVGPUCTRPERM"
-PERMISSION_HELP = (
-    "ncu has no permission to read the GPU performance counters (ERR_NVGPUCTRPERM): either load the "
-    "NVIDIA driver on the node with NVreg_RestrictProfilingToAdminUsers=0, or give the profiling-runner "
-    "container CAP_SYS_ADMIN or CAP_PERFMON (profilingCapabilities: [PERFMON] in the KRATOS config)"
-)
 _NCU_GLOBS = ("/usr/local/cuda/bin/ncu", "/opt/nvidia/nsight-compute/*/ncu", "/usr/local/cuda-*/bin/ncu")
 # the one-file executable (PyInstaller) sets sys.frozen; the staged form runs ``python3 -m kratos_runner``
 FROZEN = bool(getattr(sys, "frozen", False))
@@ -126,9 +121,11 @@ def write_summary(summary: dict[str, object], stdout: TextIO, stderr: TextIO) ->
     stdout.flush()
 
 
-def _failed(reason: str, exit_code: int, version: str = "") -> dict[str, object]:
-    """The summary of a run that profiled nothing, for the stated reason."""
-    return summarise(Report("none"), exit_code=exit_code, ncu_version=version, reason=reason)
+def _failed(reason: str, exit_code: int, version: str = "", failure: str = "ncu-error") -> dict[str, object]:
+    """The summary of a run that profiled nothing, for the stated reason and failure class."""
+    summary = summarise(Report("none"), exit_code=exit_code, ncu_version=version, reason=reason)
+    summary["failure"] = failure
+    return summary
 
 
 def _run_streaming(command: list[str], stdout: TextIO, env: dict[str, str]) -> tuple[int, str]:
@@ -176,7 +173,7 @@ def profile(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> int:
     # documented, the kernel's rules are (execve(2)); the workload's PATH is the runner's environment
     unusable, status = cannot_start(exe)
     if unusable:
-        write_summary(_failed(with_fix(unusable, exe), status), stdout, stderr)
+        write_summary(_failed(with_fix(unusable, exe), status, failure="cannot-start"), stdout, stderr)
         return status
     version = ncu_version(ncu, env)
     chosen, note = choose_set(args.set, section_sets(ncu, env))
@@ -201,7 +198,7 @@ def profile(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> int:
                 _failed(f"cannot start ncu at {ncu}: {exc.strerror}", NOT_RUN, version), stdout, stderr
             )
             return NOT_RUN
-        reason = PERMISSION_HELP if PERMISSION_MARKER in output else ""
+        reason, failure = "", ""
         report_file = report_base + ".ncu-rep"
         if not os.path.exists(report_file):
             report = parse_report(output)
@@ -212,16 +209,21 @@ def profile(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> int:
             )  # fmt: skip
             text = export.stdout.decode("utf-8", "replace")
             if export.returncode != 0 and not text.strip():
-                reason = (
-                    reason or "ncu --import failed: " + export.stderr.decode("utf-8", "replace").strip()[:300]
-                )
+                reason = "ncu --import failed: " + export.stderr.decode("utf-8", "replace").strip()[:300]
             report = parse_report(text)
-        # nothing profiled and the dynamic loader refused the workload: that, not the empty report, is why
-        failed_launch = loader_failure(output) if not report.kernels else ""
-        if failed_launch:
-            reason = with_fix(failed_launch, exe)
+        if not report.kernels:
+            # nothing profiled: the dynamic loader's refusal of the workload, else ncu's own words
+            failed_launch = loader_failure(output)
+            if failed_launch:
+                failure, reason = "cannot-start", with_fix(failed_launch, exe)
+            elif reason:
+                failure = "ncu-error"
+            else:
+                failure, reason = classify(output)
         summary = summarise(report, exit_code=exit_code, ncu_version=version, reason=reason)
         summary["ncuSet"] = chosen
+        if failure:
+            summary["failure"] = failure
     return _finish(summary, args, stdout, stderr)
 
 
