@@ -53,6 +53,7 @@ from kratos_admit.webhook.server import create_app, running_site
 from kratos_admit.webhook.tls import ServingCertificate
 from kratos_controller.controller import ProfilerController
 from kratos_controller.metrics import ControllerMetrics
+from kratos_runner.failures import classify
 from kratos_runner.launch import loader_failure, with_fix
 from kratos_runner.parse import Report, parse_report
 from kratos_runner.summary import encode_summary, summarise
@@ -280,6 +281,25 @@ def runner_summary(report: Path = T4_REPORT, exit_code: int = 0) -> str:
     """What the profiling-runner writes to its termination log, from an ncu text report or CSV export."""
     text = report.read_text(encoding="utf-8")
     return encode_summary(summarise(parse_report(text), exit_code=exit_code, ncu_version="2024.3.2.0"))
+
+
+# Nsight Compute 2022.3's words when DCGM holds the GPU's performance counters (the string in Debian's
+# nsight-compute 2022.3.0.22, target/linux-desktop-glibc_2_11_3-x64/libcuda-injection.so, as ncu prints it)
+COUNTERS_IN_USE_OUTPUT = (
+    "==PROF== Connected to process 4242 (/opt/app/train)\n"
+    "==ERROR== Profiling failed because a driver resource was unavailable. Ensure that no other tool (like "
+    "DCGM) is concurrently collecting profiling data. See "
+    "https://docs.nvidia.com/nsight-compute/ProfilingGuide/index.html#faq for more details.\n"
+    "==WARNING== No kernels were profiled.\n"
+)
+
+
+def runner_summary_failed(output: str = COUNTERS_IN_USE_OUTPUT, exit_code: int = 1) -> str:
+    """What the runner writes for a run that profiled nothing: its failure class and reason read from
+    ``output`` by the runner's own classifier."""
+    failure, reason = classify(output)
+    summary = summarise(Report("none"), exit_code=exit_code, ncu_version="2022.3.0.0", reason=reason)
+    return encode_summary({**summary, "failure": failure, "ncuSet": "default"})
 
 
 # glibc's dynamic loader refusing a staged CUDA program whose runtime library stayed in its own image

@@ -145,6 +145,7 @@ def test_every_alert_and_panel_query_names_exported_metrics_with_their_labels(ex
         ("KratosObjectsHeldTooLong", "kratos_held_oldest_age_seconds"),
         ("KratosControllerNoLeader", "kratos_controller_leader"),
         ("KratosTelemetryUnavailable", "kratos_telemetry_queries_total"),
+        ("KratosProfilingFailsOnProduct", "kratos_profiling_failures_total"),
     ],
 )
 def test_each_alert_design_names_has_a_summary_a_description_and_a_runbook_in_the_operations_guide(

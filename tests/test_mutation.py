@@ -599,3 +599,24 @@ def test_a_dry_run_notes_no_run_and_the_note_expires():
     assert admit(job, eng).decision.action == "hints", "held behind the run just admitted"
     clock[0] = eng.runs.ttl + 1  # the API server may have refused the first Job: profile again
     assert admit(job, eng).decision.action == "profiling"
+
+
+@pytest.mark.parametrize(
+    ("failure", "promise"),
+    [
+        ("counters-in-use", "with telemetry configured, the workload's runs make the profile Ready"),
+        ("no-kernels", "delete the profile to profile again"),
+    ],
+)
+def test_a_failed_profile_never_promises_a_profiling_run_its_class_makes_impossible(
+    failure: str, promise: str
+):
+    """Issue 31: after counters-in-use (or counter-permission, no-gpu) a new profiling run meets the
+    same nodes; the warning says so and names telemetry, not "delete the profile to profile again"."""
+    failed = make_profile(phase="Failed", message="another profiler holds this GPU's performance counters")
+    assert failed.status is not None
+    failed = failed.model_copy(update={"status": failed.status.model_copy(update={"failure": failure})})
+    result, _ = mutate_and_check(make_job().obj(), engine(make_ctx(), [failed]))
+    [warning] = [w for w in result.decision.warnings if "is Failed" in w]
+    assert promise in warning
+    assert ("delete the profile to profile again" in warning) == (failure == "no-kernels")

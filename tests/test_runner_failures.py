@@ -85,3 +85,20 @@ def test_the_runner_writes_the_class_into_the_summary(
     assert summary["failure"] == classify((REAL / name).read_text())[0] and summary["kernels"] == 0
     assert summary["reason"] == classify((REAL / name).read_text())[1]
     assert status == 1 and summary["boundType"] == "unknown"
+
+
+def test_the_profile_and_the_crd_know_every_class_the_runner_names():
+    """The runner is stdlib-only and cannot import the domain: this keeps the two lists in step."""
+    import yaml
+
+    from kratos_admit.domain.profile import FAILURE_CLASSES, condition_reason
+    from tests.harness import REPO
+
+    assert FAILURE_CLASSES == CLASSES
+    crd = yaml.safe_load((REPO / "webhook-config" / "crd-workloadprofiles.yaml").read_text())
+    status = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]
+    assert tuple(status["failure"]["enum"]) == CLASSES
+    assert [condition_reason(c) for c in CLASSES] == [
+        "NoGpu", "CounterPermission", "CountersInUse", "OutOfMemory", "CannotStart", "NoKernels", "NcuError",
+    ]  # fmt: skip
+    assert condition_reason(None) == "ProfilingFailed"

@@ -5,6 +5,7 @@ runs of any owner become evidence; failures never make a profile and never delay
 from __future__ import annotations
 
 import datetime as dt
+import json
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +39,7 @@ from tests.harness import (
     profile,
     prometheus_serving,
     runner_summary,
+    runner_summary_failed,
     seed_finished,
     webhook_serving,
 )
@@ -326,3 +328,68 @@ async def test_a_job_labelled_only_on_its_own_metadata_is_measured_when_it_compl
         assert (status["phase"], status["source"], status["boundType"]) == ("Ready", "telemetry", "memory")
         assert status["telemetry"][0]["runs"] == 1 and status["telemetry"][0]["seconds"] == "600"
         await eventually(lambda: not controller.job_pods)  # nothing of the Pod held once it is counted
+
+
+async def test_counters_held_by_dcgm_cost_no_learning_the_execution_runs_telemetry_makes_it_ready(
+    tmp_path: Path,
+):
+    """Issue 31: the profiling run finds the counters held (counters-in-use): the profile is Failed
+    with the class (condition reason CountersInUse, Event, metric); the execution Job's run, measured
+    by DCGM, makes it a Ready telemetry profile that keeps why profiling failed; the next Job of the
+    workload is ranked, and nothing profiles it again."""
+    kube = KubeDouble()
+    fake = FakePrometheus()
+    async with (
+        api_server(kube) as server,
+        webhook_serving(kube, server, tmp_path) as engine,
+        prometheus_serving(fake) as url,
+        controller_running(server, config=telemetry_config(url)) as controller,
+    ):
+        opted_in_cluster(kube, (tmp_path / "certs" / "ca.crt").read_bytes(), A100)
+        api = api_for(server, "kubectl")
+        try:
+            user: Any = make_job("train").label(v.WORKLOAD_LABEL, "train").obj()
+            await client.BatchV1Api(api).create_namespaced_job("team-a", user)
+            [profiling] = await kube.run_jobs()
+            kube.finish_pod(
+                "team-a", profiling, exit_code=1, message=runner_summary_failed(), container=v.RUNNER_CONTAINER,
+                node="gpu-0",
+            )  # fmt: skip
+            failed = await eventually(
+                lambda: status_of(kube, "train").get("phase") == "Failed" and status_of(kube, "train")
+            )
+            assert failed["failure"] == "counters-in-use" and "DCGM" in failed["message"]
+            [condition] = failed["conditions"]
+            assert (condition["type"], condition["status"], condition["reason"]) == (
+                "Failed",
+                "True",
+                "CountersInUse",
+            )
+            notes = [e["note"] for e in events(kube, "ProfileFailed")]
+            assert notes and all("(CountersInUse)" in note for note in notes)
+            assert (
+                controller.metrics.profiling_failures.labels("counters-in-use", "gpu-0", A100)._value.get()
+                == 1
+            )
+            # the execution Job runs, and DCGM measures it
+            [execution] = await kube.run_jobs()
+            fake.load_text(dcgm_exposition([DcgmGpu(0, "GPU-a", "team-a", execution, counters=MEMORY_BOUND)]))
+            kube.finish_pod("team-a", execution, node="gpu-0", seconds=600)
+            ready = await eventually(
+                lambda: status_of(kube, "train").get("phase") == "Ready" and status_of(kube, "train")
+            )
+            assert (ready["source"], ready["boundType"]) == ("telemetry", "memory")
+            assert ready["failure"] == "counters-in-use", "why profiling failed is kept"
+            [kept] = ready["conditions"]
+            assert (kept["status"], kept["reason"]) == ("False", "CountersInUse")
+            assert "DCGM" in kept["message"] and "Ready from DCGM telemetry" in kept["message"]
+            # the next Job of the workload: ranked at once, never profiled again
+            await eventually(lambda: (p := engine.profiles.get("team-a", "train")) is not None and p.ready)
+            again: Any = make_job("train-2").label(v.WORKLOAD_LABEL, "train").obj()
+            created = await client.BatchV1Api(api).create_namespaced_job("team-a", again)
+        finally:
+            await api.close()
+        labels = created.metadata.labels or {}
+        assert labels.get(v.ROLE_LABEL) != "profiling"
+        hints = json.loads((created.metadata.annotations or {})[v.HINTS_ANNOTATION])
+        assert hints.get("ranked"), hints

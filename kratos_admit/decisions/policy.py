@@ -27,7 +27,7 @@ from kratos_admit.domain.catalog import Catalog
 from kratos_admit.domain.config import Config
 from kratos_admit.domain.fields import FieldError
 from kratos_admit.domain.gpu_requests import PodGpus, read_pod_gpus
-from kratos_admit.domain.profile import WorkloadProfile
+from kratos_admit.domain.profile import COUNTERS_UNAVAILABLE, WorkloadProfile
 from kratos_admit.domain.raw import as_mapping, clone, string_map
 from kratos_admit.domain.signing import signature_valid, signed_role
 from kratos_admit.domain.workload import Kind, ParentKind, Workload
@@ -194,11 +194,20 @@ def mutate(
         )
     if profile is not None:
         message = profile.status.message if profile.status and profile.status.message else "no reason given"
+        failure = profile.status.failure if profile.status else None
+        # the counters were out of reach (DCGM, restricted counters, no GPU): profiling again fails the
+        # same way until the nodes change, and telemetry is what still learns (docs/operations.md)
+        then = (
+            f"profiling failed with {failure}, which a new run meets again until the nodes are fixed; with "
+            "telemetry configured, the workload's runs make the profile Ready from DCGM counters"
+            if failure in COUNTERS_UNAVAILABLE
+            else "delete the profile to profile again"
+        )
         return hinted(
             obj,
             reason=f"WorkloadProfile {profile.metadata.name} is {phase or 'without status'}",
             warning=f"WorkloadProfile {profile.metadata.name} is {phase or 'without status'} ({message}): "
-            "admitted with base hints only; delete the profile to profile again",
+            f"admitted with base hints only; {then}",
         )
     if kind == "Pod":
         return hinted(

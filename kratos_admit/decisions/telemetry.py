@@ -355,4 +355,17 @@ def with_telemetry(status: ProfileStatus | None, run: TelemetryRun, *, now: str)
             "source_job": None,
             "message": f"{note}: {derived.reason}" if derived.reason else note,
         }
+        if current.phase == "Failed":  # why profiling failed stays: the Failed condition turns False
+            update["conditions"] = [
+                c.model_copy(
+                    update={
+                        "status": "False",
+                        "last_transition_time": now,
+                        "message": f"{c.message}; Ready from DCGM telemetry since {now}",
+                    }
+                )
+                if c.type == "Failed" and c.status == "True"
+                else c
+                for c in current.conditions or []
+            ]
     return current.model_copy(update=update)

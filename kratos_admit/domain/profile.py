@@ -81,6 +81,7 @@ class RunnerSummary(BaseModel):
     ncu_version: str = Field(default="", alias="ncuVersion")
     ncu_set: str = Field(default="", alias="ncuSet")  # the section set the runner asked ncu for
     reason: str = ""
+    failure: str = ""  # why nothing was profiled (runner/kratos_runner/failures.py), "" on success
 
 
 class TelemetryRecord(_Strict):
@@ -93,6 +94,33 @@ class TelemetryRecord(_Strict):
 
 
 MAX_COUNTED_RUNS = 256  # the Pod uids the observations remember, so no run is counted twice
+
+
+class ProfileCondition(_Strict):
+    """A condition as Kubernetes writes them (metav1.Condition's fields). The one KRATOS writes is
+    ``Failed``: True while the profile is Failed, False (reason and message kept) once telemetry made
+    it Ready, so why its profiling failed stays on the profile."""
+
+    type: str
+    status: Literal["True", "False", "Unknown"]
+    reason: str  # CamelCase, e.g. CountersInUse
+    message: str = ""
+    last_transition_time: str = Field(alias="lastTransitionTime")
+
+
+# the runner's failure classes (runner/kratos_runner/failures.py; a test keeps the two in step)
+FAILURE_CLASSES: tuple[str, ...] = (
+    "no-gpu", "counter-permission", "counters-in-use", "out-of-memory", "cannot-start", "no-kernels", "ncu-error",
+)  # fmt: skip
+# the classes where the counters were out of reach, not the workload at fault: telemetry still learns
+COUNTERS_UNAVAILABLE: frozenset[str] = frozenset({"no-gpu", "counter-permission", "counters-in-use"})
+
+
+def condition_reason(failure: str | None) -> str:
+    """A failure class as a condition reason: ``counters-in-use`` -> ``CountersInUse``."""
+    if not failure:
+        return "ProfilingFailed"
+    return "".join(part.capitalize() for part in failure.split("-"))
 
 
 class ProfileStatus(_Strict):
@@ -112,6 +140,9 @@ class ProfileStatus(_Strict):
     telemetry: list[TelemetryRecord] = Field(default_factory=list)
     # the last MAX_COUNTED_RUNS Pods whose telemetry was folded in, as countedRuns for observations
     counted_telemetry: list[str] = Field(default_factory=list, alias="countedTelemetry")
+    # why the Nsight Compute profiling failed (the runner's class), kept once telemetry makes it Ready
+    failure: str | None = None
+    conditions: list[ProfileCondition] | None = None
 
     def as_status(self) -> dict[str, Any]:
         """The status as the CRD stores it: camelCase keys, unset optional fields left out."""

@@ -37,6 +37,7 @@ class Observed:
     configmap_exists: bool = False
     execution_job_exists: bool = False
     source_job_exists: bool = True  # the Job named by the profile's sourceJob still exists
+    node: str = ""  # the node the newest profiling Pod was bound to ("" before it was)
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ from kratos_admit.decisions.telemetry import pod_samples, pod_telemetry, product
 from kratos_admit.domain import vocabulary as v
 from kratos_admit.domain.catalog import Catalog, load_catalog
 from kratos_admit.domain.config import Config
-from kratos_admit.domain.profile import WorkloadProfile
+from kratos_admit.domain.profile import WorkloadProfile, condition_reason
 from kratos_admit.domain.raw import as_list, as_mapping, clone, string_map
 from kratos_admit.domain.workload import Kind
 from kratos_admit.edge.kube import Backoff, Informer, one_line
@@ -235,6 +235,11 @@ class ProfilerController:
             if isinstance(action, PublishProfile):
                 await self._report_published(job, action)
                 self.metrics.profiles_published.labels(action.status.phase.lower()).inc()
+                if action.status.phase == "Failed":
+                    product = await self.io.product_of(observed.node) if observed.node else ""
+                    self.metrics.profiling_failures.labels(
+                        action.status.failure or "unknown", observed.node or "unknown", product or "unknown"
+                    ).inc()
                 log.info(
                     "profile published",
                     extra={
@@ -275,7 +280,7 @@ class ProfilerController:
             for obj, kind in ((job, "Job"), (profile, "WorkloadProfile")):
                 await self.report(obj, kind, "ProfileReady", note)  # type: ignore[arg-type]
         elif status.phase == "Failed":
-            note = f"WorkloadProfile {action.name} is Failed: {status.message}"
+            note = f"WorkloadProfile {action.name} is Failed ({condition_reason(status.failure)}): {status.message}"
             for obj, kind in ((job, "Job"), (profile, "WorkloadProfile")):
                 await self.report(obj, kind, "ProfileFailed", note)  # type: ignore[arg-type]
 

@@ -58,6 +58,13 @@ def container_ends(pods: list[Obj]) -> tuple[actions.ContainerEnd | None, action
     return runner, stage
 
 
+def newest_node(pods: list[Obj]) -> str:
+    """The node the newest of ``pods`` was bound to ("" when none was)."""
+    newest = sorted(pods, key=lambda p: str(as_mapping(p.get("metadata")).get("creationTimestamp", "")))
+    bound = [str(as_mapping(p.get("spec")).get("nodeName") or "") for p in newest]
+    return next((node for node in reversed(bound) if node), "")
+
+
 @dataclass
 class KubeIO:
     api: client.ApiClient
@@ -148,6 +155,7 @@ class KubeIO:
             runner=runner,
             stage=stage,
             pods_seen=bool(pods),
+            node=newest_node(pods),
             pods_holding=tuple(
                 str(as_mapping(p.get("metadata")).get("name"))
                 for p in pods

@@ -22,6 +22,13 @@ class ControllerMetrics:
             ["outcome"],
             registry=self.registry,
         )
+        self.profiling_failures = Counter(
+            "kratos_profiling_failures",
+            "Profiling runs that profiled nothing, by the runner's failure class and the node and GPU product "
+            "they ran on (unknown where the Pod never ran).",
+            ["failure", "node", "product"],
+            registry=self.registry,
+        )
         self.execution_jobs_created = Counter(
             "kratos_execution_jobs_created",
             "Execution Jobs created from profiling Jobs.",

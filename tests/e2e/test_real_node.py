@@ -336,6 +336,7 @@ def profiled_then_executed(tier: Tier, job: str, workload: str, container: str, 
     assert "No metrics to collect" not in log, log
     summary = json.loads(pod["status"]["containerStatuses"][0]["state"]["terminated"]["message"])
     assert summary["ncuSet"] == "default" and summary["ncuVersion"].startswith("2022.3"), summary
+    assert summary["failure"] == "no-gpu", summary
     profile = until(
         lambda: (p := json.loads(kubectl("-n", USERS, "get", "workloadprofile", f"{workload}-profile", "-o", "json",
                                          "--ignore-not-found") or "null")) and p.get("status", {}).get("phase") == "Failed" and p,
@@ -344,6 +345,9 @@ def profiled_then_executed(tier: Tier, job: str, workload: str, container: str, 
     assert "CUDA driver" in profile["status"]["message"] or "CUDA-capable" in profile["status"]["message"], (
         profile
     )
+    assert profile["status"]["failure"] == "no-gpu", profile["status"]
+    conditions = [(c["type"], c["status"], c["reason"]) for c in profile["status"]["conditions"]]
+    assert conditions == [("Failed", "True", "NoGpu")], conditions
     execution = f"{job}-execution"
     done = until(lambda: finished(execution), timeout=240, what=f"the execution Job {execution} finished")
     assert done["status"].get("succeeded") == 1, done["status"]
