@@ -44,15 +44,20 @@ def find_ncu(explicit: str | None) -> str | None:
     return None
 
 
-def ncu_version(ncu: str, env: dict[str, str]) -> str:
+def ask_ncu(ncu: str, option: str, env: dict[str, str]) -> str | None:
+    """What ``ncu OPTION`` prints (stdout and stderr), None when it cannot run or fails; never waits
+    more than a minute."""
     try:
         out = subprocess.run(
-            [ncu, "--version"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=60, check=False,
-            env=env,
-        )  # fmt: skip
+            [ncu, option], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=60, check=False, env=env
+        )
     except (OSError, subprocess.SubprocessError):
-        return ""
-    match = re.search(r"Version (\S+)", out.stdout.decode("utf-8", "replace"))
+        return None
+    return out.stdout.decode("utf-8", "replace") if out.returncode == 0 else None
+
+
+def ncu_version(ncu: str, env: dict[str, str]) -> str:
+    match = re.search(r"Version (\S+)", ask_ncu(ncu, "--version", env) or "")
     return match.group(1) if match else ""
 
 
@@ -69,14 +74,8 @@ def section_sets(ncu: str, env: dict[str, str]) -> dict[str, bool] | None:
     """The section sets this ``ncu`` has (``ncu --list-sets``): identifier -> enabled by default; None
     when the list cannot be read. The table's columns are as wide as its rule of dashes; a long
     Sections cell wraps onto rows with an empty Identifier."""
-    try:
-        out = subprocess.run(
-            [ncu, "--list-sets"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=60, check=False,
-            env=env,
-        )  # fmt: skip
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return parse_section_sets(out.stdout.decode("utf-8", "replace")) if out.returncode == 0 else None
+    listed = ask_ncu(ncu, "--list-sets", env)
+    return parse_section_sets(listed) if listed is not None else None
 
 
 def parse_section_sets(text: str) -> dict[str, bool] | None:

@@ -397,6 +397,46 @@ def test_3_both_profiling_forms_run_the_real_nsight_compute_and_the_user_command
     tier.done.add("profiling")
 
 
+def test_3b_the_runner_image_names_every_failure_class_from_the_real_programs_words(tier: Tier):
+    """Issue 31: the runner in its image classifies the real ncu 2022.3 outputs (tests/data/ncu-2022.3)
+    and the program's own strings (tests/test_runner_failures.py) as the unit tests do."""
+    tier.need("install")
+    texts = {
+        p.name: p.read_text()
+        for p in (REPO / "tests" / "data" / "ncu-2022.3").glob("*.txt")
+        if p.name != "list-sets.txt"
+    }
+    script = (
+        "import json, os\nfrom kratos_runner.failures import classify\n"
+        "print(json.dumps({n: classify(open('/texts/' + n).read())[0] for n in sorted(os.listdir('/texts')) if n.endswith('.txt')}))\n"
+    )
+    config = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": "ncu-texts", "namespace": USERS},
+        "data": texts,
+    }
+    pod = {
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "classify", "namespace": USERS},
+        "spec": {"restartPolicy": "Never", "tolerations": [{"operator": "Exists"}], "containers": [{
+            "name": "runner", "image": f"localhost/kratos-nsight-compute-poc:{TAGS[0]}", "imagePullPolicy": "IfNotPresent",
+            "command": ["python3", "-c", script], "volumeMounts": [{"name": "texts", "mountPath": "/texts"}],
+        }], "volumes": [{"name": "texts", "configMap": {"name": "ncu-texts"}}]},
+    }  # fmt: skip
+    kubectl("apply", "-f", "-", stdin=yaml.safe_dump_all([config, pod]))
+    until(
+        lambda: json.loads(kubectl("-n", USERS, "get", "pod", "classify", "-o", "json"))["status"].get("phase") == "Succeeded",
+        timeout=120, what="the classify Pod ran",
+    )  # fmt: skip
+    classes = json.loads(kubectl("-n", USERS, "logs", "classify").strip().splitlines()[-1])
+    assert classes == {
+        "missing-program.txt": "cannot-start",
+        "no-driver.txt": "no-gpu",
+        "unknown-option-value.txt": "ncu-error",
+    }
+    print("runner image classes:", classes)
+
+
 # --- 4. an upgrade under load ------------------------------------------------------------------
 
 
