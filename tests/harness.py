@@ -1052,9 +1052,14 @@ def prometheus_binary() -> str:
 
 @contextlib.asynccontextmanager
 async def real_prometheus(
-    jobs: Iterable[ScrapeJob], tmp_path: Path, *, interval: float = 0.5, port: int | None = None
+    jobs: Iterable[ScrapeJob],
+    tmp_path: Path,
+    *,
+    interval: float = 0.5,
+    port: int | None = None,
+    host: str = "127.0.0.1",
 ) -> AsyncIterator[str]:
-    """A real Prometheus scraping ``jobs`` every ``interval`` seconds, on 127.0.0.1 (``port``, else a
+    """A real Prometheus scraping ``jobs`` every ``interval`` seconds, on ``host`` (``port``, else a
     free one); yields its URL once it is ready. Its own storage lives under ``tmp_path``, so one
     started again there on the same port has the samples of the first; it is stopped on the way out."""
     binary = prometheus_binary()
@@ -1079,10 +1084,10 @@ async def real_prometheus(
     log = (tmp_path / "prometheus.log").open("ab")
     process = await asyncio.create_subprocess_exec(
         binary, f"--config.file={tmp_path / 'prometheus.yml'}", f"--storage.tsdb.path={tmp_path / 'data'}",
-        f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn",
+        f"--web.listen-address={host}:{port}", "--log.level=warn",
         stdout=asyncio.subprocess.DEVNULL, stderr=log,
     )  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
+    url = f"http://{host}:{port}"
     try:
         async with aiohttp.ClientSession() as session:
 

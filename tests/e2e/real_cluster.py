@@ -259,7 +259,8 @@ class Dcgm:
     chose for the Pods of its namespace; when the Pod ends its GPUs lose the pod labels again. The
     kubelet (a test's event loop) writes it, each Node's exporter stand-in (another thread) reads it."""
 
-    def __init__(self) -> None:
+    def __init__(self, nodes: Mapping[str, str]) -> None:
+        self.products = dict(nodes)  # node -> its GPU product
         self.lock = threading.Lock()
         self.chosen: dict[str, Counters] = {}  # namespace -> counters
         self.held: dict[tuple[str, int], tuple[str, str, str, Counters]] = {}  # (node, gpu) -> the Pod's
@@ -288,7 +289,7 @@ class Dcgm:
 
     def gpus(self, node: str) -> list[DcgmGpu]:
         """What the Node's dcgm-exporter prints now: a Pod's GPUs with its labels and counters."""
-        product = next(p for n, p, _ in GPU_NODES if n == node)
+        product = self.products[node]
         found = []
         with self.lock:
             for index in range(GPUS_PER_NODE):
@@ -508,10 +509,16 @@ class Telemetry:
     test has its own loop). Prometheus can be stopped and started again at the same URL, on the same
     storage."""
 
-    def __init__(self, directory: Path) -> None:
-        self.dcgm = Dcgm()
+    def __init__(
+        self, directory: Path, nodes: Mapping[str, str] | None = None, host: str = "127.0.0.1"
+    ) -> None:
+        """``nodes``: node -> GPU product (default: the fake Nodes); ``host``: where Prometheus listens
+        (a real node's Pods reach the host at the node's bridge address)."""
+        self.nodes = dict(nodes) if nodes is not None else {n: p for n, p, _ in GPU_NODES}
+        self.dcgm = Dcgm(self.nodes)
         self.directory = directory
-        self.url = f"http://127.0.0.1:{free_port()}"
+        self.host = host
+        self.url = f"http://{host}:{free_port()}"
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.exporters: list[TestServer] = []
@@ -531,7 +538,7 @@ class Telemetry:
         return self
 
     async def _exporters(self) -> None:
-        for node, _, _ in GPU_NODES:
+        for node in self.nodes:
             server = TestServer(dcgm_exporter_app(functools.partial(self.dcgm.gpus, node)))
             await server.start_server()
             self.exporters.append(server)
@@ -539,10 +546,10 @@ class Telemetry:
     def start_prometheus(self) -> None:
         jobs = [
             ScrapeJob(f"dcgm-exporter-{node}", f"127.0.0.1:{server.port}")
-            for (node, _, _), server in zip(GPU_NODES, self.exporters, strict=True)
+            for node, server in zip(self.nodes, self.exporters, strict=True)
         ]
         port = int(self.url.rsplit(":", 1)[1])
-        running = real_prometheus(jobs, self.directory, interval=1.0, port=port)
+        running = real_prometheus(jobs, self.directory, interval=1.0, port=port, host=self.host)
         assert self._run(running.__aenter__()) == self.url
         self.prometheus = running
 

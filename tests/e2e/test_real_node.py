@@ -38,8 +38,15 @@ import pytest
 import yaml
 from kubernetes_asyncio import client
 
+from kratos_admit.decisions.telemetry import (
+    DRAM_ACTIVE,
+    GR_ENGINE_ACTIVE,
+    PIPE_FP32_ACTIVE,
+    PIPE_TENSOR_ACTIVE,
+    SM_ACTIVE,
+)
 from kratos_admit.domain import vocabulary as v
-from tests.e2e.real_cluster import admin_api, admin_kubeconfig, kubectl
+from tests.e2e.real_cluster import Telemetry, admin_api, admin_kubeconfig, kubectl
 from tests.harness import REPO
 
 BASE = os.environ.get("KRATOS_E2E_REAL_NODE", "")
@@ -50,6 +57,14 @@ TAGS = ("0.1.0", "0.1.1")  # the README's tag, and the upgrade's
 VECTOR_ADD_IMAGE = "nvcr.io/nvidia/k8s/cuda-sample:vectoradd-cuda12.5.0"  # examples/vector-add-job.yaml's
 TRAIN_IMAGE = "localhost/train:py"
 Obj = dict[str, Any]
+# a memory-bound run as DCGM's extended counters show it (docs/ranking.md, "Telemetry profiles")
+MEMORY_BOUND = (
+    (DRAM_ACTIVE, 0.8),
+    (PIPE_FP32_ACTIVE, 0.15),
+    (PIPE_TENSOR_ACTIVE, 0.0),
+    (SM_ACTIVE, 0.95),
+    (GR_ENGINE_ACTIVE, 0.97),
+)
 
 
 def _why_not() -> str | None:
@@ -198,7 +213,8 @@ def test_1_both_images_build_from_the_repository_and_load_into_the_node(tier: Ti
     )
     (user / "train").mkdir()
     (user / "train" / "train.py").write_text(
-        "import sys\nprint('training', ' '.join(sys.argv[1:]), flush=True)\nprint('epoch 1 done')\n"
+        "import sys, time\nprint('training', ' '.join(sys.argv[1:]), flush=True)\n"
+        "time.sleep(float(dict(zip(sys.argv[1::2], sys.argv[2::2])).get('--seconds', 0)))\nprint('epoch 1 done')\n"
     )
     (user / "train" / "Containerfile").write_text(
         f"FROM {BASE}\nRUN ln -s /usr/bin/python3 /usr/local/bin/python\nWORKDIR /workspace\nCOPY train.py /workspace/train.py\n"
@@ -435,6 +451,94 @@ def test_3b_the_runner_image_names_every_failure_class_from_the_real_programs_wo
         "unknown-option-value.txt": "ncu-error",
     }
     print("runner image classes:", classes)
+
+
+def test_3c_a_workload_whose_profiling_met_no_gpu_learns_from_the_execution_runs_dcgm_counters(
+    tier: Tier, tmp_path: Path
+):
+    """Issue 31 on the real node: the controller (a Pod) pointed at a real Prometheus that scrapes a
+    dcgm-exporter stand-in for the node; the runner image's real ncu fails (no-gpu on a node that has
+    GPUs); the execution Job's Pod is measured; the profile turns Ready from telemetry, keeping why
+    profiling failed; the workload's next Job gets ranked hints."""
+    tier.need("install")
+    node = json.loads(kubectl("get", "nodes", "-l", "nvidia.com/gpu.present=true", "-o", "json"))["items"][0]
+    name = node["metadata"]["name"]
+    address = next(a["address"] for a in node["status"]["addresses"] if a["type"] == "InternalIP")
+    product = node["metadata"]["labels"]["nvidia.com/gpu.product"]
+    namespace = "team-learn"
+    with Telemetry(tmp_path, nodes={name: product}, host=address) as telemetry:
+        telemetry.dcgm.serve(namespace, dict(MEMORY_BOUND))
+        sh(
+            f"kubectl -n {NAMESPACE} set env deploy/kratos-controller KRATOS_TELEMETRY=\"{{prometheusURL: '{telemetry.url}', windowSeconds: 60}}\"",
+            tier,
+        )
+        sh(
+            f"kubectl -n {NAMESPACE} rollout status deploy/kratos-controller --timeout=180s",
+            tier,
+            timeout=200,
+        )
+        kubectl("create", "namespace", namespace)
+        kubectl("label", "namespace", namespace, f"{v.NAMESPACE_LABEL}=enabled")
+        kubectl("apply", "-f", "-", stdin=yaml.safe_dump(train_job("learn", namespace, seconds=12)))
+        until(lambda: finished_in(namespace, "learn"), timeout=240, what="the profiling Job learn finished")
+        execution = until(
+            lambda: running_pod(namespace, "learn-execution"), timeout=240, what="learn-execution runs"
+        )
+        telemetry.dcgm.attach(execution)
+        until(lambda: finished_in(namespace, "learn-execution"), timeout=240, what="learn-execution finished")
+        telemetry.dcgm.detach(namespace, execution["metadata"]["name"])
+        status = until(
+            lambda: (s := profile_status(namespace, "learn")).get("source") == "telemetry" and s,
+            timeout=180, what="the profile of learn Ready from telemetry",
+        )  # fmt: skip
+        assert (status["phase"], status["boundType"], status["failure"]) == ("Ready", "memory", "no-gpu"), (
+            status
+        )
+        assert [(c["type"], c["status"], c["reason"]) for c in status["conditions"]] == [
+            ("Failed", "False", "NoGpu")
+        ]
+        created = json.loads(
+            kubectl("create", "-o", "json", "-f", "-", stdin=yaml.safe_dump(train_job("learn-2", namespace)))
+        )
+        hints = json.loads(created["metadata"]["annotations"][v.HINTS_ANNOTATION])
+        assert hints["ranked"] and hints["ranked"][0]["product"] == product, hints
+        assert created["metadata"]["labels"].get(v.ROLE_LABEL) != "profiling"
+        print(f"telemetry on the real node: profile {status['phase']} from {status['source']} ({status['message']}); "
+              f"failure kept: {status['failure']}; next Job ranked {[r['product'] for r in hints['ranked']]}")  # fmt: skip
+    sh(f"kubectl -n {NAMESPACE} set env deploy/kratos-controller KRATOS_TELEMETRY-", tier)
+    kubectl("delete", "namespace", namespace, "--wait=false")
+
+
+def train_job(name: str, namespace: str, seconds: int = 0) -> Obj:
+    """A ``python train.py`` Job in the Debian Python image built in test 1 (profiled in-image)."""
+    return {
+        "apiVersion": "batch/v1", "kind": "Job",
+        "metadata": {"name": name, "namespace": namespace, "labels": {v.WORKLOAD_LABEL: name.split("-", maxsplit=1)[0]}},
+        "spec": {"backoffLimit": 0, "template": {"spec": {"restartPolicy": "Never", "containers": [{
+            "name": "train", "image": TRAIN_IMAGE, "imagePullPolicy": "IfNotPresent",
+            "command": ["python", "train.py", "--epochs", "1", "--seconds", str(seconds)], "workingDir": "/workspace",
+            "resources": {"limits": {"nvidia.com/gpu": 1}},
+        }]}}},
+    }  # fmt: skip
+
+
+def finished_in(namespace: str, name: str) -> bool:
+    found = kubectl("-n", namespace, "get", "job", name, "-o", "json", "--ignore-not-found")
+    conditions = json.loads(found)["status"].get("conditions", []) if found.strip() else []
+    return any(c["type"] in ("Complete", "Failed") and c["status"] == "True" for c in conditions)
+
+
+def running_pod(namespace: str, job: str) -> Obj | None:
+    running = [p for p in pods(namespace, f"job-name={job}") if p["status"].get("phase") == "Running"]
+    return running[0] if running else None
+
+
+def profile_status(namespace: str, workload: str) -> Obj:
+    found = kubectl(
+        "-n", namespace, "get", "workloadprofile", f"{workload}-profile", "-o", "json", "--ignore-not-found"
+    )
+    status: Obj = json.loads(found).get("status", {}) if found.strip() else {}
+    return status
 
 
 # --- 4. an upgrade under load ------------------------------------------------------------------
