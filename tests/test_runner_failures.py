@@ -4,7 +4,9 @@ Where each text comes from, all Debian's ``nsight-compute`` 2022.3.0.22~11.8.0-5
 2022.3.0.0, build 31729285), on a machine with no GPU and no driver:
 - runs of the real ``ncu`` in the runner image, kept verbatim in ``tests/data/ncu-2022.3/``:
   ``no-driver.txt`` (``ncu --set default /bin/true``), ``missing-program.txt`` (a staged path that is
-  not there), ``unknown-option-value.txt`` (``--replay-mode sideways``);
+  not there), ``unknown-option-value.txt`` (``--replay-mode sideways``),
+  ``static-program-no-kernels.txt`` (``ncu --set default`` of a statically linked program, Debian's
+  ``catatonit --version``, which ncu cannot inject into and which launches no kernel);
 - the program's own strings, where a run needs a GPU this machine has not (``strings`` of
   ``target/linux-desktop-glibc_2_11_3-x64/libcuda-injection.so`` and ``ncu``), printed as ncu prints
   its errors, after ``==ERROR==``, with the format's ``%u``/``%s`` filled in;
@@ -45,6 +47,7 @@ TABLE = [
     pytest.param(STRINGS["counter-permission"], "counter-permission", "NVreg_RestrictProfilingToAdminUsers=0", id="strings-permission"),
     pytest.param(STRINGS["lock-file"], "ncu-error", "Failed to open/create lock file /tmp/nsight-compute-lock", id="strings-lock-file"),
     pytest.param(STRINGS["no-device"], "no-gpu", "no CUDA-capable device is detected", id="driver-no-device"),
+    pytest.param((REAL / "static-program-no-kernels.txt").read_text(), "no-kernels", "launched none", id="run-no-kernels"),
     pytest.param(STRINGS["no-kernels"], "no-kernels", "launched none", id="no-kernels"),
 ]  # fmt: skip
 
@@ -67,7 +70,10 @@ def test_unknown_output_quotes_the_first_error_line_and_nothing_is_quoted_unboun
     assert len(classify("==ERROR== " + "x" * 5000)[1]) < 400
 
 
-@pytest.mark.parametrize("name", ["no-driver.txt", "missing-program.txt", "unknown-option-value.txt"])
+@pytest.mark.parametrize(
+    "name",
+    ["no-driver.txt", "missing-program.txt", "unknown-option-value.txt", "static-program-no-kernels.txt"],
+)
 def test_the_runner_writes_the_class_into_the_summary(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str
 ):

@@ -448,6 +448,7 @@ def test_3b_the_runner_image_names_every_failure_class_from_the_real_programs_wo
     assert classes == {
         "missing-program.txt": "cannot-start",
         "no-driver.txt": "no-gpu",
+        "static-program-no-kernels.txt": "no-kernels",
         "unknown-option-value.txt": "ncu-error",
     }
     print("runner image classes:", classes)
