@@ -123,6 +123,15 @@ def condition_reason(failure: str | None) -> str:
     return "".join(part.capitalize() for part in failure.split("-"))
 
 
+def failed_fields(failure: str | None, message: str, at: str) -> dict[str, Any]:
+    """A Failed profile's ``message``, ``failure`` (a runner class, else none) and its ``Failed``
+    condition, as the CRD stores them."""
+    known = failure if failure in FAILURE_CLASSES else None
+    condition = {"type": "Failed", "status": "True", "reason": condition_reason(known), "message": message,
+                 "lastTransitionTime": at}  # fmt: skip
+    return {"message": message, "failure": known, "conditions": [condition]}
+
+
 class ProfileStatus(_Strict):
     phase: Phase
     bound_type: v.BoundType = Field(default="unknown", alias="boundType")

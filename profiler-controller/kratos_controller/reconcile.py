@@ -35,7 +35,6 @@ from kratos_admit.domain import vocabulary as v
 from kratos_admit.domain.catalog import Catalog
 from kratos_admit.domain.config import Config
 from kratos_admit.domain.profile import (
-    FAILURE_CLASSES,
     Observation,
     ProfileGpu,
     ProfileMetrics,
@@ -43,7 +42,7 @@ from kratos_admit.domain.profile import (
     RunnerSummary,
     TelemetryRecord,
     WorkloadProfile,
-    condition_reason,
+    failed_fields,
 )
 from kratos_admit.domain.raw import as_list, as_mapping, clone, string_map
 from kratos_admit.domain.signing import sign_block, signature_valid
@@ -187,37 +186,13 @@ def profile_status(observed: Observed, summary: Summary) -> ProfileStatus:
         )
         if r
     ]
+    # the runner's class; a staging container that failed could not start the workload
+    failure = data.failure if data and data.failure else "cannot-start" if observed.stage else None
+    at = common["profiledAt"] or str(meta.get("creationTimestamp") or "")
     message = "; ".join(reasons) or "no usable profile"
-    failure = failure_class(observed, summary)
     return ProfileStatus.model_validate(
-        {
-            "phase": "Failed",
-            "boundType": "unknown",
-            **common,
-            "message": message,
-            "failure": failure,
-            "conditions": [
-                {
-                    "type": "Failed",
-                    "status": "True",
-                    "reason": condition_reason(failure),
-                    "message": message,
-                    "lastTransitionTime": common["profiledAt"] or str(meta.get("creationTimestamp") or ""),
-                }
-            ],
-        }
+        {"phase": "Failed", "boundType": "unknown", **common, **failed_fields(failure, message, at)}
     )
-
-
-def failure_class(observed: Observed, summary: Summary) -> str | None:
-    """The runner's class of what failed; a staging container that failed could not start the
-    workload (its executable missing from the image, or the tools not copied); None when unknown."""
-    data = summary.data
-    if data is not None and data.failure in FAILURE_CLASSES:
-        return data.failure
-    if observed.stage is not None:
-        return "cannot-start"
-    return None
 
 
 _METRIC_KEYS = frozenset(
