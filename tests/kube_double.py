@@ -168,7 +168,14 @@ ANONYMOUS = Identity("system:anonymous", ("system:unauthenticated",))
 WEBHOOK = service_account("kratos-system", "kratos-webhook")
 CONTROLLER = service_account("kratos-system", "kratos-controller")
 # the tokens the double knows from the start (tests may add more to ``KubeDouble.tokens``)
-TOKENS = {"admin-token": ADMIN, "kratos-webhook-token": WEBHOOK, "kratos-controller-token": CONTROLLER}
+# the Helm chart's pre-delete hook (webhook-config/chart/templates/release-hook.yaml)
+RELEASE = service_account("kratos-system", "kratos-release")
+TOKENS = {
+    "admin-token": ADMIN,
+    "kratos-webhook-token": WEBHOOK,
+    "kratos-controller-token": CONTROLLER,
+    "kratos-release-token": RELEASE,
+}
 
 
 @dataclass(frozen=True)

@@ -24,10 +24,20 @@ def add_release_command(commands: Any) -> None:
     release.add_argument(
         "--dry-run", action="store_true", help="print what would be let go of, change nothing"
     )
+    release.add_argument(
+        "--delete-webhooks",
+        metavar="NAME",
+        help="first delete the Mutating- and ValidatingWebhookConfiguration NAME (kratos-admit), so nothing "
+        "new is held: the first step of an uninstall (the Helm chart's pre-delete hook runs this)",
+    )
 
 
 def cmd_release(args: argparse.Namespace, stdout: TextIO, stderr: TextIO, stdin: TextIO) -> ExitStatus:
-    released = asyncio.run(_release(args.kubeconfig, args.namespace, dry_run=args.dry_run))
+    deleted, released = asyncio.run(
+        _release(args.kubeconfig, args.namespace, dry_run=args.dry_run, webhooks=args.delete_webhooks)
+    )
+    for line in deleted:
+        print(line, file=stdout)
     for release in released:
         print(release.line(dry_run=args.dry_run), file=stdout)
     where = f"namespace {args.namespace}" if args.namespace else "any namespace"
@@ -36,14 +46,17 @@ def cmd_release(args: argparse.Namespace, stdout: TextIO, stderr: TextIO, stdin:
     return ExitStatus.OK
 
 
-async def _release(kubeconfig: Path | None, namespace: str | None, *, dry_run: bool) -> list[Release]:
+async def _release(
+    kubeconfig: Path | None, namespace: str | None, *, dry_run: bool, webhooks: str | None
+) -> tuple[list[str], list[Release]]:
     from kratos_admit.edge.kube import api_client, check_reachable  # noqa: PLC0415 (see LAZY_ERRORS)
-    from kratos_admit.edge.release import Releaser  # noqa: PLC0415
+    from kratos_admit.edge.release import Releaser, delete_webhook_configurations  # noqa: PLC0415
 
     api = await api_client(kubeconfig)
     try:
         await check_reachable(api)
-        return await Releaser(api, namespace=namespace, dry_run=dry_run).run()
+        deleted = await delete_webhook_configurations(api, webhooks, dry_run=dry_run) if webhooks else []
+        return deleted, await Releaser(api, namespace=namespace, dry_run=dry_run).run()
     finally:
         await api.close()
 

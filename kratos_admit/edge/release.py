@@ -180,3 +180,26 @@ class Releaser:
             if exc.status == 404:
                 return None
             raise
+
+
+async def delete_webhook_configurations(api: client.ApiClient, name: str, *, dry_run: bool) -> list[str]:
+    """Delete the MutatingWebhookConfiguration and the ValidatingWebhookConfiguration ``name`` (the
+    first step of an uninstall: nothing new is held or rewritten after it); one line each, what it
+    did. One that is gone already is no error (a second run, or a Helm uninstall after a manual one)."""
+    registration = client.AdmissionregistrationV1Api(api)
+    lines = []
+    for kind, delete in (
+        ("mutatingwebhookconfiguration", registration.delete_mutating_webhook_configuration),
+        ("validatingwebhookconfiguration", registration.delete_validating_webhook_configuration),
+    ):
+        try:
+            if not dry_run:
+                await delete(name)
+            lines.append(f"{kind}/{name}: deleted{' (dry run)' if dry_run else ''}")
+        except ApiException as exc:
+            if exc.status != 404:
+                raise ReleaseError(f"cannot delete {kind} {name}: API error {one_line(exc)}") from None
+            lines.append(f"{kind}/{name}: not found (deleted already)")
+        except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+            raise ReleaseError(f"cannot reach the API server at {api.configuration.host}: {exc}") from None
+    return lines
