@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import helm_python as helm
 import pytest
 import yaml
 from kubernetes_asyncio import client
@@ -545,34 +546,50 @@ def profile_status(namespace: str, workload: str) -> Obj:
 # --- 4. an upgrade under load ------------------------------------------------------------------
 
 
-def test_4_an_upgrade_to_a_second_tag_under_steady_creates_fails_none(tier: Tier):
-    tier.need("install")
-    kubectl("delete", "namespace", "kratos-load", "--ignore-not-found", "--timeout=120s")
-    kubectl("create", "namespace", "kratos-load")
-    kubectl("label", "namespace", "kratos-load", f"{v.NAMESPACE_LABEL}=enabled")
-    probe = yaml.safe_load((REPO / "examples" / "vector-add-job.yaml").read_text())
-    probe["metadata"]["namespace"] = "kratos-load"
-    text = yaml.safe_dump(probe)
-    failures: list[str] = []
-    answered = [0]
-    stop = threading.Event()
+class SteadyCreates:
+    """Server-side dry-run creates of the example Job in an opted-in namespace of its own, 4 a second
+    (admitted exactly like real ones, sideEffects None), in a thread, while a ``with`` block runs."""
 
-    def creates() -> None:
-        while not stop.is_set():  # a steady 4 creates a second, dry-run (admitted exactly like real ones)
+    def __init__(self, namespace: str) -> None:
+        self.namespace = namespace
+        self.failures: list[str] = []
+        self.answered = 0
+        self.stop = threading.Event()
+        probe = yaml.safe_load((REPO / "examples" / "vector-add-job.yaml").read_text())
+        probe["metadata"]["namespace"] = namespace
+        self.text = yaml.safe_dump(probe)
+        self.worker = threading.Thread(target=self._creates)
+
+    def _creates(self) -> None:
+        while not self.stop.is_set():
             done = subprocess.run(
                 ["kubectl", "--kubeconfig", str(admin_kubeconfig()), "create", "--dry-run=server", "-o", "name", "-f", "-"],
-                input=text, capture_output=True, text=True, timeout=30, check=False,
+                input=self.text, capture_output=True, text=True, timeout=30, check=False,
             )  # fmt: skip
             if done.returncode != 0:
-                failures.append(done.stderr.strip())
-            answered[0] += 1
-            stop.wait(0.25)
+                self.failures.append(done.stderr.strip())
+            self.answered += 1
+            self.stop.wait(0.25)
 
-    before = metric_histogram()
-    worker = threading.Thread(target=creates)
-    worker.start()
-    try:
+    def __enter__(self) -> SteadyCreates:
+        kubectl("delete", "namespace", self.namespace, "--ignore-not-found", "--timeout=120s")
+        kubectl("create", "namespace", self.namespace)
+        kubectl("label", "namespace", self.namespace, f"{v.NAMESPACE_LABEL}=enabled")
+        self.worker.start()
         time.sleep(3)
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        time.sleep(3)
+        self.stop.set()
+        self.worker.join(60)
+        kubectl("delete", "namespace", self.namespace, "--wait=false")
+
+
+def test_4_an_upgrade_to_a_second_tag_under_steady_creates_fails_none(tier: Tier):
+    tier.need("install")
+    before = metric_histogram()
+    with SteadyCreates("kratos-load") as load:
         overlay = tier.work / "my-kratos" / "kustomization.yaml"
         overlay.write_text(overlay.read_text().replace(f'newTag: "{TAGS[0]}"', f'newTag: "{TAGS[1]}"'))
         sh("kubectl apply -k my-kratos/", tier)
@@ -581,10 +598,6 @@ def test_4_an_upgrade_to_a_second_tag_under_steady_creates_fails_none(tier: Tier
             tier,
             timeout=320,
         )
-        time.sleep(3)
-    finally:
-        stop.set()
-        worker.join(60)
     after = metric_histogram()
     images = {
         p["spec"]["containers"][0]["image"] for p in pods(NAMESPACE, "app.kubernetes.io/name=kratos-webhook")
@@ -593,10 +606,9 @@ def test_4_an_upgrade_to_a_second_tag_under_steady_creates_fails_none(tier: Tier
     pdb = json.loads(kubectl("-n", NAMESPACE, "get", "pdb", "kratos-webhook", "-o", "json"))
     assert pdb["status"]["currentHealthy"] >= pdb["status"]["desiredHealthy"]
     p50, p99 = quantiles(before, after)
-    print(f"upgrade: {answered[0]} dry-run creates during the rollout, {len(failures)} failed; "
+    print(f"upgrade: {load.answered} dry-run creates during the rollout, {len(load.failures)} failed; "
           f"API server webhook latency p50 {p50 * 1000:.0f} ms, p99 {p99 * 1000:.0f} ms")  # fmt: skip
-    assert failures == [], failures[:3]
-    kubectl("delete", "namespace", "kratos-load", "--wait=false")
+    assert load.failures == [], load.failures[:3]
     tier.done.add("upgrade")
 
 
@@ -649,4 +661,172 @@ def test_5_the_documented_uninstall_exits_0_at_every_command_and_leaves_nothing_
     )
     print(
         f"uninstall: every command exited 0; {USERS} and {NAMESPACE} deleted in {time.monotonic() - started:.1f} s"
+    )
+
+
+# --- 6-9. the Helm chart, run by Helm's own engine (issue 32) ------------------------------------
+
+RELEASE_NAME = "kratos"
+HELM_USERS = "team-helm"
+
+
+def helm_config() -> helm.Config:
+    return helm.Config(kubeconfig_path=str(admin_kubeconfig()), namespace=NAMESPACE)
+
+
+def chart_values(tag: str, **more: Any) -> Obj:
+    return {
+        "image": {"repository": "localhost/kratos-admit", "tag": tag},
+        "runnerImage": {"repository": "localhost/kratos-nsight-compute-poc", "tag": TAGS[0]},
+        **more,
+    }
+
+
+def kept_secrets() -> dict[str, Obj]:
+    """The CA, the serving Secret and the signing key, as stored."""
+    found = {}
+    for name in ("kratos-webhook-ca", "kratos-webhook-tls", "kratos-signing-key"):
+        found[name] = json.loads(kubectl("-n", NAMESPACE, "get", "secret", name, "-o", "json"))["data"]
+    return found
+
+
+def signed_job_still_accepted(name: str) -> None:
+    """An UPDATE of a Job KRATOS signed (its execution Job): the validating webhook checks the
+    signature of its KRATOS-only keys on UPDATE, so it passes only if the signing key is the same."""
+    kubectl("-n", HELM_USERS, "label", "job", name, f"touched-at={int(time.time())}", "--overwrite")
+
+
+def webhook_images() -> set[str]:
+    return {
+        p["spec"]["containers"][0]["image"] for p in pods(NAMESPACE, "app.kubernetes.io/name=kratos-webhook")
+    }
+
+
+def test_6_helm_install_runs_kratos_and_an_opted_in_job_is_profiled_then_hinted(tier: Tier):
+    tier.need("images")
+    kubectl("delete", "namespace", NAMESPACE, HELM_USERS, "--ignore-not-found", "--timeout=120s")
+    started = time.monotonic()
+    release = helm_config().install(
+        str(REPO / "webhook-config" / "chart"), RELEASE_NAME, chart_values(TAGS[0]),
+        namespace=NAMESPACE, create_namespace=True, wait="watcher", timeout=300,
+    )  # fmt: skip
+    assert release["status"] == "deployed" and release["revision"] == 1
+    tier.figures["helm install s"] = round(time.monotonic() - started, 1)
+    for deployment in ("kratos-webhook", "kratos-controller"):
+        running = pods(NAMESPACE, f"app.kubernetes.io/name={deployment}")
+        assert len(running) == 2
+        assert all(
+            {c["type"]: c["status"] for c in p["status"]["conditions"]}["Ready"] == "True" for p in running
+        )
+    kubectl("create", "namespace", HELM_USERS)
+    kubectl("label", "namespace", HELM_USERS, f"{v.NAMESPACE_LABEL}=enabled")
+    job = yaml.safe_load((REPO / "examples" / "vector-add-job.yaml").read_text())
+    job["metadata"]["namespace"] = HELM_USERS
+    kubectl("apply", "-f", "-", stdin=yaml.safe_dump(job))
+    until(lambda: finished_in(HELM_USERS, "vector-add"), timeout=240, what="the profiling Job finished")
+    assert profile_status(HELM_USERS, "vector-add").get("failure") == "no-gpu"
+    until(
+        lambda: finished_in(HELM_USERS, "vector-add-execution"),
+        timeout=240,
+        what="the execution Job finished",
+    )
+    execution = json.loads(kubectl("-n", HELM_USERS, "get", "job", "vector-add-execution", "-o", "json"))
+    hints = json.loads(execution["metadata"]["annotations"][v.HINTS_ANNOTATION])
+    assert "runtimeClassName" in hints["injected"], hints
+    tier.figures["secrets"] = kept_secrets()
+    print(
+        f"helm install: deployed in {tier.figures['helm install s']} s; vector-add profiled (no-gpu), then run with hints {hints['injected']}"
+    )
+    tier.done.add("helm")
+
+
+def test_7_helm_upgrade_to_a_new_tag_and_value_under_steady_creates_keeps_the_ca_and_the_key(tier: Tier):
+    tier.need("helm")
+    with SteadyCreates("kratos-helm-load") as load:
+        release = helm_config().upgrade(
+            str(REPO / "webhook-config" / "chart"), RELEASE_NAME, chart_values(TAGS[1], config={"maxGpusPerPod": 4}),
+            namespace=NAMESPACE, wait="watcher", timeout=300,
+        )  # fmt: skip
+        sh(
+            f"kubectl -n {NAMESPACE} rollout status deploy/kratos-webhook deploy/kratos-controller --timeout=300s",
+            tier,
+            timeout=320,
+        )
+    assert release["status"] == "deployed" and release["revision"] == 2
+    assert webhook_images() == {f"localhost/kratos-admit:{TAGS[1]}"}
+    config = yaml.safe_load(
+        json.loads(kubectl("-n", NAMESPACE, "get", "configmap", "kratos-config", "-o", "json"))["data"][
+            "config.yaml"
+        ]
+    )
+    assert config["maxGpusPerPod"] == 4
+    assert kept_secrets() == tier.figures["secrets"], "CA, serving Secret and signing key unchanged"
+    signed_job_still_accepted("vector-add-execution")
+    print(
+        f"helm upgrade: {load.answered} dry-run creates during it, {len(load.failures)} failed; CA, serving Secret and signing key unchanged"
+    )
+    assert load.failures == [], load.failures[:3]
+
+
+def test_8_helm_rollback_to_revision_1_the_same(tier: Tier):
+    tier.need("helm")
+    with SteadyCreates("kratos-helm-load") as load:
+        helm_config().rollback(RELEASE_NAME, version=1, wait="watcher", timeout=300)
+        sh(
+            f"kubectl -n {NAMESPACE} rollout status deploy/kratos-webhook deploy/kratos-controller --timeout=300s",
+            tier,
+            timeout=320,
+        )
+    assert webhook_images() == {f"localhost/kratos-admit:{TAGS[0]}"}
+    assert kept_secrets() == tier.figures["secrets"]
+    signed_job_still_accepted("vector-add-execution")
+    print(
+        f"helm rollback: {load.answered} dry-run creates during it, {len(load.failures)} failed; CA, serving Secret and signing key unchanged"
+    )
+    assert load.failures == [], load.failures[:3]
+
+
+def test_9_helm_uninstall_with_a_job_held_leaves_nothing_held_and_nothing_of_kratos(tier: Tier):
+    tier.need("helm")
+    # a Job held: its profiling run's finalizer, with no controller left to take it off
+    sh(f"kubectl -n {NAMESPACE} scale deploy/kratos-controller --replicas=0", tier)
+    until(
+        lambda: not pods(NAMESPACE, "app.kubernetes.io/name=kratos-controller"),
+        timeout=120,
+        what="no controller",
+    )
+    held = train_job("held", HELM_USERS)
+    kubectl("apply", "-f", "-", stdin=yaml.safe_dump(held))
+    until(
+        lambda: v.RELEASE_FINALIZER in json.loads(kubectl("-n", HELM_USERS, "get", "job", "held", "-o", "json"))["metadata"].get("finalizers", []),
+        timeout=60, what="the profiling Job held",
+    )  # fmt: skip
+    started = time.monotonic()
+    helm_config().uninstall(RELEASE_NAME, wait="watcher", timeout=300)
+    job = json.loads(kubectl("-n", HELM_USERS, "get", "job", "held", "-o", "json"))
+    assert v.RELEASE_FINALIZER not in job["metadata"].get("finalizers", []), "the hook let go of it"
+    kubectl("delete", "namespace", HELM_USERS, "--timeout=120s")
+    left = kubectl(
+        "get",
+        "mutatingwebhookconfigurations,validatingwebhookconfigurations,crd,clusterroles,clusterrolebindings,priorityclasses",
+        "-o",
+        "name",
+    )
+    assert not [line for line in left.splitlines() if "kratos" in line or "workloadprofiles" in line], left
+    assert (
+        kubectl(
+            "-n",
+            NAMESPACE,
+            "get",
+            "all,secrets,configmaps,serviceaccounts,roles,rolebindings",
+            "-o",
+            "name",
+            "-l",
+            "app.kubernetes.io/part-of=kratos-admit",
+        ).strip()
+        == ""
+    )
+    kubectl("delete", "namespace", NAMESPACE, "--timeout=120s")
+    print(
+        f"helm uninstall: with a Job held; nothing held, nothing of KRATOS left, both namespaces deleted in {time.monotonic() - started:.1f} s"
     )
