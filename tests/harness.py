@@ -40,7 +40,15 @@ from kratos_admit.admission.engine import AdmissionEngine, ReviewResult, Webhook
 from kratos_admit.admission.request import Operation, admission_review, parse_review
 from kratos_admit.decisions.policy import PolicyContext
 from kratos_admit.decisions.stores import StaticNodeStore, StaticProfileStore
-from kratos_admit.decisions.telemetry import Sample, parse_exposition
+from kratos_admit.decisions.telemetry import (
+    DRAM_ACTIVE,
+    GR_ENGINE_ACTIVE,
+    PIPE_FP32_ACTIVE,
+    PIPE_TENSOR_ACTIVE,
+    SM_ACTIVE,
+    Sample,
+    parse_exposition,
+)
 from kratos_admit.domain import vocabulary as v
 from kratos_admit.domain.catalog import load_catalog
 from kratos_admit.domain.config import Config
@@ -281,6 +289,16 @@ def runner_summary(report: Path = T4_REPORT, exit_code: int = 0) -> str:
     """What the profiling-runner writes to its termination log, from an ncu text report or CSV export."""
     text = report.read_text(encoding="utf-8")
     return encode_summary(summarise(parse_report(text), exit_code=exit_code, ncu_version="2024.3.2.0"))
+
+
+# DESIGN's memory-bound example as DCGM's extended counters show it (which include the default ones)
+MEMORY_BOUND = (
+    (DRAM_ACTIVE, 0.8),
+    (PIPE_FP32_ACTIVE, 0.15),
+    (PIPE_TENSOR_ACTIVE, 0.0),
+    (SM_ACTIVE, 0.95),
+    (GR_ENGINE_ACTIVE, 0.97),
+)
 
 
 # Nsight Compute 2022.3's words when DCGM holds the GPU's performance counters (the string in Debian's

@@ -24,6 +24,7 @@ from tests.builders import PodBuilder, make_job, make_pod
 from tests.harness import (
     DATA,
     JOBS,
+    MEMORY_BOUND,
     NODES,
     PODS,
     PROFILES,
@@ -46,14 +47,6 @@ from tests.harness import (
 from tests.kube_double import EVENTS, KubeDouble
 
 A100 = "NVIDIA-A100-SXM4-80GB"
-# DESIGN's example, with the extended counters (which include the default ones)
-MEMORY_BOUND = (
-    (DRAM_ACTIVE, 0.8),
-    (PIPE_FP32_ACTIVE, 0.15),
-    (PIPE_TENSOR_ACTIVE, 0.0),
-    (SM_ACTIVE, 0.95),
-    (GR_ENGINE_ACTIVE, 0.97),
-)
 
 
 def telemetry_config(url: str, **more: Any) -> Config:

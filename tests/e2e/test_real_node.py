@@ -39,16 +39,9 @@ import pytest
 import yaml
 from kubernetes_asyncio import client
 
-from kratos_admit.decisions.telemetry import (
-    DRAM_ACTIVE,
-    GR_ENGINE_ACTIVE,
-    PIPE_FP32_ACTIVE,
-    PIPE_TENSOR_ACTIVE,
-    SM_ACTIVE,
-)
 from kratos_admit.domain import vocabulary as v
 from tests.e2e.real_cluster import Telemetry, admin_api, admin_kubeconfig, kubectl
-from tests.harness import REPO
+from tests.harness import MEMORY_BOUND, REPO
 
 BASE = os.environ.get("KRATOS_E2E_REAL_NODE", "")
 NAMESPACE = "kratos-system"
@@ -58,14 +51,6 @@ TAGS = ("0.1.0", "0.1.1")  # the README's tag, and the upgrade's
 VECTOR_ADD_IMAGE = "nvcr.io/nvidia/k8s/cuda-sample:vectoradd-cuda12.5.0"  # examples/vector-add-job.yaml's
 TRAIN_IMAGE = "localhost/train:py"
 Obj = dict[str, Any]
-# a memory-bound run as DCGM's extended counters show it (docs/ranking.md, "Telemetry profiles")
-MEMORY_BOUND = (
-    (DRAM_ACTIVE, 0.8),
-    (PIPE_FP32_ACTIVE, 0.15),
-    (PIPE_TENSOR_ACTIVE, 0.0),
-    (SM_ACTIVE, 0.95),
-    (GR_ENGINE_ACTIVE, 0.97),
-)
 
 
 def _why_not() -> str | None:
@@ -740,50 +725,48 @@ def test_6_helm_install_runs_kratos_and_an_opted_in_job_is_profiled_then_hinted(
     tier.done.add("helm")
 
 
-def test_7_helm_upgrade_to_a_new_tag_and_value_under_steady_creates_keeps_the_ca_and_the_key(tier: Tier):
-    tier.need("helm")
+def changed_under_load(tier: Tier, what: str, change: Any, tag: str) -> Obj:
+    """``change()`` (a Helm upgrade or rollback) while Jobs are created at a steady rate, then the
+    rollout: no create refused, the webhook Pods on ``tag``, the CA, serving Secret and signing key
+    unchanged, and a Job signed before still accepted. Returns what ``change()`` returned."""
     with SteadyCreates("kratos-helm-load") as load:
-        release = helm_config().upgrade(
-            str(REPO / "webhook-config" / "chart"), RELEASE_NAME, chart_values(TAGS[1], config={"maxGpusPerPod": 4}),
-            namespace=NAMESPACE, wait="watcher", timeout=300,
-        )  # fmt: skip
+        result: Obj = change() or {}
         sh(
             f"kubectl -n {NAMESPACE} rollout status deploy/kratos-webhook deploy/kratos-controller --timeout=300s",
             tier,
             timeout=320,
         )
-    assert release["status"] == "deployed" and release["revision"] == 2
-    assert webhook_images() == {f"localhost/kratos-admit:{TAGS[1]}"}
-    config = yaml.safe_load(
-        json.loads(kubectl("-n", NAMESPACE, "get", "configmap", "kratos-config", "-o", "json"))["data"][
-            "config.yaml"
-        ]
-    )
-    assert config["maxGpusPerPod"] == 4
+    assert webhook_images() == {f"localhost/kratos-admit:{tag}"}
     assert kept_secrets() == tier.figures["secrets"], "CA, serving Secret and signing key unchanged"
     signed_job_still_accepted("vector-add-execution")
-    print(
-        f"helm upgrade: {load.answered} dry-run creates during it, {len(load.failures)} failed; CA, serving Secret and signing key unchanged"
-    )
+    print(f"helm {what}: {load.answered} dry-run creates during it, {len(load.failures)} failed; "
+          "CA, serving Secret and signing key unchanged; a Job signed before still accepted")  # fmt: skip
     assert load.failures == [], load.failures[:3]
+    return result
+
+
+def test_7_helm_upgrade_to_a_new_tag_and_value_under_steady_creates_keeps_the_ca_and_the_key(tier: Tier):
+    tier.need("helm")
+    values = chart_values(TAGS[1], config={"maxGpusPerPod": 4})
+    chart = str(REPO / "webhook-config" / "chart")
+    release = changed_under_load(
+        tier, "upgrade", lambda: helm_config().upgrade(chart, RELEASE_NAME, values, namespace=NAMESPACE, wait="watcher", timeout=300), TAGS[1]
+    )  # fmt: skip
+    assert release["status"] == "deployed" and release["revision"] == 2
+    stored = json.loads(kubectl("-n", NAMESPACE, "get", "configmap", "kratos-config", "-o", "json"))
+    assert yaml.safe_load(stored["data"]["config.yaml"])["maxGpusPerPod"] == 4, "the changed value"
 
 
 def test_8_helm_rollback_to_revision_1_the_same(tier: Tier):
     tier.need("helm")
-    with SteadyCreates("kratos-helm-load") as load:
-        helm_config().rollback(RELEASE_NAME, version=1, wait="watcher", timeout=300)
-        sh(
-            f"kubectl -n {NAMESPACE} rollout status deploy/kratos-webhook deploy/kratos-controller --timeout=300s",
-            tier,
-            timeout=320,
-        )
-    assert webhook_images() == {f"localhost/kratos-admit:{TAGS[0]}"}
-    assert kept_secrets() == tier.figures["secrets"]
-    signed_job_still_accepted("vector-add-execution")
-    print(
-        f"helm rollback: {load.answered} dry-run creates during it, {len(load.failures)} failed; CA, serving Secret and signing key unchanged"
+    changed_under_load(
+        tier,
+        "rollback",
+        lambda: helm_config().rollback(RELEASE_NAME, version=1, wait="watcher", timeout=300),
+        TAGS[0],
     )
-    assert load.failures == [], load.failures[:3]
+    stored = json.loads(kubectl("-n", NAMESPACE, "get", "configmap", "kratos-config", "-o", "json"))
+    assert yaml.safe_load(stored["data"]["config.yaml"])["maxGpusPerPod"] == 8, "revision 1's value"
 
 
 def test_9_helm_uninstall_with_a_job_held_leaves_nothing_held_and_nothing_of_kratos(tier: Tier):
