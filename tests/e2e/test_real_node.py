@@ -187,6 +187,36 @@ def test_1_both_images_build_from_the_repository_and_load_into_the_node(tier: Ti
     )
     # the upgrade's second tag, and the users' images: the example's CUDA sample path with a real
     # executable, and a Debian Python image with train.py
+    # the in-image tools tree in an image with no Python and no shell: only the C library, the dynamic
+    # loader, libgcc_s and libz (what docs/install.md says a user's image needs for the in-image form)
+    glibc = tier.work / "glibc-only"
+    for library in ("libc.so.6", "libm.so.6", "libdl.so.2", "libpthread.so.0", "librt.so.1", "libutil.so.1",
+                    "libgcc_s.so.1", "libz.so.1"):  # fmt: skip
+        (glibc / "lib" / "x86_64-linux-gnu").mkdir(parents=True, exist_ok=True)
+        shutil.copy(Path("/lib/x86_64-linux-gnu") / library, glibc / "lib" / "x86_64-linux-gnu" / library)
+    (glibc / "lib64").mkdir(exist_ok=True)
+    shutil.copy("/lib64/ld-linux-x86-64.so.2", glibc / "lib64" / "ld-linux-x86-64.so.2")
+    sh(f"tar -C {glibc} -c . | podman import -q - localhost/glibc-only:test > /dev/null", tier)
+    sh(
+        "podman volume rm -f kratos-tools-test > /dev/null; podman volume create kratos-tools-test > /dev/null",
+        tier,
+    )
+    sh(
+        f"podman run --rm --network none -v kratos-tools-test:/kratos/tools --entrypoint sh {runner} -c 'cp -RP /opt/kratos/tools/. /kratos/tools/'",
+        tier,
+    )
+    tools = sh(
+        "podman run --rm --network none --read-only -v kratos-tools-test:/kratos/tools localhost/glibc-only:test /kratos/tools/nsight-compute/ncu --version",
+        tier,
+    ).stdout
+    assert "Version 2022.3" in tools, tools
+    assert (
+        "usage: kratos-runner"
+        in sh(
+            "podman run --rm --network none -v kratos-tools-test:/kratos/tools localhost/glibc-only:test /kratos/tools/kratos-runner --help",
+            tier,
+        ).stdout
+    )
     sh(f"podman tag {admit} localhost/kratos-admit:{TAGS[1]}", tier)
     user = tier.work / "user-images"
     (user / "vector-add").mkdir(parents=True)
@@ -276,8 +306,75 @@ def test_2_the_readmes_install_runs_literally_and_kratos_runs_as_pods_of_those_i
     )
     assert admitted == 400
     kubectl("delete", "namespace", "kratos-probe", "--wait=false")
+    service_links_never_stop_the_pods(tier)
     print("install:", json.dumps(tier.figures))
     tier.done.add("install")
+
+
+def service_links_never_stop_the_pods(tier: Tier) -> None:
+    """Issue 33: with service links on (a manifest of one's own that leaves out enableServiceLinks:
+    false), the kubelet gives both containers KRATOS_WEBHOOK_*, KRATOS_WEBHOOK_METRICS_* and a user's
+    KRATOS_FOO_* variables, and both Deployments still roll out Ready; then back as shipped."""
+    metrics = (REPO / "webhook-config" / "components" / "prometheus" / "metrics-services.yaml").read_text()
+    foo = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "kratos-foo", "namespace": NAMESPACE},
+           "spec": {"selector": {"app": "nothing"}, "ports": [{"name": "http", "port": 8080}]}}  # fmt: skip
+    kubectl("apply", "-f", "-", stdin=metrics + "\n---\n" + yaml.safe_dump(foo))
+    deployments = ("kratos-webhook", "kratos-controller")
+    try:
+        for name in deployments:
+            kubectl(
+                "-n",
+                NAMESPACE,
+                "patch",
+                "deployment",
+                name,
+                "--type=merge",
+                "-p",
+                '{"spec":{"template":{"spec":{"enableServiceLinks":true}}}}',
+            )
+        sh(
+            f"kubectl -n {NAMESPACE} rollout status deploy/kratos-webhook deploy/kratos-controller --timeout=180s",
+            tier,
+            timeout=200,
+        )
+        for name in deployments:
+            pod = pods(NAMESPACE, f"app.kubernetes.io/name={name}")[0]["metadata"]["name"]
+            env = kubectl(
+                "-n", NAMESPACE, "exec", pod, "--", "python3", "-c", "import os; print(sorted(os.environ))"
+            )
+            for variable in (
+                "KRATOS_WEBHOOK_PORT",
+                "KRATOS_WEBHOOK_METRICS_SERVICE_HOST",
+                "KRATOS_FOO_PORT_8080_TCP",
+            ):
+                assert variable in env, (name, variable, env)
+    finally:
+        for name in deployments:
+            kubectl(
+                "-n",
+                NAMESPACE,
+                "patch",
+                "deployment",
+                name,
+                "--type=merge",
+                "-p",
+                '{"spec":{"template":{"spec":{"enableServiceLinks":false}}}}',
+            )
+        sh(
+            f"kubectl -n {NAMESPACE} rollout status deploy/kratos-webhook deploy/kratos-controller --timeout=180s",
+            tier,
+            timeout=200,
+        )
+        kubectl(
+            "-n",
+            NAMESPACE,
+            "delete",
+            "service",
+            "kratos-foo",
+            "kratos-webhook-metrics",
+            "kratos-controller-metrics",
+            "--ignore-not-found",
+        )
 
 
 async def burst(job: Obj, count: int, parallel: int) -> int:
