@@ -213,7 +213,7 @@ def test_1_both_images_build_from_the_repository_and_load_into_the_node(tier: Ti
     assert (
         "usage: kratos-runner"
         in sh(
-            "podman run --rm --network none -v kratos-tools-test:/kratos/tools localhost/glibc-only:test /kratos/tools/kratos-runner --help",
+            "podman run --rm --network none --read-only --tmpfs /tmp -v kratos-tools-test:/kratos/tools localhost/glibc-only:test /kratos/tools/kratos-runner --help",
             tier,
         ).stdout
     )
@@ -319,25 +319,20 @@ def service_links_never_stop_the_pods(tier: Tier) -> None:
     foo = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "kratos-foo", "namespace": NAMESPACE},
            "spec": {"selector": {"app": "nothing"}, "ports": [{"name": "http", "port": 8080}]}}  # fmt: skip
     kubectl("apply", "-f", "-", stdin=metrics + "\n---\n" + yaml.safe_dump(foo))
-    deployments = ("kratos-webhook", "kratos-controller")
-    try:
-        for name in deployments:
-            kubectl(
-                "-n",
-                NAMESPACE,
-                "patch",
-                "deployment",
-                name,
-                "--type=merge",
-                "-p",
-                '{"spec":{"template":{"spec":{"enableServiceLinks":true}}}}',
-            )
+
+    def links(on: bool) -> None:
+        for name in ("kratos-webhook", "kratos-controller"):
+            patch = {"spec": {"template": {"spec": {"enableServiceLinks": on}}}}
+            kubectl("-n", NAMESPACE, "patch", "deployment", name, "--type=merge", "-p", json.dumps(patch))
         sh(
             f"kubectl -n {NAMESPACE} rollout status deploy/kratos-webhook deploy/kratos-controller --timeout=180s",
             tier,
             timeout=200,
         )
-        for name in deployments:
+
+    try:
+        links(True)
+        for name in ("kratos-webhook", "kratos-controller"):
             pod = pods(NAMESPACE, f"app.kubernetes.io/name={name}")[0]["metadata"]["name"]
             env = kubectl(
                 "-n", NAMESPACE, "exec", pod, "--", "python3", "-c", "import os; print(sorted(os.environ))"
@@ -349,22 +344,7 @@ def service_links_never_stop_the_pods(tier: Tier) -> None:
             ):
                 assert variable in env, (name, variable, env)
     finally:
-        for name in deployments:
-            kubectl(
-                "-n",
-                NAMESPACE,
-                "patch",
-                "deployment",
-                name,
-                "--type=merge",
-                "-p",
-                '{"spec":{"template":{"spec":{"enableServiceLinks":false}}}}',
-            )
-        sh(
-            f"kubectl -n {NAMESPACE} rollout status deploy/kratos-webhook deploy/kratos-controller --timeout=180s",
-            tier,
-            timeout=200,
-        )
+        links(False)
         kubectl(
             "-n",
             NAMESPACE,
