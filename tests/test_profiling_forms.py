@@ -21,7 +21,7 @@ from kratos_admit.decisions.profiling import decode_original_template, is_interp
 from kratos_admit.domain import vocabulary as v
 from kratos_admit.domain.config import DEFAULT_INTERPRETERS
 from kratos_controller.actions import ContainerEnd, CreateExecutionJob, Observed, PublishProfile
-from kratos_controller.kube_io import container_ends
+from kratos_controller.kube_io import container_ends, newest_node
 from kratos_controller.reconcile import pod_failure, reconcile
 from tests.builders import PYTORCH_IMAGE, make_job, make_training_job
 from tests.harness import (
@@ -396,3 +396,15 @@ def test_stage_profiler_in_an_image_without_the_tools_fails_saying_which_image_t
     )
     assert done.returncode == 66 and "set nsightComputeImage to the runner image" in done.stderr
     assert list((tmp_path / "kratos-tools").iterdir()) == []
+
+
+def test_the_node_of_a_profiling_run_is_the_newest_bound_pods():
+    """kratos_profiling_failures_total{node}: the newest Pod the scheduler bound; a newer one still
+    Pending (no nodeName) does not hide it, and with none bound there is no node."""
+
+    def pod(created: str, node: str = "") -> dict[str, object]:
+        return {"metadata": {"creationTimestamp": created}, "spec": {"nodeName": node} if node else {}}
+
+    assert newest_node([pod("2026-11-25T10:00:00Z", "a"), pod("2026-11-25T10:05:00Z", "b")]) == "b"
+    assert newest_node([pod("2026-11-25T10:05:00Z", "b"), pod("2026-11-25T10:09:00Z")]) == "b"
+    assert newest_node([pod("2026-11-25T10:09:00Z")]) == "" and newest_node([]) == ""

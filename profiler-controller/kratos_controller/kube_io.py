@@ -34,15 +34,19 @@ def _end(status: Mapping[str, Any]) -> actions.ContainerEnd | None:
     )
 
 
+def newest_first(pods: list[Obj]) -> list[Obj]:
+    """A Job's Pods, the newest (by creationTimestamp) first."""
+    return sorted(
+        pods, key=lambda p: str(as_mapping(p.get("metadata")).get("creationTimestamp", "")), reverse=True
+    )
+
+
 def container_ends(pods: list[Obj]) -> tuple[actions.ContainerEnd | None, actions.ContainerEnd | None]:
     """(profiling-runner's end, the failure of stage-workload or stage-profiler), newest pod first, a runner that left a
     message preferred: the facts ``reconcile.pod_failure`` words."""
     runner: actions.ContainerEnd | None = None
     stage: actions.ContainerEnd | None = None
-    newest_first = sorted(
-        pods, key=lambda p: str(as_mapping(p.get("metadata")).get("creationTimestamp", "")), reverse=True
-    )
-    for pod in newest_first:
+    for pod in newest_first(pods):
         status = as_mapping(pod.get("status"))
         for c in as_list(status.get("containerStatuses")):
             end = _end(as_mapping(c))
@@ -59,10 +63,9 @@ def container_ends(pods: list[Obj]) -> tuple[actions.ContainerEnd | None, action
 
 
 def newest_node(pods: list[Obj]) -> str:
-    """The node the newest of ``pods`` was bound to ("" when none was)."""
-    newest = sorted(pods, key=lambda p: str(as_mapping(p.get("metadata")).get("creationTimestamp", "")))
-    bound = [str(as_mapping(p.get("spec")).get("nodeName") or "") for p in newest]
-    return next((node for node in reversed(bound) if node), "")
+    """The node the newest of ``pods`` that was bound was bound to ("" when none was)."""
+    bound = (str(as_mapping(p.get("spec")).get("nodeName") or "") for p in newest_first(pods))
+    return next((node for node in bound if node), "")
 
 
 @dataclass
