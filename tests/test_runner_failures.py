@@ -36,6 +36,10 @@ STRINGS = {
     "lock-file": "==ERROR== Failed to open/create lock file /tmp/nsight-compute-lock. Please check that this process has write permissions on this file. See https://docs.nvidia.com/nsight-compute/ProfilingGuide/index.html#faq for more details.\n",
     "no-device": "[Vector addition of 50000 elements]\nFailed to allocate device vector A (error code no CUDA-capable device is detected)!\n==WARNING== No kernels were profiled.\n",
     "no-kernels": "cpu only: done\n==WARNING== No kernels were profiled.\n",
+    # ncu's own error, then its consequence (issue 37): the lock file of the real 2022.3 strings, and
+    # the line the real no-driver run printed after its driver error
+    "error-then-no-kernels": "==ERROR== Failed to open/create lock file /tmp/nsight-compute-lock. Please check that this process has write permissions on this file.\n==WARNING== No kernels were profiled.\n",
+    "application-error": "[CUDA samples]\n==ERROR== The application returned an error code (1).\n==WARNING== No kernels were profiled.\n",
 }  # fmt: skip
 # (source, expected class, words the reason must hold)
 TABLE = [
@@ -49,6 +53,8 @@ TABLE = [
     pytest.param(STRINGS["no-device"], "no-gpu", "no CUDA-capable device is detected", id="driver-no-device"),
     pytest.param((REAL / "static-program-no-kernels.txt").read_text(), "no-kernels", "launched none", id="run-no-kernels"),
     pytest.param(STRINGS["no-kernels"], "no-kernels", "launched none", id="no-kernels"),
+    pytest.param(STRINGS["error-then-no-kernels"], "ncu-error", "ncu failed: Failed to open/create lock file", id="ncu-error-wins-over-no-kernels"),
+    pytest.param(STRINGS["application-error"], "ncu-error", "ncu failed: The application returned an error code (1).", id="application-error-wins"),
 ]  # fmt: skip
 
 

@@ -11,11 +11,13 @@ do. The texts are Nsight Compute's own; where each was taken from (and which ver
 | ``counters-in-use`` | ``Profiling failed because a driver resource was unavailable. Ensure that no other tool (like DCGM) is concurrently collecting profiling data.`` |
 | ``out-of-memory`` | ``Insufficient free memory for profiling on the device`` |
 | ``cannot-start`` | ``'EXE' does not exist or is not an executable`` (and the runner's own checks before ncu runs) |
-| ``no-kernels`` | ``No kernels were profiled`` with none of the above |
+| ``no-kernels`` | ``No kernels were profiled`` with none of the above, and no ``==ERROR==`` line of ncu's own |
 | ``ncu-error`` | anything else that profiled nothing: its first ``==ERROR==`` line quoted (or its first line that is not ``==PROF==``) |
 
 The first class whose words appear wins, in the order above, so a run without a driver, which also
-says ``No kernels were profiled``, is ``no-gpu``.
+says ``No kernels were profiled``, is ``no-gpu``; but an ``==ERROR==`` line that names none of the
+causes before ``no-kernels`` wins over ``No kernels were profiled`` (``ncu-error``, quoting it): the
+kernels are missing because of that error, and "launched none" would send the person the wrong way.
 """
 
 from __future__ import annotations
@@ -77,11 +79,15 @@ def _line_with(output: str, pattern: re.Pattern[str]) -> str:
 
 
 def classify(output: str) -> tuple[str, str]:
-    """(failure class, reason) of a run of ncu that profiled nothing, from everything it printed."""
+    """(failure class, reason) of a run of ncu that profiled nothing, from everything it printed. An
+    ``==ERROR==`` line that names none of the known causes is ncu's own error and wins over ``No
+    kernels were profiled``, which is then only its consequence."""
+    error = _ERROR_LINE.search(output)
     for name, pattern in _WORDS:
+        if name == "no-kernels" and error is not None:
+            break
         if pattern.search(output):
             return name, _HELP[name].format(quote=_line_with(output, pattern))
-    error = _ERROR_LINE.search(output)
     first = (
         error.group(1) if error else next((line.strip() for line in output.splitlines() if line.strip()), "")
     )
