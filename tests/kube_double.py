@@ -77,7 +77,17 @@ RESOURCES: dict[tuple[str, str], tuple[str, bool, bool]] = {
     ("apis/rbac.authorization.k8s.io/v1", "rolebindings"): ("RoleBinding", True, False),
     ("apis/rbac.authorization.k8s.io/v1", "clusterroles"): ("ClusterRole", False, False),
     ("apis/rbac.authorization.k8s.io/v1", "clusterrolebindings"): ("ClusterRoleBinding", False, False),
+    # Kueue's CRDs (v0.13), served only while ``kueue_installed`` is set (as a cluster serves a CRD's
+    # resources only once the CRD is installed)
+    ("apis/kueue.x-k8s.io/v1beta1", "workloads"): ("Workload", True, True),
+    ("apis/kueue.x-k8s.io/v1beta1", "admissionchecks"): ("AdmissionCheck", False, True),
 }
+KUEUE = "apis/kueue.x-k8s.io/v1beta1"
+WORKLOADS, ADMISSION_CHECKS = (KUEUE, "workloads"), (KUEUE, "admissionchecks")
+# custom resources with a status subresource: create ignores status (the CRD's status subresource)
+CUSTOM_WITH_STATUS = frozenset({"workloadprofiles", "workloads", "admissionchecks"})
+# the lists a server-side apply merges by key, not replaces (``+listType=map`` in the types)
+LIST_MAP_KEYS = {"admissionChecks": "name", "conditions": "type"}
 EVENTS = ("apis/events.k8s.io/v1", "events")
 RBAC = "apis/rbac.authorization.k8s.io/v1"
 ROLES, ROLEBINDINGS = (RBAC, "roles"), (RBAC, "rolebindings")
@@ -93,10 +103,12 @@ VALIDATING = ("apis/admissionregistration.k8s.io/v1", "validatingwebhookconfigur
 NOW = "2026-11-22T10:00:00Z"
 
 
-def _discovery(path: str) -> Obj | None:
+def _discovery(path: str, *, kueue: bool = False) -> Obj | None:
     """The legacy discovery documents for the resources the double serves (None: not discovery)."""
     path = path.rstrip("/")
-    groups = sorted({prefix for prefix, _ in RESOURCES if prefix.startswith("apis/")})
+    groups = sorted(
+        {prefix for prefix, _ in RESOURCES if prefix.startswith("apis/") and (kueue or prefix != KUEUE)}
+    )
     if path == "/api":
         return {"kind": "APIVersions", "versions": ["v1"], "serverAddressByClientCIDRs": []}
     if path == "/apis":
@@ -145,6 +157,7 @@ class Request:
     query: dict[str, str]
     user_agent: str = ""
     user: str = ""
+    content_type: str = ""
 
 
 @dataclass(frozen=True)
@@ -235,6 +248,7 @@ class KubeDouble:
     events: list[str] = field(default_factory=list)  # what the Job controller could not do, and why
     tokens: dict[str, Identity] = field(default_factory=lambda: dict(TOKENS))
     decisions: list[Decision] = field(default_factory=list)  # every authorisation, in order
+    kueue_installed: bool = False  # serve Kueue's Workloads and AdmissionChecks (its CRDs installed)
 
     # --- seeding and inspection (synchronous helpers for tests) --------------------------------
 
@@ -310,6 +324,7 @@ class KubeDouble:
                 dict(request.query),
                 request.headers.get("User-Agent", ""),
                 identity.user if identity else "",
+                request.content_type,
             )
         )
         if self.down:
@@ -320,11 +335,16 @@ class KubeDouble:
             if method == request.method and re.search(pattern, request.path):
                 del self.failures[i]
                 return _status(status, "InternalError", "injected failure")
-        if request.method == "GET" and (found := _discovery(request.path)) is not None:
+        if (
+            request.method == "GET"
+            and (found := _discovery(request.path, kueue=self.kueue_installed)) is not None
+        ):
             return web.json_response(found)
         match = _PATH.match(request.path)
         if not match or (match["prefix"], match["plural"]) not in RESOURCES:
             return _status(404, "NotFound", f"no route {request.path}")
+        if match["prefix"] == KUEUE and not self.kueue_installed:
+            return _status(404, "NotFound", "the server could not find the requested resource")
         attributes = request_attributes(identity, request.method, match, request.query)
         decision = self.authorize(identity, attributes)
         if not decision.allowed:
@@ -368,8 +388,9 @@ class KubeDouble:
                 return _status(409, "AlreadyExists", f'{plural} "{meta["name"]}" already exists')
             meta["uid"] = str(uuid.uuid4())
             meta.setdefault("creationTimestamp", _iso(dt.datetime.now(dt.UTC)))
-            if has_status and plural == "workloadprofiles":
+            if has_status and plural in CUSTOM_WITH_STATUS:
                 obj.pop("status", None)  # the status subresource: create ignores status
+            _manage(obj, None, _manager(request), "Update", "")
             self._store(prefix, plural, key, obj, "ADDED")
             self.collect_garbage()
             return web.json_response(obj, status=201, headers=_warning_headers(warnings))
@@ -413,6 +434,13 @@ class KubeDouble:
                     "the object has been modified; please apply your changes to the latest version",
                 )
             updated = _merge(copy.deepcopy(current), body)
+        elif request.method == "PATCH" and request.content_type == "application/apply-patch+yaml":
+            if "fieldManager" not in request.query:
+                return _status(
+                    422, "Invalid", "PatchOptions.meta.k8s.io \"\" is invalid: fieldManager: Required value: "
+                    "is required for apply patch",
+                )  # fmt: skip
+            updated = _apply(copy.deepcopy(current), body)
         elif request.method == "PATCH":
             return _status(
                 415,
@@ -422,6 +450,14 @@ class KubeDouble:
         else:
             return _status(405, "MethodNotAllowed", request.method)
         updated.setdefault("metadata", {})
+        given = updated["metadata"].get("resourceVersion")
+        if request.method == "PATCH" and given and given != current["metadata"]["resourceVersion"]:
+            # a patch that sets resourceVersion makes it a precondition, whatever the patch type
+            return _status(
+                409,
+                "Conflict",
+                "the object has been modified; please apply your changes to the latest version",
+            )
         for keep in ("uid", "creationTimestamp", "name", "namespace", "deletionTimestamp", "ownerReferences"):
             if keep in current["metadata"] and (
                 keep != "ownerReferences" or "ownerReferences" not in updated["metadata"]
@@ -442,6 +478,9 @@ class KubeDouble:
             if isinstance(admitted, web.Response):
                 return admitted
             updated, warnings = admitted
+        operation = "Apply" if request.content_type == "application/apply-patch+yaml" else "Update"
+        updated["metadata"]["managedFields"] = copy.deepcopy(current["metadata"].get("managedFields") or [])
+        _manage(updated, current, _manager(request), operation, sub or "")
         self._store(prefix, plural, key, updated, "MODIFIED")
         self.collect_garbage()
         return web.json_response(self.objects[resource].get(key, updated), headers=_warning_headers(warnings))
@@ -718,8 +757,8 @@ class KubeDouble:
             spec = job.get("spec") or {}
             if spec.get("suspend") or _finished_at(job) or job["metadata"].get("deletionTimestamp"):
                 continue
-            if self._dependents(job["metadata"]["uid"]):
-                continue
+            if any(resource == PODS for resource, _, _ in self._dependents(job["metadata"]["uid"])):
+                continue  # the Job controller counts its Pods (an owned Workload, say, is no Pod)
             template = copy.deepcopy(spec.get("template") or {})
             tmeta = template.get("metadata") or {}
             labels = {**(tmeta.get("labels") or {}), "job-name": name, "batch.kubernetes.io/job-name": name,
@@ -1036,6 +1075,84 @@ def _field_selects(selector: str, obj: Obj) -> bool:
         if (str(meta.get(key.split(".")[1], "")) == value) == negate:
             return False
     return True
+
+
+def _apply(target: Any, applied: Any) -> Any:
+    """Server-side apply's merge, forced: maps merge, lists named in ``LIST_MAP_KEYS`` merge entry by
+    key, every other value is replaced (structured-merge-diff, ``+listType=map`` and atomic)."""
+    if not isinstance(applied, dict):
+        return copy.deepcopy(applied)
+    if not isinstance(target, dict):
+        target = {}
+    for key, value in applied.items():
+        if key in LIST_MAP_KEYS and isinstance(value, list):
+            by = LIST_MAP_KEYS[key]
+            merged = [copy.deepcopy(e) for e in target.get(key) or []]
+            for entry in value:
+                at = next((i for i, e in enumerate(merged) if e.get(by) == entry.get(by)), None)
+                if at is None:
+                    merged.append(copy.deepcopy(entry))
+                else:
+                    merged[at] = _apply(merged[at], entry)
+            target[key] = merged
+        else:
+            target[key] = _apply(target.get(key), value)
+    return target
+
+
+def _manager(request: web.Request) -> str:
+    """The field manager of a write: ``fieldManager``, else the user agent up to its first ``/``
+    (the API server's default)."""
+    return request.query.get("fieldManager") or request.headers.get("User-Agent", "").split("/")[0]
+
+
+_SERVER_SET = frozenset({"managedFields", "resourceVersion", "uid", "creationTimestamp", "generation"})
+
+
+def _changed(old: Any, new: Any) -> Obj | None:
+    """The fields ``new`` sets differently from ``old``, as a FieldsV1 tree (``f:`` keys; a list
+    counts as one field). None when nothing changed."""
+    if isinstance(new, dict) and isinstance(old, dict | None):
+        tree: Obj = {}
+        for key, value in new.items():
+            if key in _SERVER_SET:
+                continue
+            sub = _changed((old or {}).get(key), value)
+            if sub is not None:
+                tree[f"f:{key}"] = sub
+        return tree or None
+    return None if old == new else {}
+
+
+def _manage(obj: Obj, old: Obj | None, manager: str, operation: str, subresource: str) -> None:
+    """metadata.managedFields as the API server keeps it: the fields a write changed belong to its
+    manager (merged into its entry for that operation and subresource). Left out: taking fields away
+    from other managers, and removed fields."""
+    changed = _changed({} if old is None else {k: v for k, v in old.items() if k != "metadata"},
+                       {k: v for k, v in obj.items() if k != "metadata"})  # fmt: skip
+    meta_changed = _changed((old or {}).get("metadata") or {}, {k: obj["metadata"].get(k) for k in ("labels", "annotations", "finalizers") if k in obj["metadata"]})  # fmt: skip
+    if meta_changed:
+        changed = {**(changed or {}), "f:metadata": meta_changed}
+    if not changed or not manager:
+        return
+    entries = obj["metadata"].setdefault("managedFields", [])
+    entry = next(
+        (e for e in entries if (e["manager"], e["operation"], e.get("subresource", "")) == (manager, operation, subresource)),
+        None,
+    )  # fmt: skip
+    if entry is None:
+        entry = {"manager": manager, "operation": operation, "apiVersion": "v1", "time": NOW, "fieldsType": "FieldsV1", "fieldsV1": {}}  # fmt: skip
+        if subresource:
+            entry["subresource"] = subresource
+        entries.append(entry)
+    entry["fieldsV1"] = _union(entry["fieldsV1"], changed)
+
+
+def _union(a: Obj, b: Obj) -> Obj:
+    merged = copy.deepcopy(a)
+    for key, value in b.items():
+        merged[key] = _union(merged.get(key) or {}, value) if value else merged.get(key, {})
+    return merged
 
 
 def _merge(target: Any, patch: Any) -> Any:
