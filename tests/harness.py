@@ -508,6 +508,33 @@ def opted_in_cluster(kube: KubeDouble, ca: bytes, *products: str) -> None:
 
 
 @contextlib.asynccontextmanager
+async def kratos_cluster(
+    tmp_path: Path,
+    *products: str,
+    controller: bool = True,
+    kube: KubeDouble | None = None,
+    controller_config: Config | None = None,
+    **config: Any,
+) -> AsyncIterator[tuple[KubeDouble, TestServer, client.ApiClient]]:
+    """KRATOS installed on the API double as the README installs it (``opted_in_cluster``), the
+    webhook serving and, unless told not to, the controller running (with ``controller_config`` when
+    given); yields the double, its server and an admin client (kubectl)."""
+    kube = kube if kube is not None else KubeDouble()
+    async with api_server(kube) as server, webhook_serving(kube, server, tmp_path, **config):
+        opted_in_cluster(kube, (tmp_path / "certs" / "ca.crt").read_bytes(), *products)
+        api = api_for(server, "kubectl")
+        try:
+            if controller:
+                async with controller_running(server, config=controller_config) as running:
+                    await eventually(running.informer.synced.is_set)
+                    yield kube, server, api
+            else:
+                yield kube, server, api
+        finally:
+            await api.close()
+
+
+@contextlib.asynccontextmanager
 async def webhook_serving(
     kube: KubeDouble, server: TestServer, tmp_path: Path, **config: Any
 ) -> AsyncIterator[AdmissionEngine]:

@@ -53,9 +53,10 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "scheduler-affinity": {"scheduler": "affinity"},
     "telemetry": {"telemetry": {"enabled": True}},
     "prometheus": {"monitoring": {"enabled": True}},
+    "kueue-admission-check": {"kueue": {"admissionCheck": {"enabled": True}}},
 }
-# kinds outside Kubernetes itself (cert-manager's, prometheus-operator's): their own CRDs' schemas
-FOREIGN_GROUPS = ("cert-manager.io/", "monitoring.coreos.com/")
+# kinds outside Kubernetes itself (cert-manager's, prometheus-operator's, Kueue's): their own CRDs' schemas
+FOREIGN_GROUPS = ("cert-manager.io/", "monitoring.coreos.com/", "kueue.x-k8s.io/")
 # the labels Helm adds, and part-of, which the chart puts on every object while the base's `labels:`
 # transformer does not reach the components' own resources
 HELM_LABELS = (

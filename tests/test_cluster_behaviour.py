@@ -8,7 +8,6 @@ TTL or an early delete, ownership of the execution Job.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import datetime as dt
 import functools
 import json
@@ -25,15 +24,12 @@ from tests.harness import (
     JOBS,
     PODS,
     PROFILES,
-    api_for,
-    api_server,
     assert_valid_kubernetes,
     controller_running,
     eventually,
-    opted_in_cluster,
+    kratos_cluster,
     profile,
     runner_summary,
-    webhook_serving,
 )
 from tests.kube_double import KubeDouble
 
@@ -49,21 +45,8 @@ def plain_job(name: str, workload: str = "sweep", **spec: Any) -> dict[str, Any]
     return job
 
 
-@contextlib.asynccontextmanager
-async def cluster(tmp_path: Path, *, controller: bool = True, **config: Any):
-    kube = KubeDouble()
-    async with api_server(kube) as server, webhook_serving(kube, server, tmp_path, **config):
-        opted_in_cluster(kube, (tmp_path / "certs" / "ca.crt").read_bytes(), A100, L40S)
-        api = api_for(server, "kubectl")
-        try:
-            if controller:
-                async with controller_running(server) as running:
-                    await eventually(running.informer.synced.is_set)
-                    yield kube, server, api
-            else:
-                yield kube, server, api
-        finally:
-            await api.close()
+def cluster(tmp_path: Path, *, controller: bool = True, **config: Any):
+    return kratos_cluster(tmp_path, A100, L40S, controller=controller, **config)
 
 
 async def create_job(api: client.ApiClient, job: dict[str, Any]) -> None:

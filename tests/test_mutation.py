@@ -596,9 +596,25 @@ def test_a_dry_run_notes_no_run_and_the_note_expires():
     dry = admit(job, eng, dry_run=True)
     assert dry.decision.action == "profiling"
     assert admit(job, eng).decision.action == "profiling", "the dry run left nothing behind"
-    assert admit(job, eng).decision.action == "hints", "held behind the run just admitted"
+    other = make_job("sweep-1").label(v.WORKLOAD_LABEL, "sweep").obj()
+    assert admit(other, eng).decision.action == "hints", "held behind the run just admitted"
     clock[0] = eng.runs.ttl + 1  # the API server may have refused the first Job: profile again
-    assert admit(job, eng).decision.action == "profiling"
+    assert admit(other, eng).decision.action == "profiling"
+
+
+def test_the_same_job_submitted_again_after_its_create_was_refused_is_profiled_not_held():
+    """Issue 36: Kueue's webhook down refuses the create after KRATOS rewrote it; the user's retry of
+    the same Job is no follower of a run that never was. KRATOS's own rewrite seen again (reinvoked
+    after another webhook) and the validating call keep the memory for the real followers."""
+    eng = engine(make_ctx())
+    job = make_job("sweep-0").label(v.WORKLOAD_LABEL, "sweep").obj()
+    first = admit(job, eng)
+    assert first.decision.action == "profiling" and first.decision.mutated is not None
+    assert admit(first.decision.mutated, eng).patch == [], "reinvoked on its own rewrite: unchanged"
+    assert admit(first.decision.mutated, eng, webhook="validate").decision.allowed
+    follower = make_job("sweep-1").label(v.WORKLOAD_LABEL, "sweep").obj()
+    assert admit(follower, eng).decision.action == "hints", "the memory is still there"
+    assert admit(job, eng).decision.action == "profiling", "the same Job again: profiled"
 
 
 @pytest.mark.parametrize(

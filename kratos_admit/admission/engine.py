@@ -21,6 +21,7 @@ from kratos_admit.domain.catalog import Catalog, load_catalog
 from kratos_admit.domain.config import Config
 from kratos_admit.domain.profile import ObjectMeta, ProfileSpec, ProfileStatus, WorkloadProfile
 from kratos_admit.domain.raw import as_mapping
+from kratos_admit.domain.signing import signed_role
 
 Webhook = Literal["mutate", "validate"]
 Outcome = Literal["allowed", "patched", "denied", "error"]
@@ -63,11 +64,17 @@ class RunsUnderWay:
         )
         self._runs[(namespace, workload)] = (marker, self.clock() + self.ttl)
 
-    def get(self, namespace: str, workload: str) -> WorkloadProfile | None:
+    def get(self, namespace: str, workload: str, *, job: str = "") -> WorkloadProfile | None:
+        """The run remembered for the workload. A Job of the very name of that run is not its
+        follower: its first create was refused after this webhook answered (another webhook, such as
+        Kueue's while Kueue is down, or a quota), so this is the same Job submitted again, and the
+        memory is forgotten (were the first one stored, this create fails AlreadyExists anyway)."""
         found = self._runs.get((namespace, workload))
         if found is None:
             return None
-        if self.clock() > found[1]:
+        if self.clock() > found[1] or (
+            job and found[0].status is not None and found[0].status.source_job == job
+        ):
             del self._runs[(namespace, workload)]
             return None
         return found[0]
@@ -152,21 +159,30 @@ def answer(request: AdmissionRequest, *, webhook: Webhook, engine: AdmissionEngi
     )
 
 
-def _profile_for(key: tuple[str, str], engine: AdmissionEngine) -> WorkloadProfile | None:
+def _profile_for(key: tuple[str, str], engine: AdmissionEngine, job: str) -> WorkloadProfile | None:
     """The stored profile, unless it says less than this process knows: the controller creates the
     profile first and publishes its status (``Profiling``) in a second write, and a Job admitted in
-    between must still be held as a follower of the run this process just admitted."""
+    between must still be held as a follower of the run this process just admitted (``job`` is the
+    name of the object under review)."""
     stored = engine.profiles.get(*key)
     if stored is not None and stored.status is not None:
         return stored
-    return engine.runs.get(*key) or stored
+    return engine.runs.get(*key, job=job) or stored
+
+
+def _signed_role(request: AdmissionRequest, engine: AdmissionEngine) -> str | None:
+    meta = as_mapping(as_mapping(request.object).get("metadata"))
+    return signed_role(meta, namespace=request.namespace, key=engine.ctx.signing_key)
 
 
 def decide(request: AdmissionRequest, *, webhook: Webhook, engine: AdmissionEngine) -> Decision:
     """The policy's decision on an opted-in request, with the profile its key names."""
     assert request.kind is not None and request.object is not None, "only opted-in requests reach here"
     key = request.profile_key
-    profile = _profile_for(key, engine) if key is not None else None
+    # a user's Job under the name of the run remembered is that Job again; KRATOS's own rewrite of it
+    # (reinvoked after another webhook) and the validating call after it are not
+    again = webhook == "mutate" and request.kind == "Job" and not _signed_role(request, engine)
+    profile = _profile_for(key, engine, request.name if again else "") if key is not None else None
     if webhook == "mutate":
         decision = mutate(
             request.object,

@@ -23,7 +23,7 @@ from kratos_admit.domain.profile import WorkloadProfile
 from kratos_admit.domain.quantity import parse_quantity
 from kratos_admit.domain.raw import as_list, as_mapping, child, child_list, clone
 from kratos_admit.domain.signing import sign_block
-from kratos_admit.domain.workload import Kind
+from kratos_admit.domain.workload import Kind, kueue_queue
 
 Expression = dict[str, Any]
 
@@ -332,22 +332,40 @@ def ranking_of(
     )
 
 
-def _apply_hold(obj: dict[str, Any], pod_spec: dict[str, Any], kind: Kind) -> list[str]:
-    """Hold a follower until the run under way ends: suspend a Job (one the user suspended stays
-    so, and the record says KRATOS did not suspend it), gate a Pod."""
-    if kind == "Pod":
-        gates = [
-            g
-            for g in as_list(pod_spec.get("schedulingGates"))
-            if as_mapping(g).get("name") != v.PROFILE_SCHEDULING_GATE
-        ]
-        pod_spec["schedulingGates"] = [*gates, {"name": v.PROFILE_SCHEDULING_GATE}]
+def _apply_hold(
+    obj: dict[str, Any], pod_meta: dict[str, Any], pod_spec: dict[str, Any], kind: Kind, *, hold: str
+) -> list[str]:
+    """Hold a follower until the run under way ends: gate a Pod, and the pod template of a Job Kueue
+    manages (Kueue owns its ``spec.suspend``: DESIGN "Where Kueue runs"); suspend any other Job (one
+    the user suspended stays so, and the record says KRATOS did not suspend it)."""
+    if kind == "Pod" or kueue_queue(obj):
+        add_profile_gate(pod_spec)
+        if kind == "Job":
+            mark_template_held(obj, pod_meta, hold=hold)
         return ["schedulingGates"]
     spec = obj["spec"]
     if spec.get("suspend") is True:
         return []
     spec["suspend"] = True
     return ["suspend"]
+
+
+def add_profile_gate(pod_spec: dict[str, Any]) -> None:
+    gates = [
+        g
+        for g in as_list(pod_spec.get("schedulingGates"))
+        if as_mapping(g).get("name") != v.PROFILE_SCHEDULING_GATE
+    ]
+    pod_spec["schedulingGates"] = [*gates, {"name": v.PROFILE_SCHEDULING_GATE}]
+
+
+def mark_template_held(job: Mapping[str, Any], pod_meta: dict[str, Any], *, hold: str) -> None:
+    """A gated Job template's Pods are followers too: they carry ``awaiting-profile`` and the
+    workload label (so the webhook and the controller see them, as they see a bare Pod follower)."""
+    child(pod_meta, "annotations")[v.AWAITING_PROFILE_ANNOTATION] = hold
+    workload = as_mapping(as_mapping(job.get("metadata")).get("labels")).get(v.WORKLOAD_LABEL)
+    if isinstance(workload, str):
+        child(pod_meta, "labels").setdefault(v.WORKLOAD_LABEL, workload)
 
 
 def apply_hints(
@@ -372,8 +390,8 @@ def apply_hints(
 
     Base hints always; the ranked product preference only from a Ready ``profile``. ``reason``
     says, in the record, why a call without a Ready profile gave base hints only. ``hold`` names
-    the profile whose run is under way: a Job is then suspended, a Pod gated, and both marked
-    ``awaiting-profile`` for the controller to release. ``profile_on`` (a profiling run) names the
+    the profile whose run is under way: a Job is then suspended (gated in its template when Kueue
+    manages it), a Pod gated, and both marked ``awaiting-profile`` for the controller to release. ``profile_on`` (a profiling run) names the
     products it prefers, as one preferred node-affinity term.
     """
     obj = (
@@ -417,7 +435,7 @@ def apply_hints(
     injected += _apply_scheduler(metadata, pod_meta, pod_spec, kind, annotations=annotations, config=config)
     injected += _apply_priority(pod_spec, kind, annotations=annotations, config=config, warnings=warnings)
     if hold:
-        injected += _apply_hold(obj, pod_spec, kind)
+        injected += _apply_hold(obj, pod_meta, pod_spec, kind, hold=hold)
         child(metadata, "annotations")[v.AWAITING_PROFILE_ANNOTATION] = hold
     record = hints_record(
         profile.metadata.name if ready and profile else "",

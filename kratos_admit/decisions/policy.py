@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from kratos_admit.decisions.calibration import NO_CALIBRATION, Calibration
-from kratos_admit.decisions.hints import apply_hints
+from kratos_admit.decisions.hints import apply_hints, recorded_ranking_source
+from kratos_admit.decisions.holds import awaiting_mark, regate_for_kueue, release_hold
 from kratos_admit.decisions.profiling import (
     profiling_demanded,
     profiling_plan,
@@ -30,7 +31,7 @@ from kratos_admit.domain.gpu_requests import PodGpus, read_pod_gpus
 from kratos_admit.domain.profile import COUNTERS_UNAVAILABLE, WorkloadProfile
 from kratos_admit.domain.raw import as_mapping, clone, string_map
 from kratos_admit.domain.signing import signature_valid, signed_role
-from kratos_admit.domain.workload import Kind, ParentKind, Workload
+from kratos_admit.domain.workload import Kind, ParentKind, Workload, kueue_queue
 
 Action = Literal["hints", "profiling", "none"]
 
@@ -144,8 +145,18 @@ def mutate(
     )
     if errors:
         return Decision(allowed=False, violations=errors)
-    if already_hinted(workload, namespace, key) or role == "profiling":
+    if role == "profiling":
         return Decision(allowed=True)
+    if already_hinted(workload, namespace, key):
+        return _hinted_again(
+            obj,
+            kind,
+            profile=profile,
+            node_products=node_products,
+            namespace=namespace,
+            ctx=ctx,
+            calibration=calibration,
+        )
 
     def hinted(
         source: Mapping[str, Any],
@@ -184,7 +195,13 @@ def mutate(
         return hinted(obj)
     phase = profile.status.phase if profile is not None and profile.status is not None else None
     if profile is not None and phase == "Profiling" and role is None:
-        held = "a Job suspended" if kind == "Job" else f"a Pod gated by {v.PROFILE_SCHEDULING_GATE}"
+        held = (
+            f"a Pod gated by {v.PROFILE_SCHEDULING_GATE}"
+            if kind == "Pod"
+            else f"a Job whose pod template is gated by {v.PROFILE_SCHEDULING_GATE} (Kueue owns its spec.suspend)"
+            if workload.kueue_queue
+            else "a Job suspended"
+        )
         return hinted(
             obj,
             reason=f"awaiting the profiling run of workload {name}",
@@ -261,6 +278,56 @@ def mutate(
         *decision.warnings,
     ]
     return decision
+
+
+def _hinted_again(
+    obj: Mapping[str, Any],
+    kind: Kind,
+    *,
+    profile: WorkloadProfile | None,
+    node_products: frozenset[str],
+    namespace: str,
+    ctx: PolicyContext,
+    calibration: Calibration,
+) -> Decision:
+    """KRATOS's own output, seen again: left alone (idempotent), but for two holds that must change.
+    A Job KRATOS suspended that Kueue has since given a queue (reinvocation after Kueue's webhook)
+    is held by the gate instead; a Pod made from a held Kueue Job's template after its profile
+    settled is let go at once (DESIGN "Where Kueue runs")."""
+    if kind == "Job":
+        regated = regate_for_kueue(obj, namespace=namespace, signing_key=ctx.signing_key)
+        if regated is None:
+            return Decision(allowed=True)
+        queue = kueue_queue(obj)
+        return Decision(
+            allowed=True,
+            action="hints",
+            mutated=regated,
+            warnings=[
+                f"Kueue's LocalQueue {queue} starts this Job and owns spec.suspend: KRATOS holds it with the "
+                f"scheduling gate {v.PROFILE_SCHEDULING_GATE} in its pod template instead, until the profile is ready"
+            ],
+        )
+    held = awaiting_mark(obj, signing_key=ctx.signing_key)
+    settled = (
+        profile is not None and profile.status is not None and profile.status.phase in ("Ready", "Failed")
+    )
+    if not held or profile is None or not settled or held != profile.metadata.name:
+        return Decision(allowed=True)
+    released = release_hold(
+        obj,
+        kind,
+        profile=profile,
+        node_products=node_products,
+        namespace=namespace,
+        config=ctx.config,
+        catalog=ctx.catalog,
+        signing_key=ctx.signing_key,
+        calibration=calibration,
+    )
+    return Decision(
+        allowed=True, action="hints", mutated=released, ranking_source=recorded_ranking_source(released)
+    )
 
 
 def parent_warnings(obj: Mapping[str, Any], parent: ParentKind) -> list[str]:

@@ -73,6 +73,14 @@ GPU_CC_MAJOR_LABEL: Final = "nvidia.com/gpu.compute.major"
 GPU_CC_MINOR_LABEL: Final = "nvidia.com/gpu.compute.minor"
 GPU_TAINT_KEY: Final = "nvidia.com/gpu"
 
+# Kueue (kubernetes-sigs/kueue v0.13): a Job with a queue name is Kueue's to start (it owns spec.suspend);
+# the label, and the annotation Kueue still reads when the label is absent (deprecated)
+KUEUE_QUEUE_LABEL: Final = "kueue.x-k8s.io/queue-name"
+KUEUE_GROUP: Final = "kueue.x-k8s.io"
+KUEUE_VERSION: Final = "v1beta1"
+# the controllerName of KRATOS's AdmissionCheck: a follower's Workload waits (Pending) for its profile
+ADMISSION_CHECK_CONTROLLER: Final = f"{GROUP}/profile"
+
 # NVIDIA KAI Scheduler GPU sharing (pod annotations) and queue label
 KAI_FRACTION_ANNOTATION: Final = "gpu-fraction"
 KAI_MEMORY_ANNOTATION: Final = "gpu-memory"

@@ -81,6 +81,12 @@ class Workload:
     def workload_label(self) -> str | None:
         return self.metadata.labels.get(v.WORKLOAD_LABEL)
 
+    @property
+    def kueue_queue(self) -> str:
+        """The Kueue LocalQueue a Job names ("" when none): Kueue's ``QueueNameForObject``, the
+        label first, then the deprecated annotation. Such a Job is Kueue's to start."""
+        return kueue_queue(self.raw) if self.kind == "Job" else ""
+
     def containers(self, *, init: bool) -> Iterator[Container]:
         key = "initContainers" if init else "containers"
         base = self.pod_spec_path.child(key)
@@ -90,6 +96,16 @@ class Workload:
     def all_containers(self) -> Iterator[Container]:
         yield from self.containers(init=True)
         yield from self.containers(init=False)
+
+
+def kueue_queue(job: Mapping[str, Any]) -> str:
+    """The queue a Job names for Kueue, read as Kueue reads it (label, then the annotation)."""
+    metadata = as_mapping(job.get("metadata"))
+    label = as_mapping(metadata.get("labels")).get(v.KUEUE_QUEUE_LABEL)
+    if isinstance(label, str) and label:
+        return label
+    annotation = as_mapping(metadata.get("annotations")).get(v.KUEUE_QUEUE_LABEL)
+    return annotation if isinstance(annotation, str) else ""
 
 
 def workload_kind(api_version: object, kind: object) -> Kind | None:

@@ -1,9 +1,11 @@
 """``kratos-admit release``: let go of everything KRATOS holds, so nothing stays stuck when KRATOS is
 uninstalled or its controller is down: the ``gpu.scheduler.io/release`` finalizer on profiling Jobs
 and their Pods, Jobs KRATOS suspended while a run was under way (never one the user suspended), and
-the ``gpu.scheduler.io/profile`` scheduling gate on Pods.
+the ``gpu.scheduler.io/profile`` scheduling gate on Pods and in the pod template of a Job Kueue
+manages while its template can still change (Kueue owns such a Job's ``spec.suspend``: release never
+writes it).
 
-Only the finalizer, ``spec.suspend`` and the scheduling gate change: no KRATOS-only key is written,
+Only the finalizer, ``spec.suspend`` and the scheduling gates change: no KRATOS-only key is written,
 so no signing key is needed and the validating webhook, if still installed, allows each update.
 Each write is a merge patch conditional on the resourceVersion it read (a conflict is read again).
 """
@@ -19,13 +21,16 @@ import aiohttp
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
+from kratos_admit.decisions.holds import template_mutable
 from kratos_admit.domain import vocabulary as v
 from kratos_admit.domain.raw import as_list, as_mapping
+from kratos_admit.domain.workload import kueue_queue
 from kratos_admit.edge.kube import list_raw, one_line
 
 Obj = dict[str, Any]
 HeldKind = Literal["Job", "Pod"]
 MERGE_PATCH = "application/merge-patch+json"
+FIELD_MANAGER = "kratos-release"  # metadata.managedFields names what release wrote
 PAGE = 500  # objects per list call: a big cluster is read in pages, never at once
 RETRIES = 3  # conflicting writes re-read and tried again
 
@@ -42,12 +47,14 @@ class Release:
     namespace: str
     name: str
     done: tuple[str, ...]  # what it lets go of, in words
-    patch: Obj
+    patch: Obj  # {} when there is nothing it can change (only the note to say)
+    note: str = ""  # what is left held and why
 
     def line(self, *, dry_run: bool) -> str:
         resource = "job.batch" if self.kind == "Job" else "pod"
-        suffix = " (dry run)" if dry_run else ""
-        return f"{self.namespace}/{resource}/{self.name}: {', '.join(self.done)}{suffix}"
+        suffix = " (dry run)" if dry_run and self.done else ""
+        said = "; ".join(filter(None, (", ".join(self.done), self.note)))
+        return f"{self.namespace}/{resource}/{self.name}: {said}{suffix}"
 
 
 def suspended_by_kratos(job: Mapping[str, Any]) -> bool:
@@ -76,17 +83,36 @@ def plan_release(kind: HeldKind, obj: Mapping[str, Any]) -> Release | None:
         patch["metadata"]["finalizers"] = rest or None
         done.append(f"finalizer {v.RELEASE_FINALIZER} removed")
     spec = as_mapping(obj.get("spec"))
-    if kind == "Job" and suspended_by_kratos(obj):
+    if kind == "Job" and suspended_by_kratos(obj) and not kueue_queue(obj):  # Kueue owns a Kueue Job's
         patch["spec"] = {"suspend": False}
         done.append("resumed")
-    gates = [g for g in as_list(spec.get("schedulingGates")) if isinstance(g, Mapping)]
-    if kind == "Pod" and any(g.get("name") == v.PROFILE_SCHEDULING_GATE for g in gates):
+    pod_spec = spec if kind == "Pod" else as_mapping(as_mapping(spec.get("template")).get("spec"))
+    gates = [g for g in as_list(pod_spec.get("schedulingGates")) if isinstance(g, Mapping)]
+    note = ""
+    if any(g.get("name") == v.PROFILE_SCHEDULING_GATE for g in gates):
         rest_gates = [dict(g) for g in gates if g.get("name") != v.PROFILE_SCHEDULING_GATE]
-        patch["spec"] = {"schedulingGates": rest_gates or None}
-        done.append(f"scheduling gate {v.PROFILE_SCHEDULING_GATE} removed")
-    if not done:
+        if kind == "Pod":
+            patch["spec"] = {"schedulingGates": rest_gates or None}
+            done.append(f"scheduling gate {v.PROFILE_SCHEDULING_GATE} removed")
+        elif template_mutable(obj):
+            patch["spec"] = {"template": {"spec": {"schedulingGates": rest_gates or None}}}
+            done.append(f"scheduling gate {v.PROFILE_SCHEDULING_GATE} removed from its pod template")
+        else:
+            note = (
+                f"its pod template keeps the scheduling gate {v.PROFILE_SCHEDULING_GATE}: Kueue started the Job and "
+                "a started Job's template cannot change; its Pods are released here, and a Pod it makes later "
+                "waits until release is run again or the Job is deleted"
+            )
+    if not done and not note:
         return None
-    return Release(kind, str(meta.get("namespace", "")), str(meta.get("name", "")), tuple(done), patch)
+    return Release(
+        kind,
+        str(meta.get("namespace", "")),
+        str(meta.get("name", "")),
+        tuple(done),
+        patch if done else {},
+        note,
+    )
 
 
 class Releaser:
@@ -112,9 +138,9 @@ class Releaser:
                 release = plan_release(kind, obj)
                 if release is None:
                     continue
-                if not self.dry_run:
+                if not self.dry_run and release.patch:
                     release = await self._apply(release)
-                if release.done:
+                if release.done or release.note:
                     released.append(release)
         return released
 
@@ -142,6 +168,8 @@ class Releaser:
 
     async def _apply(self, release: Release) -> Release:
         for _ in range(RETRIES):
+            if not release.patch:  # only a note: nothing this release can change
+                return release
             try:
                 await self._patch(release)
                 return release
@@ -165,11 +193,11 @@ class Releaser:
         body: Any = release.patch
         if release.kind == "Job":
             await self.batch.patch_namespaced_job(  # type: ignore[call-arg]
-                release.name, release.namespace, body, _content_type=MERGE_PATCH
+                release.name, release.namespace, body, field_manager=FIELD_MANAGER, _content_type=MERGE_PATCH
             )
         else:
             await self.core.patch_namespaced_pod(  # type: ignore[call-arg]
-                release.name, release.namespace, body, _content_type=MERGE_PATCH
+                release.name, release.namespace, body, field_manager=FIELD_MANAGER, _content_type=MERGE_PATCH
             )
 
     async def _read(self, release: Release) -> Obj | None:

@@ -91,6 +91,7 @@ class ReleaseFollower:
     namespace: str
     name: str
     released: Obj
+    held: Obj  # the object as read: the write changes only what differs
 
 
 @dataclass(frozen=True)

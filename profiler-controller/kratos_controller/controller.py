@@ -27,10 +27,12 @@ from kratos_admit.domain.catalog import Catalog, load_catalog
 from kratos_admit.domain.config import Config
 from kratos_admit.domain.profile import WorkloadProfile, condition_reason
 from kratos_admit.domain.raw import as_list, as_mapping, clone, string_map
-from kratos_admit.domain.workload import Kind
+from kratos_admit.domain.workload import Kind, kueue_queue
 from kratos_admit.edge.kube import Backoff, Informer, one_line
+from kratos_admit.edge.kueue import KueueApi
 from kratos_admit.edge.prometheus import Prometheus, PrometheusError
 from kratos_controller.actions import CreateExecutionJob, PublishProfile, ReleaseFollower
+from kratos_controller.admission_check import AdmissionCheckController
 from kratos_controller.events import Reason, Regarding, event_body
 from kratos_controller.kube_io import KubeIO
 from kratos_controller.leader import LeaderElector
@@ -116,6 +118,18 @@ class ProfilerController:
         )
         self.pod_informer = self._informer(
             client.CoreV1Api(api).list_pod_for_all_namespaces, self.pods, "Pod", watch_timeout
+        )
+        self.admission_checks = (
+            AdmissionCheckController(
+                KueueApi(api),
+                read_job=self.io.read_job,
+                signing_key=signing_key,
+                resync_seconds=resync_seconds,
+                watch_timeout=watch_timeout,
+                on_state=lambda state: metrics.admission_checks.labels(state).inc(),
+            )
+            if self.config.kueue_admission_check
+            else None
         )
         metrics.profiling_deadline.set(self.config.profiling_deadline_seconds)
         metrics.watch_held(lambda: [*self.jobs.values(), *self.pods.values()])
@@ -302,11 +316,18 @@ class ProfilerController:
         if not followers:
             return
         for kind, obj in followers:
+            how = (
+                "suspended"
+                if kind == "Job" and not kueue_queue(obj)
+                else f"scheduling gate {v.PROFILE_SCHEDULING_GATE}"
+                + (" in its pod template: Kueue owns its spec.suspend" if kind == "Job" else "")
+            )
             await self.report(
-                obj, kind, "AwaitingProfile",
-                f"held ({'suspended' if kind == 'Job' else 'scheduling gate ' + v.PROFILE_SCHEDULING_GATE}) "
-                f"until the profiling run of workload {workload} ends",
-            )  # fmt: skip
+                obj,
+                kind,
+                "AwaitingProfile",
+                f"held ({how}) until the profiling run of workload {workload} ends",
+            )
         raw = await self.io.get_profile(namespace, v.profile_name(workload))
         if raw is None:
             running = any(
@@ -347,6 +368,8 @@ class ProfilerController:
                     held[(action.kind, action.name)], action.kind, "Released", f"released with {how}"
                 )
                 self.metrics.hints.labels(recorded_ranking_source(action.released)).inc()
+                if action.kind == "Job" and self.admission_checks is not None:
+                    self.admission_checks.job_changed(namespace, action.name)  # its Workload's check: Ready
                 log.info(
                     "follower released",
                     extra={
@@ -631,6 +654,8 @@ class ProfilerController:
         tasks += [asyncio.create_task(self._worker()) for _ in range(workers)]
         if self.prometheus is not None:
             tasks.append(asyncio.create_task(self._telemetry_worker()))
+        if self.admission_checks is not None:
+            tasks.append(asyncio.create_task(self.admission_checks.run()))
         self.enqueue(self.calibrate_key)  # what the runs counted so far say, after a restart too
         try:
             await asyncio.gather(*tasks)

@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import jsonpatch
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
@@ -19,6 +20,8 @@ from kratos_controller import reconcile as rc
 
 Obj = dict[str, Any]
 MERGE_PATCH = "application/merge-patch+json"
+JSON_PATCH = "application/json-patch+json"
+FIELD_MANAGER = "kratos-controller"  # metadata.managedFields names what the controller wrote
 RECORDED_LIMIT = 10_000  # Event names remembered; past that the memory starts again (a 409 still dedupes)
 log = logging.getLogger("kratos.controller")
 
@@ -140,6 +143,15 @@ class KubeIO:
                 return None
             raise
         return {"metadata": {"name": name, "namespace": namespace}, "data": dict(found.data or {})}
+
+    async def read_job(self, namespace: str, name: str) -> Obj | None:
+        """The Job as the API server has it now (raw), or None when it is gone."""
+        try:
+            return await list_raw(self.batch.read_namespaced_job, name, namespace)
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
 
     async def job_pods(self, namespace: str, job_name: str) -> list[Obj]:
         body = await list_raw(self.core.list_namespaced_pod, namespace, label_selector=f"job-name={job_name}")
@@ -269,12 +281,7 @@ class KubeIO:
         if isinstance(action, actions.RemoveFinalizer):
             return await self._remove_finalizer(action)
         if isinstance(action, actions.ReleaseFollower):
-            released: Any = action.released
-            if action.kind == "Job":
-                await self.batch.replace_namespaced_job(action.name, action.namespace, released)
-            else:
-                await self.core.replace_namespaced_pod(action.name, action.namespace, released)
-            return "updated"
+            return await self._release(action)
         current: Any = await self.get_profile(action.namespace, action.name)
         if current is None:
             return "gone"
@@ -283,6 +290,27 @@ class KubeIO:
         await self.custom.replace_namespaced_custom_object_status(
             v.GROUP, v.VERSION, action.namespace, v.PROFILE_PLURAL, action.name, current
         )
+        return "updated"
+
+    async def _release(self, action: actions.ReleaseFollower) -> str:
+        """Write a released follower: a JSON patch of exactly what changed, conditional on the
+        resourceVersion it was read at (a concurrent change, Kueue admitting the Job, gives 409 and
+        a retry on the fresh object). So KRATOS's field manager owns only the fields it changed: on a
+        Job Kueue manages, never ``spec.suspend``."""
+        ops: Any = jsonpatch.make_patch(action.held, action.released).patch
+        if not ops:
+            return "exists"
+        version = str(as_mapping(action.held.get("metadata")).get("resourceVersion") or "")
+        if version:
+            ops = [{"op": "replace", "path": "/metadata/resourceVersion", "value": version}, *ops]
+        if action.kind == "Job":
+            await self.batch.patch_namespaced_job(  # type: ignore[call-arg]
+                action.name, action.namespace, ops, field_manager=FIELD_MANAGER, _content_type=JSON_PATCH
+            )
+        else:
+            await self.core.patch_namespaced_pod(  # type: ignore[call-arg]
+                action.name, action.namespace, ops, field_manager=FIELD_MANAGER, _content_type=JSON_PATCH
+            )
         return "updated"
 
     async def _remove_finalizer(self, action: actions.RemoveFinalizer) -> str:

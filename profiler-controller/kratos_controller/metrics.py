@@ -44,6 +44,13 @@ class ControllerMetrics:
             ["source"],
             registry=self.registry,
         )
+        self.admission_checks = Counter(
+            "kratos_admission_check_states",
+            "States KRATOS's Kueue AdmissionCheck wrote on Workloads (Pending: a follower waits for its "
+            "profile; Ready: nothing to wait for).",
+            ["state"],
+            registry=self.registry,
+        )
         self.calibration_writes = Counter(
             "kratos_calibration_writes",
             "Writes of the calibration ConfigMap, by why now: interval (calibrationWriteSeconds had "

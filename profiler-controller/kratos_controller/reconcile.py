@@ -449,7 +449,9 @@ def release_followers(
             calibration=calibration,
         )
         actions.append(
-            ReleaseFollower(kind, str(meta.get("namespace", "")), str(meta.get("name", "")), released)
+            ReleaseFollower(
+                kind, str(meta.get("namespace", "")), str(meta.get("name", "")), released, held=obj
+            )
         )
     return actions
 

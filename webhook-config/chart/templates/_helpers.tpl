@@ -29,7 +29,7 @@ Arguments: (dict "root" $ "obj" OBJECT). */}}
 {{- define "kratos.emit" -}}
 {{- $root := .root -}}
 {{- $o := fromYaml (toYaml .obj | replace "kratos-system" $root.Release.Namespace) -}}
-{{- $cluster := list "Namespace" "CustomResourceDefinition" "ClusterRole" "ClusterRoleBinding" "PriorityClass" "MutatingWebhookConfiguration" "ValidatingWebhookConfiguration" -}}
+{{- $cluster := list "Namespace" "CustomResourceDefinition" "ClusterRole" "ClusterRoleBinding" "PriorityClass" "MutatingWebhookConfiguration" "ValidatingWebhookConfiguration" "AdmissionCheck" -}}
 {{- if and (not (has $o.kind $cluster)) (not $o.metadata.namespace) -}}
 {{- $_ := set $o.metadata "namespace" $root.Release.Namespace -}}
 {{- end -}}
@@ -49,6 +49,9 @@ Arguments: (dict "root" $ "obj" OBJECT). */}}
 {{- $env = append $env (dict "name" "KRATOS_SCHEDULER" "value" "volcano") -}}
 {{- else if eq $root.Values.scheduler "affinity" -}}
 {{- $env = append $env (dict "name" "KRATOS_SCHEDULER_NAME" "value" "kratos-scheduler") -}}
+{{- end -}}
+{{- if and (eq .deployment "kratos-controller") $root.Values.kueue.admissionCheck.enabled -}}
+{{- $env = append $env (dict "name" "KRATOS_KUEUE_ADMISSION_CHECK" "value" "true") -}}
 {{- end -}}
 {{- if and (eq .deployment "kratos-controller") $root.Values.telemetry.enabled -}}
 {{- $env = append $env (dict "name" "KRATOS_TELEMETRY" "value" (printf "{prometheusURL: '%s'}" $root.Values.telemetry.prometheusURL)) -}}
