@@ -28,7 +28,7 @@ LAYERS: dict[str, set[str]] = {
 CONTROLLER_MAY_IMPORT = {"domain", "decisions", "edge"}
 # layers that do no I/O: neither the HTTP server nor the Kubernetes client may load with them
 PURE_LAYERS = ("domain", "decisions", "admission")
-PURE_CONTROLLER = ["kratos_controller.reconcile", "kratos_controller.events"]
+PURE_CONTROLLER = ["kratos_controller.reconcile", "kratos_controller.events", "kratos_controller.faults"]
 PACKAGE = REPO / "kratos_admit"
 CONTROLLER = REPO / "profiler-controller" / "kratos_controller"
 MAX_TOP_LEVEL_ENTRIES = 10

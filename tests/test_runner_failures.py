@@ -103,14 +103,16 @@ def test_the_profile_and_the_crd_know_every_class_the_runner_names():
     """The runner is stdlib-only and cannot import the domain: this keeps the two lists in step."""
     import yaml
 
-    from kratos_admit.domain.profile import FAILURE_CLASSES, condition_reason
+    from kratos_admit.domain.profile import FAILURE_CLASSES, RUNNER_FAILURE_CLASSES, condition_reason
     from tests.harness import REPO
 
-    assert FAILURE_CLASSES == CLASSES
+    assert RUNNER_FAILURE_CLASSES == CLASSES
+    assert FAILURE_CLASSES == (*CLASSES, "image-pull", "killed"), "and the two the controller names"
     crd = yaml.safe_load((REPO / "webhook-config" / "crd-workloadprofiles.yaml").read_text())
     status = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]
-    assert tuple(status["failure"]["enum"]) == CLASSES
-    assert [condition_reason(c) for c in CLASSES] == [
+    assert tuple(status["failure"]["enum"]) == FAILURE_CLASSES
+    assert [condition_reason(c) for c in FAILURE_CLASSES] == [
         "NoGpu", "CounterPermission", "CountersInUse", "OutOfMemory", "CannotStart", "NoKernels", "NcuError",
+        "ImagePull", "Killed",
     ]  # fmt: skip
     assert condition_reason(None) == "ProfilingFailed"

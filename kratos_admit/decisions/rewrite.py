@@ -272,6 +272,11 @@ def rewrite_for_profiling(
     child(metadata, "annotations")[v.ORIGINAL_TEMPLATE_ANNOTATION] = original
     pod_meta = child(template, "metadata")
     child(pod_meta, "labels")[v.ROLE_LABEL] = "profiling"
+    # its Pods carry the workload label too, so the controller sees the kubelet's word on them (an
+    # image that never pulls, a container killed) as it happens
+    workload = as_mapping(metadata.get("labels")).get(v.WORKLOAD_LABEL)
+    if isinstance(workload, str):
+        child(pod_meta, "labels").setdefault(v.WORKLOAD_LABEL, workload)
     for block in (metadata, pod_meta):
         finalizers = [f for f in as_list(block.get("finalizers")) if f != v.RELEASE_FINALIZER]
         block["finalizers"] = [*finalizers, v.RELEASE_FINALIZER]

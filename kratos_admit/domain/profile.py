@@ -109,9 +109,12 @@ class ProfileCondition(_Strict):
 
 
 # the runner's failure classes (runner/kratos_runner/failures.py; a test keeps the two in step)
-FAILURE_CLASSES: tuple[str, ...] = (
+RUNNER_FAILURE_CLASSES: tuple[str, ...] = (
     "no-gpu", "counter-permission", "counters-in-use", "out-of-memory", "cannot-start", "no-kernels", "ncu-error",
 )  # fmt: skip
+# the classes the controller names from the kubelet's statuses (DESIGN "Faults a real node brings")
+KUBELET_FAILURE_CLASSES: tuple[str, ...] = ("image-pull", "killed")
+FAILURE_CLASSES: tuple[str, ...] = RUNNER_FAILURE_CLASSES + KUBELET_FAILURE_CLASSES
 # the classes where the counters were out of reach, not the workload at fault: telemetry still learns
 COUNTERS_UNAVAILABLE: frozenset[str] = frozenset({"no-gpu", "counter-permission", "counters-in-use"})
 

@@ -3,6 +3,7 @@ profiling run, and the actions the controller then applies."""
 
 from __future__ import annotations
 
+import datetime as dt
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,6 +23,28 @@ class ContainerEnd:
     exit_code: int
     reason: str = ""
     message: str = ""
+    container: str = ""  # which container (profiling-runner, stage-workload, stage-profiler)
+
+
+@dataclass(frozen=True)
+class PullFailure:
+    """A container of the profiling Pod whose image the kubelet cannot pull (its waiting state)."""
+
+    container: str
+    image: str
+    reason: str  # ErrImagePull, ImagePullBackOff, ErrImageNeverPull, InvalidImageName
+    message: str
+    since: dt.datetime | None  # when the kubelet took the Pod (status.startTime): pulling began then
+
+
+@dataclass(frozen=True)
+class Disruption:
+    """The profiling Pod ended from outside: evicted by the kubelet, or deleted (an API eviction, a
+    preemption, a person), with the kubelet's or the DisruptionTarget condition's words."""
+
+    how: str  # "evicted" | "deleted"
+    reason: str  # Evicted, EvictionByEvictionAPI, PreemptionByScheduler, ... ("" when none was given)
+    message: str
 
 
 @dataclass(frozen=True)
@@ -38,6 +61,9 @@ class Observed:
     execution_job_exists: bool = False
     source_job_exists: bool = True  # the Job named by the profile's sourceJob still exists
     node: str = ""  # the node the newest profiling Pod was bound to ("" before it was)
+    pull: PullFailure | None = None  # an image of the newest profiling Pod that cannot be pulled
+    disruption: Disruption | None = None  # the newest profiling Pod evicted or deleted
+    now: dt.datetime | None = None  # when this was observed
 
 
 @dataclass(frozen=True)
@@ -84,6 +110,15 @@ class RemoveFinalizer:
 
 
 @dataclass(frozen=True)
+class StopJob(_Named):
+    """End a profiling Job that can no longer profile (an image that never pulls): its
+    ``activeDeadlineSeconds`` lowered to the time it has run, so the Job controller stops it and its
+    Pod (``DeadlineExceeded``). Never ``spec.suspend``: Kueue owns a Kueue Job's."""
+
+    active_deadline_seconds: int
+
+
+@dataclass(frozen=True)
 class ReleaseFollower:
     """Replace a held Job or Pod with its released form (scheduling directives and metadata only)."""
 
@@ -110,6 +145,7 @@ Action = (
     | CreateExecutionJob
     | MarkExecutionJob
     | RemoveFinalizer
+    | StopJob
     | ReleaseFollower
     | RecordObservations
 )

@@ -31,9 +31,10 @@ from kratos_admit.domain.workload import Kind, kueue_queue
 from kratos_admit.edge.kube import Backoff, Informer, one_line
 from kratos_admit.edge.kueue import KueueApi
 from kratos_admit.edge.prometheus import Prometheus, PrometheusError
-from kratos_controller.actions import CreateExecutionJob, PublishProfile, ReleaseFollower
+from kratos_controller.actions import CreateExecutionJob, PublishProfile, ReleaseFollower, StopJob
 from kratos_controller.admission_check import AdmissionCheckController
 from kratos_controller.events import Reason, Regarding, event_body
+from kratos_controller.faults import image_pull_wait
 from kratos_controller.kube_io import KubeIO
 from kratos_controller.leader import LeaderElector
 from kratos_controller.learning import (
@@ -160,6 +161,8 @@ class ProfilerController:
         namespace, name, labels, annotations = _meta(obj)
         if kind == "Job" and labels.get(v.ROLE_LABEL) == "profiling":
             self.enqueue(("run", namespace, name))
+        if kind == "Pod" and labels.get(v.ROLE_LABEL) == "profiling" and labels.get("job-name"):
+            self.enqueue(("run", namespace, labels["job-name"]))  # the kubelet's word on its run
         if v.AWAITING_PROFILE_ANNOTATION in annotations and v.WORKLOAD_LABEL in labels:
             self.enqueue(("release", namespace, labels[v.WORKLOAD_LABEL]))
         if kind == "Job" and observed_job(obj, signing_key=self.signing_key):
@@ -241,9 +244,15 @@ class ProfilerController:
         if job is None:
             return
         observed = await self.io.observe(job)
-        actions = reconcile(observed, signing_key=self.signing_key)
+        grace = self.config.image_pull_grace_seconds
+        actions = reconcile(observed, signing_key=self.signing_key, image_pull_grace=grace)
         if actions:  # look again once these are applied: the finalizer comes off in a later pass
             self.enqueue(("run", namespace, name))
+        wait = image_pull_wait(observed, grace=grace)
+        if (
+            wait
+        ):  # an image failing to pull: look again when its grace is up (the kubelet may say nothing new)
+            asyncio.get_running_loop().call_later(wait + 1.0, self.enqueue, ("run", namespace, name))
         for action in actions:
             outcome = await self.io.apply(action)
             if isinstance(action, PublishProfile):
@@ -266,6 +275,15 @@ class ProfilerController:
                 if action.status.phase in ("Ready", "Failed"):
                     workload = str(action.spec.get("workload", ""))
                     self.enqueue(("release", namespace, workload))
+            elif isinstance(action, StopJob):
+                log.info(
+                    "profiling Job stopped",
+                    extra={
+                        "namespace": namespace,
+                        "job": name,
+                        "activeDeadlineSeconds": action.active_deadline_seconds,
+                    },
+                )
             elif isinstance(action, CreateExecutionJob) and outcome == "created":
                 execution = action.manifest["metadata"]["name"]
                 await self.report(job, "Job", "ExecutionJobCreated", f"created execution Job {execution}")

@@ -3,6 +3,7 @@ decision, and every word a profile says about a failure, is made in ``reconcile`
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -17,6 +18,7 @@ from kratos_admit.domain.raw import as_list, as_mapping
 from kratos_admit.edge.kube import is_status, list_raw, one_line
 from kratos_controller import actions
 from kratos_controller import reconcile as rc
+from kratos_controller.faults import timestamp
 
 Obj = dict[str, Any]
 MERGE_PATCH = "application/merge-patch+json"
@@ -34,7 +36,61 @@ def _end(status: Mapping[str, Any]) -> actions.ContainerEnd | None:
         exit_code=int(terminated.get("exitCode", 0) or 0),
         reason=str(terminated.get("reason") or ""),
         message=str(terminated.get("message") or ""),
+        container=str(status.get("name") or ""),
     )
+
+
+# the kubelet's waiting reasons of an image it cannot pull (kubelet/images: ErrImagePull and its
+# back-off, an image absent with pullPolicy Never, a name it cannot parse)
+PULL_REASONS = frozenset({"ErrImagePull", "ImagePullBackOff", "ErrImageNeverPull", "InvalidImageName"})
+
+
+def pull_failure(pods: list[Obj]) -> actions.PullFailure | None:
+    """The first container of the newest Pod (init containers first) waiting on an image the kubelet
+    cannot pull, with the image its spec names."""
+    for pod in newest_first(pods)[:1]:
+        spec, status = as_mapping(pod.get("spec")), as_mapping(pod.get("status"))
+        images = {
+            str(as_mapping(c).get("name")): str(as_mapping(c).get("image") or "")
+            for key in ("initContainers", "containers")
+            for c in as_list(spec.get(key))
+        }
+        for key in ("initContainerStatuses", "containerStatuses"):
+            for c in as_list(status.get(key)):
+                waiting = as_mapping(as_mapping(as_mapping(c).get("state")).get("waiting"))
+                if waiting.get("reason") in PULL_REASONS:
+                    name = str(as_mapping(c).get("name") or "")
+                    return actions.PullFailure(
+                        container=name,
+                        image=images.get(name) or str(as_mapping(c).get("image") or ""),
+                        reason=str(waiting["reason"]),
+                        message=str(waiting.get("message") or ""),
+                        since=timestamp(status.get("startTime")),
+                    )
+    return None
+
+
+def disruption(pods: list[Obj]) -> actions.Disruption | None:
+    """The newest Pod evicted by the kubelet (phase Failed, reason Evicted), or deleted while it ran
+    (its DisruptionTarget condition's reason when the API server or a controller gave one)."""
+    for pod in newest_first(pods)[:1]:
+        meta, status = as_mapping(pod.get("metadata")), as_mapping(pod.get("status"))
+        if status.get("reason") == "Evicted":
+            return actions.Disruption("evicted", "Evicted", str(status.get("message") or ""))
+        if meta.get("deletionTimestamp") and status.get("phase") not in ("Succeeded",):
+            target = next(
+                (
+                    as_mapping(c)
+                    for c in as_list(status.get("conditions"))
+                    if as_mapping(c).get("type") == "DisruptionTarget"
+                    and as_mapping(c).get("status") == "True"
+                ),
+                {},
+            )
+            return actions.Disruption(
+                "deleted", str(target.get("reason") or ""), str(target.get("message") or "")
+            )
+    return None
 
 
 def newest_first(pods: list[Obj]) -> list[Obj]:
@@ -60,7 +116,7 @@ def container_ends(pods: list[Obj]) -> tuple[actions.ContainerEnd | None, action
         for c in as_list(status.get("initContainerStatuses")):
             end = _end(as_mapping(c))
             staging = as_mapping(c).get("name") in (v.STAGE_CONTAINER, v.STAGE_PROFILER_CONTAINER)
-            if staging and end is not None and end.exit_code:
+            if staging and end is not None and (end.exit_code or end.reason == "OOMKilled"):
                 stage = stage or end
     return runner, stage
 
@@ -171,6 +227,9 @@ class KubeIO:
             stage=stage,
             pods_seen=bool(pods),
             node=newest_node(pods),
+            pull=pull_failure(pods),
+            disruption=disruption(pods),
+            now=dt.datetime.now(dt.UTC),
             pods_holding=tuple(
                 str(as_mapping(p.get("metadata")).get("name"))
                 for p in pods
@@ -274,12 +333,18 @@ class KubeIO:
             return "created"
         if isinstance(action, actions.MarkExecutionJob):
             patch: Any = {"metadata": {"annotations": action.annotations}}
-            await self.batch.patch_namespaced_job(
-                action.name, action.namespace, patch, _content_type=MERGE_PATCH
-            )  # type: ignore[call-arg]
+            await self.batch.patch_namespaced_job(  # type: ignore[call-arg]
+                action.name, action.namespace, patch, field_manager=FIELD_MANAGER, _content_type=MERGE_PATCH
+            )
             return "updated"
         if isinstance(action, actions.RemoveFinalizer):
             return await self._remove_finalizer(action)
+        if isinstance(action, actions.StopJob):
+            patch = {"spec": {"activeDeadlineSeconds": action.active_deadline_seconds}}
+            await self.batch.patch_namespaced_job(  # type: ignore[call-arg]
+                action.name, action.namespace, patch, field_manager=FIELD_MANAGER, _content_type=MERGE_PATCH
+            )
+            return "updated"
         if isinstance(action, actions.ReleaseFollower):
             return await self._release(action)
         current: Any = await self.get_profile(action.namespace, action.name)
@@ -332,11 +397,11 @@ class KubeIO:
             "metadata": {"finalizers": rest or None, "resourceVersion": found.metadata.resource_version}
         }
         if action.kind == "Job":
-            await self.batch.patch_namespaced_job(
-                action.name, action.namespace, patch, _content_type=MERGE_PATCH
-            )  # type: ignore[call-arg]
+            await self.batch.patch_namespaced_job(  # type: ignore[call-arg]
+                action.name, action.namespace, patch, field_manager=FIELD_MANAGER, _content_type=MERGE_PATCH
+            )
         else:
-            await self.core.patch_namespaced_pod(
-                action.name, action.namespace, patch, _content_type=MERGE_PATCH
-            )  # type: ignore[call-arg]
+            await self.core.patch_namespaced_pod(  # type: ignore[call-arg]
+                action.name, action.namespace, patch, field_manager=FIELD_MANAGER, _content_type=MERGE_PATCH
+            )
         return "updated"

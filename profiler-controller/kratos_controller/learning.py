@@ -36,7 +36,7 @@ from kratos_admit.domain.profile import (
 from kratos_admit.domain.raw import as_list, as_mapping, string_map
 from kratos_admit.domain.signing import signature_valid, signed_role
 from kratos_controller.actions import Obj, PublishConfigMap, PublishProfile, RecordObservations
-from kratos_controller.reconcile import finished, timestamp
+from kratos_controller.faults import finished, timestamp
 
 # --- observations: what the workload really took on each GPU product -----------------------------------
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 from collections.abc import Iterable, Mapping
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import ValidationError
 
@@ -57,8 +57,10 @@ from kratos_controller.actions import (
     PublishProfile,
     ReleaseFollower,
     RemoveFinalizer,
+    StopJob,
     Summary,
 )
+from kratos_controller.faults import finished, image_pull_wait, kubelet_failure, stop_job, timestamp
 
 Obj = dict[str, Any]
 EXECUTION_SUFFIX = "-execution"
@@ -72,14 +74,6 @@ _GENERATED_TEMPLATE_LABELS = (
 
 
 # --- reading what the profiling run left ------------------------------------------------------------
-
-
-def finished(job: Mapping[str, Any]) -> Literal["Complete", "Failed"] | None:
-    for condition in as_list(as_mapping(job.get("status")).get("conditions")):
-        c = as_mapping(condition)
-        if c.get("type") in ("Complete", "Failed") and c.get("status") == "True":
-            return "Complete" if c["type"] == "Complete" else "Failed"
-    return None
 
 
 def deleting(obj: Mapping[str, Any]) -> bool:
@@ -149,10 +143,11 @@ def execution_job_name(job_name: str) -> str:
     return f"{job_name[:keep].rstrip('-.')}-{digest}{EXECUTION_SUFFIX}"
 
 
-def profile_status(observed: Observed, summary: Summary) -> ProfileStatus:
+def profile_status(observed: Observed, summary: Summary, *, grace: float = 300.0) -> ProfileStatus:
     job = observed.job
     meta = as_mapping(job.get("metadata"))
-    common = {"profiledAt": _finished_at(job), "sourceJob": str(meta.get("name", ""))}
+    now = observed.now.strftime("%Y-%m-%dT%H:%M:%SZ") if observed.now else ""
+    common = {"profiledAt": _finished_at(job) or now, "sourceJob": str(meta.get("name", ""))}
     data = summary.data
     if data is not None and data.bound_type != "unknown":
         message = (
@@ -186,8 +181,20 @@ def profile_status(observed: Observed, summary: Summary) -> ProfileStatus:
         )
         if r
     ]
-    # the runner's class; a staging container that failed could not start the workload
-    failure = data.failure if data and data.failure else "cannot-start" if observed.stage else None
+    # the runner's class; else what the kubelet says; a staging container that failed could not start
+    # the workload
+    kubelet = None if data and data.failure else kubelet_failure(observed, grace=grace)
+    failure = (
+        data.failure
+        if data and data.failure
+        else kubelet[0]
+        if kubelet
+        else "cannot-start"
+        if observed.stage
+        else None
+    )
+    if kubelet is not None:
+        reasons = [kubelet[1]]
     at = common["profiledAt"] or str(meta.get("creationTimestamp") or "")
     message = "; ".join(reasons) or "no usable profile"
     return ProfileStatus.model_validate(
@@ -295,9 +302,10 @@ def _mark_execution_job(
     )
 
 
-def reconcile(observed: Observed, *, signing_key: bytes) -> list[Action]:
+def reconcile(observed: Observed, *, signing_key: bytes, image_pull_grace: float = 300.0) -> list[Action]:
     """What to do for one profiling Job: mark the run, then once it has ended publish, recreate,
-    annotate, and last let go of the finalizer. Nothing once all is done."""
+    annotate, and last let go of the finalizer. A run whose image never pulls has ended too: it is
+    stopped, and handled the same. Nothing once all is done."""
     job = observed.job
     meta = as_mapping(job.get("metadata"))
     namespace = str(meta.get("namespace", "default"))
@@ -307,7 +315,8 @@ def reconcile(observed: Observed, *, signing_key: bytes) -> list[Action]:
         return []
     existing = observed.profile
     existing_status = as_mapping(as_mapping(existing).get("status"))
-    if finished(job) is None and not deleting(job):
+    stuck = image_pull_wait(observed, grace=image_pull_grace) == 0.0
+    if finished(job) is None and not deleting(job) and not stuck:
         if existing is None:  # tell the webhook a run is under way: later Jobs of the workload wait for it
             running = ProfileStatus.model_validate(
                 {"phase": "Profiling", "sourceJob": name, "message": f"profiling Job {name} is running"}
@@ -323,8 +332,10 @@ def reconcile(observed: Observed, *, signing_key: bytes) -> list[Action]:
             ]
         return []
     summary = read_summary(observed.runner)
-    status = profile_status(observed, summary)
+    status = profile_status(observed, summary, grace=image_pull_grace)
     actions: list[Action] = []
+    if stuck and (stop := stop_job(job, observed.now)) is not None:
+        actions.append(stop)
     source = existing_status.get("sourceJob")
     ours = (
         existing is None
@@ -399,7 +410,7 @@ def reconcile(observed: Observed, *, signing_key: bytes) -> list[Action]:
     # the finalizer goes last, and only once nothing is left to lose: the execution Job exists (or
     # the workload cannot be recreated, which the profile now says) and the profile is published
     released = observed.execution_job_exists or original is None
-    if released and not any(isinstance(a, (PublishProfile, CreateExecutionJob)) for a in actions):
+    if released and not any(isinstance(a, (PublishProfile, CreateExecutionJob, StopJob)) for a in actions):
         actions += [RemoveFinalizer("Pod", namespace, pod) for pod in observed.pods_holding]
         if v.RELEASE_FINALIZER in as_list(meta.get("finalizers")):
             actions.append(RemoveFinalizer("Job", namespace, name))
@@ -476,12 +487,3 @@ def orphaned(obj: Mapping[str, Any], *, now: dt.datetime, grace: float) -> bool:
     appeared."""
     created = timestamp(as_mapping(obj.get("metadata")).get("creationTimestamp"))
     return created is not None and (now - created).total_seconds() > grace
-
-
-def timestamp(value: object) -> dt.datetime | None:
-    if not isinstance(value, str):
-        return None
-    try:
-        return dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
-        return None
