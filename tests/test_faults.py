@@ -151,6 +151,21 @@ def test_an_oom_killed_runner_is_named_with_its_limit_and_what_to_do():
     )
 
 
+def test_an_oom_kill_of_ncu_under_the_runner_is_killed_not_the_runners_guess():
+    """Seen with the runner image under a 12 MiB limit: the kernel killed ncu, the runner wrote
+    ncu-error (exit -9) and exited; containerd reports the container OOMKilled all the same."""
+    job = finish(profiling_job("train"), "Failed", reason="BackoffLimitExceeded")
+    pod = captured("oom", job=job)
+    pod["status"]["containerStatuses"][0]["state"]["terminated"]["message"] = runner_summary_failed("")
+    [profile] = [
+        a
+        for a in reconcile(observed_of(job, [pod], now=dt.datetime.now(dt.UTC)), signing_key=TEST_KEY)
+        if isinstance(a, PublishProfile)
+    ]
+    assert profile.status.failure == "killed" and "OOMKilled" in profile.status.message
+    assert "the runner said: ncu failed: it printed nothing" in profile.status.message
+
+
 def test_an_oom_killed_staging_container_names_the_setting_that_sizes_it():
     job = finish(profiling_job("train"), "Failed", reason="BackoffLimitExceeded")
     pod = captured("oom", job=job)
@@ -176,6 +191,19 @@ def test_a_profiling_pod_deleted_or_evicted_mid_run_is_named(capture: str, words
     failure = kubelet_failure(observed_of(job, [pod], now=dt.datetime.now(dt.UTC)), grace=GRACE)
     assert failure is not None and failure[0] == "killed"
     assert words in failure[1] and "'Error' (exit 137)" in failure[1]
+
+
+def test_a_profiling_pod_deleted_in_the_users_own_init_container_is_named():
+    """Deleted before any KRATOS container ran (the user's init container still at work)."""
+    job = finish(profiling_job("train"), "Failed", reason="BackoffLimitExceeded")
+    pod = captured("deleted", container="prepare", job=job)
+    pod["status"]["initContainerStatuses"] = pod["status"].pop("containerStatuses")
+    pod["status"]["containerStatuses"] = [
+        {"name": v.RUNNER_CONTAINER, "state": {"waiting": {"reason": "PodInitializing"}}}
+    ]
+    failure = kubelet_failure(observed_of(job, [pod], now=dt.datetime.now(dt.UTC)), grace=GRACE)
+    assert failure is not None and failure[0] == "killed"
+    assert "deleted while it ran" in failure[1] and "before the runner's summary" in failure[1]
 
 
 def test_a_kubelet_eviction_is_named_with_the_kubelets_words():
@@ -256,7 +284,10 @@ async def test_an_image_that_never_pulls_releases_the_followers_and_creates_the_
             timeout=20,
         )  # fmt: skip
         assert profile["status"]["failure"] == "image-pull"
-        assert f"the image kratos-nsight-compute-poc:latest of {v.RUNNER_CONTAINER}" in profile["status"]["message"]
+        assert (
+            f"the image kratos-nsight-compute-poc:latest of {v.RUNNER_CONTAINER}"
+            in profile["status"]["message"]
+        )
         assert "cannot be pulled (ErrImagePull" in profile["status"]["message"]
         await eventually(lambda: kube.get(*JOBS, "team-a", "sweep-0-execution"))
         await eventually(

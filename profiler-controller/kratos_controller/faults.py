@@ -6,6 +6,7 @@ reason), each in words the person can act on; and how a run that can no longer p
 from __future__ import annotations
 
 import datetime as dt
+import json
 from collections.abc import Mapping
 from typing import Any, Literal
 
@@ -74,6 +75,16 @@ def _oom_advice(job: Mapping[str, Any], container: str) -> str:
     )
 
 
+def read_runner_reason(message: str) -> str:
+    """The ``reason`` of a runner summary in a termination message ("" when there is none)."""
+    try:
+        summary = json.loads(message) if message.strip() else {}
+    except ValueError:
+        return ""
+    reason = summary.get("reason") if isinstance(summary, dict) else None
+    return str(reason)[:300] if reason else ""
+
+
 def kubelet_failure(observed: Observed, *, grace: float) -> tuple[str, str] | None:
     """(class, reason) of a profiling run the kubelet ended or cannot start, from its statuses (DESIGN
     "Faults a real node brings"): ``image-pull``, or ``killed`` named by the kubelet's reason. None
@@ -101,14 +112,23 @@ def kubelet_failure(observed: Observed, *, grace: float) -> tuple[str, str] | No
             f"the kubelet evicted the profiling Pod ('Evicted': {gone.message.strip()[:300]}): the node ran short "
             "of a resource; the run may profile again on a node with room (delete the profile)"
         )
+    if runner is not None and runner.reason == "OOMKilled":
+        # the kernel killed a process of the container (ncu, or the runner itself): what the runner
+        # wrote after its child died says less than that
+        said = read_runner_reason(runner.message)
+        return "killed", _oom_advice(job, v.RUNNER_CONTAINER) + (f"; the runner said: {said}" if said else "")
     if ended is not None and ended.reason == "OOMKilled":
         return "killed", _oom_advice(job, ended.container or v.RUNNER_CONTAINER)
-    if ended is not None and gone is not None:
+    if gone is not None and (runner is None or not runner.message.strip()):
         why = f" ('{gone.reason}': {gone.message.strip()[:200]})" if gone.reason else ""
+        how = (
+            f"{ended.container or v.RUNNER_CONTAINER} ended '{ended.reason}' (exit {ended.exit_code}) before its summary"
+            if ended is not None
+            else "before the runner's summary"
+        )
         return "killed", (
             f"the profiling Pod was deleted while it ran{why}, as an eviction, a preemption or a person does: "
-            f"{ended.container or v.RUNNER_CONTAINER} ended '{ended.reason}' (exit {ended.exit_code}) before its "
-            "summary; delete the profile to profile again"
+            f"{how}; delete the profile to profile again"
         )
     if failed_reason(job) == "DeadlineExceeded" and (runner is None or not runner.message.strip()):
         deadline = as_mapping(job.get("spec")).get("activeDeadlineSeconds")

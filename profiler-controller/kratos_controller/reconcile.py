@@ -183,12 +183,14 @@ def profile_status(observed: Observed, summary: Summary, *, grace: float = 300.0
     ]
     # the runner's class; else what the kubelet says; a staging container that failed could not start
     # the workload
-    kubelet = None if data and data.failure else kubelet_failure(observed, grace=grace)
+    kubelet = kubelet_failure(observed, grace=grace)
+    if data and data.failure and not (observed.runner and observed.runner.reason == "OOMKilled"):
+        kubelet = None  # the runner named it, unless the kernel killed something in its container
     failure = (
-        data.failure
-        if data and data.failure
-        else kubelet[0]
+        kubelet[0]
         if kubelet
+        else data.failure
+        if data and data.failure
         else "cannot-start"
         if observed.stage
         else None

@@ -435,9 +435,41 @@ RUNTIME_CLASS = {
 }
 
 
+def namespace_gone(name: str, timeout: float = 180) -> None:
+    """Wait until namespace ``name`` is gone (a terminating one deletes its contents first): a module
+    that deleted it leaves the cluster as it found it, and one about to create it meets no
+    "being terminated" refusal."""
+    deadline = time.monotonic() + timeout
+    while kubectl("get", "namespace", name, "--ignore-not-found", "-o", "name").strip():
+        assert time.monotonic() < deadline, f"namespace {name} still there after {timeout} s"
+        time.sleep(1)
+
+
+def remove_install() -> None:
+    """Delete what ``install`` applied (the rendered install's objects, the webhook configurations
+    first) and wait until kratos-system is gone."""
+    for kind in ("mutatingwebhookconfiguration", "validatingwebhookconfiguration"):
+        kubectl("delete", kind, "kratos-admit", "--ignore-not-found", check=False)
+    kubectl(
+        "delete",
+        "-f",
+        "-",
+        "--ignore-not-found",
+        "--wait=false",
+        stdin=kubectl("kustomize", str(REPO / "webhook-config")),
+        check=False,
+    )
+    namespace_gone(NAMESPACE)
+
+
 def install(directory: Path) -> Generator[Installed, None, None]:
-    """Install KRATOS (the session fixture's body): applied objects, the two processes, the Nodes."""
+    """Install KRATOS (the session fixture's body): applied objects, the two processes, the Nodes;
+    afterwards all of it removed, kratos-system gone, and the RuntimeClass only if it made it."""
     kubectl("delete", "namespaces", "-l", "kratos-e2e=true", "--wait=false")  # an earlier run's, if any
+    namespace_gone(NAMESPACE)  # an earlier module's uninstall may still be under way
+    had_runtime_class = bool(
+        kubectl("get", "runtimeclass", "nvidia", "--ignore-not-found", "-o", "name").strip()
+    )
     certs = directory / "certs"
     generate(service="kratos-webhook", namespace=NAMESPACE, out=certs, extra_names=("127.0.0.1",))
     front = free_port()
@@ -458,9 +490,10 @@ def install(directory: Path) -> Generator[Installed, None, None]:
         for process in installed.processes:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 process.stop(timeout=20)
-        for kind in ("mutatingwebhookconfiguration", "validatingwebhookconfiguration"):
-            kubectl("delete", kind, "kratos-admit", "--ignore-not-found", check=False)
         kubectl("delete", "nodes", "-l", "kratos-e2e=true", "--ignore-not-found", check=False)
+        remove_install()
+        if not had_runtime_class:
+            kubectl("delete", "runtimeclass", "nvidia", "--ignore-not-found", check=False)
 
 
 class Front:

@@ -37,6 +37,7 @@ from tests.e2e.real_cluster import (
     gpu_node,
     kubectl,
     mark_node_ready,
+    namespace_gone,
     service_account_kubeconfig,
 )
 from tests.harness import REPO, free_port, render
@@ -146,6 +147,13 @@ def hinted_pod(tmp_path: Path, scheduler_name: str) -> dict[str, Any]:
     return hinted
 
 
+def namespace_gone_if_terminating(name: str) -> None:
+    """An earlier module's uninstall may have left ``name`` terminating: wait it out before creating."""
+    found = kubectl("get", "namespace", name, "--ignore-not-found", "-o", "json")
+    if found.strip() and json.loads(found)["status"].get("phase") == "Terminating":
+        namespace_gone(name)
+
+
 @pytest.fixture
 def second_scheduler(tmp_path: Path) -> Iterator[str]:
     """The component's kube-scheduler, run here under a token of its own ServiceAccount; yields the
@@ -155,7 +163,10 @@ def second_scheduler(tmp_path: Path) -> Iterator[str]:
         pytest.skip(
             "no kube-scheduler binary (KRATOS_E2E_KUBE_SCHEDULER, bin/ beside the kubeconfig, or PATH)"
         )
-    kubectl("create", "namespace", NAMESPACE, check=False)
+    namespace_gone_if_terminating(NAMESPACE)
+    made_namespace = not kubectl("get", "namespace", NAMESPACE, "--ignore-not-found", "-o", "name").strip()
+    if made_namespace:
+        kubectl("create", "namespace", NAMESPACE)
     objects = component_objects(tmp_path)
     runnable = [
         o for o in objects if o["kind"] != "Deployment"
@@ -185,6 +196,9 @@ def second_scheduler(tmp_path: Path) -> Iterator[str]:
             sep="\n",
         )
         kubectl("delete", "-f", "-", "--ignore-not-found", stdin=yaml.safe_dump_all(runnable), check=False)
+        if made_namespace:  # leave the cluster as this module found it
+            kubectl("delete", "namespace", NAMESPACE, "--wait=false", check=False)
+            namespace_gone(NAMESPACE)
 
 
 @pytest.fixture

@@ -18,6 +18,7 @@ which without a GPU fails in its own words (``no-gpu``), so followers are releas
 from __future__ import annotations
 
 import copy
+import difflib
 import json
 import math
 import os
@@ -436,11 +437,16 @@ def dry_run(obj: Obj) -> Obj:
 
 
 def decision(obj: Obj) -> Obj:
-    """What the two webhooks made of a Job, without the server's own fields."""
+    """What the two webhooks made of a Job, without the server's own fields (the uid it makes for each
+    create, and the selector and template labels it derives from that uid)."""
     out = copy.deepcopy(obj)
     for key in ("uid", "creationTimestamp", "managedFields", "resourceVersion", "generation"):
         out["metadata"].pop(key, None)
     out.pop("status", None)
+    if "spec" in out and "template" in out["spec"]:
+        out["spec"].pop("selector", None)
+        for label in ("controller-uid", "batch.kubernetes.io/controller-uid"):
+            out["spec"]["template"].get("metadata", {}).get("labels", {}).pop(label, None)
     return out
 
 
@@ -474,7 +480,8 @@ def test_5_the_two_mutating_webhooks_give_the_same_decisions_in_either_order(kue
             for out in (first[name], second[name]):
                 out["metadata"]["annotations"].pop(v.ORIGINAL_TEMPLATE_ANNOTATION)
                 out["metadata"]["annotations"].pop(v.SIGNATURE_ANNOTATION)
-        assert first[name] == second[name], name
+        assert first[name] == second[name], (name, "\n".join(difflib.unified_diff(
+            yaml.safe_dump(first[name]).splitlines(), yaml.safe_dump(second[name]).splitlines(), lineterm="")))  # fmt: skip
     assert (
         first["follower"]["spec"]["suspend"] is True
         and first["defaulted-follower"]["metadata"]["labels"][v.KUEUE_QUEUE_LABEL] == "default"
