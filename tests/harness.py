@@ -11,6 +11,7 @@ import asyncio
 import base64
 import contextlib
 import copy
+import datetime as dt
 import functools
 import json
 import os
@@ -34,6 +35,9 @@ import pytest
 import yaml
 from aiohttp import web
 from aiohttp.test_utils import TestServer
+from cryptography import x509
+from cryptography.hazmat.primitives.asymmetric import rsa
+from cryptography.x509.oid import NameOID
 from kubernetes_asyncio import client
 
 from kratos_admit.admission.engine import AdmissionEngine, ReviewResult, Webhook, answer, build_engine
@@ -55,7 +59,8 @@ from kratos_admit.domain.config import Config
 from kratos_admit.domain.profile import WorkloadProfile
 from kratos_admit.domain.raw import clone
 from kratos_admit.edge.cluster import ClusterCalibrationStore, ClusterNodeStore, ClusterProfileStore
-from kratos_admit.webhook.certs import generate
+from kratos_admit.edge.pki import BACKDATE, alt_names, cert_pem, issue_serving, key_pem, new_authority
+from kratos_admit.webhook.certs import generate, service_dns_names
 from kratos_admit.webhook.metrics import AdmissionMetrics
 from kratos_admit.webhook.server import create_app, running_site
 from kratos_admit.webhook.tls import ServingCertificate
@@ -383,6 +388,7 @@ JOBS, PODS, PROFILES = (
     ("apis/gpu.scheduler.io/v1alpha1", "workloadprofiles"),
 )
 CONFIGMAPS, LEASES = ("api/v1", "configmaps"), ("apis/coordination.k8s.io/v1", "leases")
+SECRETS = ("api/v1", "secrets")
 NAMESPACES, NODES = ("api/v1", "namespaces"), ("api/v1", "nodes")
 RUNTIMECLASSES = ("apis/node.k8s.io/v1", "runtimeclasses")
 SERVICE = ("kratos-system", "kratos-webhook")
@@ -594,6 +600,38 @@ def double_in_thread(kube: KubeDouble) -> Iterator[str]:
 
 
 _VOLUME_GENERATION = iter(range(1 << 30))
+
+
+def webhook_secrets(
+    *,
+    lifetime: dt.timedelta,
+    remaining: dt.timedelta,
+    namespace: str = "kratos-system",
+    rsa_key: bool = False,
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The chart's two Secrets: ``kratos-webhook-ca`` (the CA and its key) and ``kratos-webhook-tls``
+    (a serving certificate from that CA for the webhook Service's names, of ``lifetime`` with
+    ``remaining`` left, ECDSA P-256 or RSA 2048)."""
+    now = dt.datetime.now(dt.UTC)
+    authority = new_authority(namespace, now)
+    issued_at = now - (lifetime - remaining)
+    like = rsa.generate_private_key(public_exponent=65537, key_size=2048).public_key() if rsa_key else None
+    cert, key = issue_serving(
+        authority,
+        subject=x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"kratos-webhook.{namespace}.svc")]),
+        names=alt_names(service_dns_names("kratos-webhook", namespace)),
+        not_after=now + remaining,
+        now=issued_at + BACKDATE,
+        like=like,
+    )
+    b64 = lambda data: base64.b64encode(data).decode()  # noqa: E731
+    ca_secret = {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+                 "metadata": {"name": "kratos-webhook-ca", "namespace": namespace},
+                 "data": {"ca.crt": b64(cert_pem(authority.cert)), "ca.key": b64(key_pem(authority.key))}}  # fmt: skip
+    tls_secret = {"apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/tls",
+                  "metadata": {"name": "kratos-webhook-tls", "namespace": namespace},
+                  "data": {"tls.crt": b64(cert), "tls.key": b64(key), "ca.crt": b64(cert_pem(authority.cert))}}  # fmt: skip
+    return ca_secret, tls_secret
 
 
 def update_secret_volume(volume: Path, files: dict[str, bytes]) -> None:

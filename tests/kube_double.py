@@ -1,5 +1,5 @@
 """A test double of the Kubernetes API server: an in-process aiohttp app that speaks the REST and
-watch protocol for the few resources KRATOS uses (Jobs, Pods, ConfigMaps, Nodes, Leases,
+watch protocol for the few resources KRATOS uses (Jobs, Pods, ConfigMaps, Secrets, Nodes, Leases,
 WorkloadProfiles with their status subresource, webhook configurations, RuntimeClasses).
 
 It keeps a global resourceVersion, serves list+watch from an event history (a watch from a
@@ -7,7 +7,8 @@ compacted resourceVersion gets a 410 Gone ERROR event, as the real server sends)
 AlreadyExists and on resourceVersion conflicts, applies JSON and merge patches, and can be told to
 fail or to go away, so the client code's error paths are exercised for real.
 
-It is not a Kubernetes API server. It imitates only the behaviour KRATOS depends on, each piece
+It is not a Kubernetes API server. (Secrets are kept as they are written: no encryption at rest, no ``stringData`` folding.) It
+imitates only the behaviour KRATOS depends on, each piece
 named after what it imitates (Kubernetes 1.28):
 
 | behaviour | imitates | left out |
@@ -56,6 +57,7 @@ Obj = dict[str, Any]
 RESOURCES: dict[tuple[str, str], tuple[str, bool, bool]] = {
     ("api/v1", "pods"): ("Pod", True, True),
     ("api/v1", "configmaps"): ("ConfigMap", True, False),
+    ("api/v1", "secrets"): ("Secret", True, False),
     ("api/v1", "nodes"): ("Node", False, True),
     ("api/v1", "namespaces"): ("Namespace", False, False),
     ("apis/batch/v1", "jobs"): ("Job", True, True),

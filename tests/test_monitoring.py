@@ -140,6 +140,8 @@ def test_every_alert_and_panel_query_names_exported_metrics_with_their_labels(ex
     ("alert", "metric"),
     [
         ("KratosCertificateExpiringSoon", "kratos_tls_certificate_expiry_timestamp_seconds"),
+        ("KratosCACertificateExpiringSoon", "kratos_certificate_expiry_timestamp_seconds"),
+        ("KratosCertificateRenewalFailing", "kratos_certificate_renewals_total"),
         ("KratosAdmissionErrors", "kratos_admission_requests_total"),
         ("KratosAdmissionSlow", "kratos_admission_duration_seconds_bucket"),
         ("KratosObjectsHeldTooLong", "kratos_held_oldest_age_seconds"),

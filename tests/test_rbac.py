@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime as dt
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,7 @@ from tests.harness import (
     NAMESPACES,
     PODS,
     PROFILES,
+    SECRETS,
     TEST_KEY,
     api_for,
     api_server,
@@ -38,6 +40,7 @@ from tests.harness import (
     opted_in_cluster,
     rendered_rbac,
     runner_summary,
+    webhook_secrets,
     webhook_serving,
 )
 from tests.kube_double import CONTROLLER, WEBHOOK, Attributes, Decision, KubeDouble
@@ -74,6 +77,11 @@ async def everything_kratos_does(kube: KubeDouble, tmp_path: Path) -> None:
         kube.put(*NAMESPACES, {"metadata": {"name": "kratos-system"}})
         # a summary ConfigMap left by an earlier run of the workload: the controller replaces it
         kube.put(*CONFIGMAPS, {"metadata": {"name": "sweep-profile-summary", "namespace": "team-a"}})
+        # the chart's certificate Secrets, the serving one due for renewal (issue 38)
+        serving = dt.timedelta(minutes=10)
+        for secret in webhook_secrets(lifetime=dt.timedelta(hours=3), remaining=serving):
+            kube.put(*SECRETS, secret)
+        first = (kube.get(*SECRETS, "kratos-system", "kratos-webhook-tls") or {}).get("data")
         async with webhook_serving(kube, server, tmp_path):
             opted_in_cluster(kube, (tmp_path / "certs" / "ca.crt").read_bytes(), A100, L40S)
             admin = api_for(server, "kubectl")
@@ -111,6 +119,11 @@ async def everything_kratos_does(kube: KubeDouble, tmp_path: Path) -> None:
                 # the Observed Events follow the status write (best effort): told, or refused
                 await eventually(lambda: observed_told(kube))
                 await eventually(lambda: renewed(kube))
+                await eventually(
+                    lambda: (
+                        (kube.get(*SECRETS, "kratos-system", "kratos-webhook-tls") or {}).get("data") != first
+                    )
+                )
             finally:
                 leading.cancel()
                 with contextlib.suppress(asyncio.CancelledError):

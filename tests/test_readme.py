@@ -19,7 +19,17 @@ import pytest
 import yaml
 
 from kratos_admit.domain import vocabulary
-from tests.harness import REPO, github_anchor, kubectl, markdown_anchors, markdown_links, render
+from tests.harness import (
+    REPO,
+    double_in_thread,
+    github_anchor,
+    kubeconfig_for,
+    kubectl,
+    markdown_anchors,
+    markdown_links,
+    render,
+)
+from tests.kube_double import KubeDouble
 
 
 def readme() -> str:
@@ -90,11 +100,15 @@ def install_step(number: int) -> list[str]:
     return [line for line in text[start:end].splitlines()[1:] if line.strip()]
 
 
-def run_offline(line: str, cwd: Path) -> dict[str, Any] | None:
-    """A README command as written, with kubectl kept off the cluster (--dry-run=client)."""
+def run_offline(line: str, cwd: Path, *, kubeconfig: Path | None = None) -> dict[str, Any] | None:
+    """A README command as written, with kubectl kept off the cluster (--dry-run=client), and
+    kratos-admit's own cluster calls sent to ``kubeconfig`` (the API double) when it makes any."""
     words = shlex.split(line)
     if words[0] == ".venv/bin/kratos-admit":
         argv = [sys.executable, "-m", "kratos_admit", *words[1:]]
+        if "--in-cluster" in words:
+            assert kubeconfig is not None, line
+            argv += ["--kubeconfig", str(kubeconfig)]
     else:
         assert words[0] == "kubectl", line
         argv = [kubectl(), *words[1:], "--dry-run=client", "-o", "json"]
@@ -104,13 +118,23 @@ def run_offline(line: str, cwd: Path) -> dict[str, Any] | None:
 
 
 def test_the_certificate_step_makes_the_secrets_the_deployments_read(tmp_path: Path):
-    """Install step 2 as written (kubectl client-side only): the Secrets it creates are the ones
-    the rendered Deployments mount, with every file their configuration names, holding what
-    ``certs generate`` wrote."""
-    made = [obj for line in install_step(2) if (obj := run_offline(line, tmp_path))]
-    assert [o["kind"] for o in made] == ["Namespace", "Secret", "Secret"]
-    secrets = {o["metadata"]["name"]: o for o in made if o["kind"] == "Secret"}
+    """Install step 2 as written, against the API double (kubectl kept client-side): the Secrets it
+    creates are the ones the rendered Deployments mount, with every file their configuration names,
+    holding what ``certs generate`` wrote; and the CA's, which the controller renews from."""
+    kube = KubeDouble()
+    with double_in_thread(kube) as url:
+        kubeconfig = kubeconfig_for(url, tmp_path / "kubeconfig")
+        made = [
+            obj for line in install_step(2) if (obj := run_offline(line, tmp_path, kubeconfig=kubeconfig))
+        ]
+    assert [o["kind"] for o in made] == ["Namespace"]
+    secrets = {o["metadata"]["name"]: o for o in kube.items("api/v1", "secrets")}
+    assert set(secrets) == {"kratos-webhook-ca", "kratos-webhook-tls", "kratos-signing-key"}
     assert {o["metadata"]["namespace"] for o in secrets.values()} == {made[0]["metadata"]["name"]}
+    assert (
+        base64.b64decode(secrets["kratos-webhook-ca"]["data"]["ca.key"])
+        == (tmp_path / "certs" / "ca.key").read_bytes()
+    )
     rendered = render(REPO / "webhook-config")
     [config_map] = [o for o in rendered if o["kind"] == "ConfigMap" and "config.yaml" in o.get("data", {})]
     config = yaml.safe_load(config_map["data"]["config.yaml"])

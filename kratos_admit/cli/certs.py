@@ -17,10 +17,12 @@ from kratos_admit.cli.common import (
     add_path,
 )
 from kratos_admit.domain import vocabulary as v
-from kratos_admit.webhook.certs import CA_CERT, SERVING_DAYS, SIGNING_KEY, GeneratedCerts, generate, rotate
+from kratos_admit.edge.pki import SERVING_DAYS
+from kratos_admit.webhook.certs import CA_CERT, SIGNING_KEY, GeneratedCerts, generate, rotate
 
 if TYPE_CHECKING:
     from kratos_admit.webhook.inject import Injected
+    from kratos_admit.webhook.secrets import Written
 
 
 def add_certs_command(commands: Any) -> None:
@@ -53,6 +55,13 @@ def add_certs_command(commands: Any) -> None:
         action="store_true",
         help="replace signing.key in DIR (invalidates every object KRATOS signed)",
     )
+    gen.add_argument(
+        "--in-cluster",
+        action="store_true",
+        help="also write them into NS as the Secrets the install mounts: kratos-webhook-ca (where the controller renews "
+        "the serving certificate from), kratos-webhook-tls and kratos-signing-key",
+    )
+    add_path(gen, "--kubeconfig", "FILE", KUBECONFIG_HELP)
     gen.add_argument(
         "--force",
         action="store_true",
@@ -118,7 +127,24 @@ def cmd_certs(args: argparse.Namespace, stdout: TextIO, stderr: TextIO, stdin: T
         new_signing_key=args.new_signing_key,
     )
     _say_written(result, stdout)
+    if args.in_cluster:
+        for secret in asyncio.run(_write_secrets(args)):
+            print(f"secret/{secret.name} in {args.namespace}: {secret.outcome}", file=stdout)
     return ExitStatus.OK
+
+
+async def _write_secrets(args: argparse.Namespace) -> list[Written]:
+    from kratos_admit.edge.kube import api_client, check_reachable  # noqa: PLC0415
+    from kratos_admit.webhook.secrets import write_secrets  # noqa: PLC0415 (see LAZY_ERRORS)
+
+    api = await api_client(args.kubeconfig)
+    try:
+        await check_reachable(api)
+        return await write_secrets(
+            api, args.out, args.namespace, new_ca=args.new_ca, new_signing_key=args.new_signing_key
+        )
+    finally:
+        await api.close()
 
 
 def _say_written(result: GeneratedCerts, stdout: TextIO) -> None:

@@ -47,6 +47,7 @@ INPUT_ERRORS: tuple[type[Exception], ...] = (
 LAZY_ERRORS = (
     ("kratos_admit.edge.kube", "KubeConfigError"),  # ApiUnreachable too
     ("kratos_admit.webhook.inject", "InjectError"),
+    ("kratos_admit.webhook.secrets", "SecretsError"),
     ("kratos_admit.edge.process", "ListenError"),
     ("kratos_admit.webhook.tls", "CertificateError"),
     ("kratos_admit.edge.release", "ReleaseError"),

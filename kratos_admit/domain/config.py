@@ -227,6 +227,9 @@ class Config(BaseModel):
     # followers held for a profiling run that never appeared are let go after this; longer than the
     # webhook remembers a run it admitted (60 s), so a run still on its way is not overtaken
     follower_release_seconds: float = Field(default=180.0, ge=60)
+    # the controller's leader renews the webhook's serving certificate (where the CA's key is in the
+    # cluster) once less than this share of its lifetime remains
+    certificate_renew_before: float = Field(default=1 / 3, gt=0, lt=1)
     # a profiling Pod whose image the kubelet cannot pull for this long ends its run (image-pull); a
     # name that cannot parse (InvalidImageName) at once
     image_pull_grace_seconds: float = Field(default=300.0, ge=1)

@@ -9,7 +9,6 @@ and a new signing key invalidates every object KRATOS signed (docs/operations.md
 from __future__ import annotations
 
 import datetime as dt
-import ipaddress
 import os
 import secrets
 import tempfile
@@ -17,21 +16,27 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+from cryptography.x509.oid import NameOID
+
+from kratos_admit.edge.pki import (
+    SERVING_DAYS,
+    Authority,
+    PkiError,
+    alt_names,
+    authority_from_pem,
+    cert_pem,
+    issue_serving,
+    key_pem,
+    load_cert,
+    new_authority,
+    subject_alt_names,
+)
 
 CA_CERT, CA_KEY = "ca.crt", "ca.key"
 TLS_CERT, TLS_KEY = "tls.crt", "tls.key"
 SIGNING_KEY = "signing.key"
 FILES = (CA_CERT, CA_KEY, TLS_CERT, TLS_KEY, SIGNING_KEY)
-CA_DAYS = 3650
-SERVING_DAYS = 365
-_BACKDATE = dt.timedelta(minutes=5)  # clock skew between this machine and the API servers
-
-
-class CertsError(ValueError):
-    """The certificates cannot be written as asked."""
+CertsError = PkiError  # the certificates cannot be written as asked
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,12 +50,6 @@ class GeneratedCerts:
     @property
     def kept(self) -> tuple[str, ...]:
         return tuple(name for name in FILES if name not in self.written)
-
-
-@dataclass(frozen=True, slots=True)
-class _Authority:
-    cert: x509.Certificate
-    key: ec.EllipticCurvePrivateKey
 
 
 def service_dns_names(service: str, namespace: str) -> tuple[str, ...]:
@@ -77,109 +76,35 @@ def _write(path: Path, data: bytes, *, private: bool) -> None:
         raise
 
 
-def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
-    return key.private_bytes(
-        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-    )
-
-
-def _new_authority(namespace: str, now: dt.datetime) -> _Authority:
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"kratos-admit CA ({namespace})")])
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - _BACKDATE)
-        .not_valid_after(now + dt.timedelta(days=CA_DAYS))
-        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-        .add_extension(
-            x509.KeyUsage(
-                digital_signature=True,
-                content_commitment=False,
-                key_encipherment=False,
-                data_encipherment=False,
-                key_agreement=False,
-                key_cert_sign=True,
-                crl_sign=True,
-                encipher_only=False,
-                decipher_only=False,
-            ),
-            critical=True,
-        )
-        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
-        .sign(key, hashes.SHA256())
-    )
-    return _Authority(cert, key)
-
-
-def _load_authority(directory: Path) -> _Authority:
+def _load_authority(directory: Path) -> Authority:
     cert_path, key_path = directory / CA_CERT, directory / CA_KEY
     missing = [p.name for p in (cert_path, key_path) if not p.exists()]
     if missing:
         raise CertsError(
             f"{directory}: {' and '.join(missing)} missing: a serving certificate needs the CA's certificate and key"
         )
-    try:
-        cert = x509.load_pem_x509_certificate(cert_path.read_bytes())
-    except ValueError:
-        raise CertsError(f"{cert_path}: not a PEM certificate") from None
-    try:
-        key = serialization.load_pem_private_key(key_path.read_bytes(), password=None)
-    except (ValueError, TypeError):
-        raise CertsError(f"{key_path}: not an unencrypted PEM private key") from None
-    if not isinstance(key, ec.EllipticCurvePrivateKey) or key.public_key() != cert.public_key():
-        raise CertsError(f"{key_path} is not the key of {cert_path}")
-    return _Authority(cert, key)
+    return authority_from_pem(
+        cert_path.read_bytes(), key_path.read_bytes(), cert_where=str(cert_path), key_where=str(key_path)
+    )
 
 
 def _issue_serving(
-    authority: _Authority,
+    authority: Authority,
     *,
     subject: x509.Name,
-    alt_names: list[x509.GeneralName],
+    names: list[x509.GeneralName],
     not_after: dt.datetime,
     now: dt.datetime,
     directory: Path,
 ) -> None:
-    if not_after > authority.cert.not_valid_after_utc:
-        raise CertsError(
-            f"{directory / CA_CERT} expires {authority.cert.not_valid_after_utc:%Y-%m-%d}, before the serving "
-            f'certificate would ({not_after:%Y-%m-%d}): roll the CA first (--new-ca, docs/operations.md "Rotating certificates")'
-        )
-    key = ec.generate_private_key(ec.SECP256R1())
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(subject)
-        .issuer_name(authority.cert.subject)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - _BACKDATE)
-        .not_valid_after(not_after)
-        .add_extension(x509.SubjectAlternativeName(alt_names), critical=False)
-        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-        .add_extension(
-            x509.AuthorityKeyIdentifier.from_issuer_public_key(authority.key.public_key()), critical=False
-        )
-        .sign(authority.key, hashes.SHA256())
-    )
+    try:
+        cert, key = issue_serving(authority, subject=subject, names=names, not_after=not_after, now=now)
+    except PkiError as exc:
+        raise CertsError(f"{directory / CA_CERT}: {exc}") from None
     # the key first: a watcher that reads the new key with the old certificate fails to load the
     # pair and keeps serving the old one until the certificate lands a moment later
-    _write(directory / TLS_KEY, _key_pem(key), private=True)
-    _write(directory / TLS_CERT, cert.public_bytes(serialization.Encoding.PEM), private=False)
-
-
-def _alt_names(names: tuple[str, ...]) -> list[x509.GeneralName]:
-    alt_names: list[x509.GeneralName] = []
-    for name in names:
-        try:
-            alt_names.append(x509.IPAddress(ipaddress.ip_address(name)))
-        except ValueError:
-            alt_names.append(x509.DNSName(name))
-    return alt_names
+    _write(directory / TLS_KEY, key, private=True)
+    _write(directory / TLS_CERT, cert, private=False)
 
 
 def generate(
@@ -203,17 +128,17 @@ def generate(
     now = now or dt.datetime.now(dt.UTC)
     written: list[str] = []
     has_ca = (out / CA_CERT).exists() or (out / CA_KEY).exists()
-    authority = _load_authority(out) if has_ca and not new_ca else _new_authority(namespace, now)
+    authority = _load_authority(out) if has_ca and not new_ca else new_authority(namespace, now)
     names = (*service_dns_names(service, namespace), *extra_names)
     subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"{service}.{namespace}.svc")])
     not_after = now + dt.timedelta(days=days)
     _issue_serving(
-        authority, subject=subject, alt_names=_alt_names(names), not_after=not_after, now=now, directory=out
+        authority, subject=subject, names=alt_names(names), not_after=not_after, now=now, directory=out
     )
     written += [TLS_CERT, TLS_KEY]
     if not has_ca or new_ca:
-        _write(out / CA_KEY, _key_pem(authority.key), private=True)
-        _write(out / CA_CERT, authority.cert.public_bytes(serialization.Encoding.PEM), private=False)
+        _write(out / CA_KEY, key_pem(authority.key), private=True)
+        _write(out / CA_CERT, cert_pem(authority.cert), private=False)
         written += [CA_CERT, CA_KEY]
     if new_signing_key or not (out / SIGNING_KEY).exists():
         _write(out / SIGNING_KEY, secrets.token_hex(32).encode() + b"\n", private=True)
@@ -232,27 +157,17 @@ def rotate(directory: Path, *, days: int = SERVING_DAYS, now: dt.datetime | None
         raise CertsError(f"{directory}: no such directory (certs generate writes one)")
     current_path = directory / TLS_CERT
     try:
-        current = x509.load_pem_x509_certificate(current_path.read_bytes())
+        current = load_cert(current_path.read_bytes(), where=str(current_path))
     except FileNotFoundError:
         raise CertsError(
             f"{current_path}: no such file: nothing to rotate (certs generate writes one)"
         ) from None
-    except ValueError:
-        raise CertsError(f"{current_path}: not a PEM certificate") from None
-    try:
-        sans = current.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
-    except x509.ExtensionNotFound:
-        raise CertsError(f"{current_path}: has no subjectAltName to carry over") from None
+    sans = subject_alt_names(current, where=str(current_path))
     authority = _load_authority(directory)
     now = now or dt.datetime.now(dt.UTC)
     not_after = now + dt.timedelta(days=days)
     _issue_serving(
-        authority,
-        subject=current.subject,
-        alt_names=list(sans),
-        not_after=not_after,
-        now=now,
-        directory=directory,
+        authority, subject=current.subject, names=sans, not_after=not_after, now=now, directory=directory
     )
     names = tuple(str(getattr(name, "value", name)) for name in sans)
     return GeneratedCerts(

@@ -53,6 +53,7 @@ from kratos_controller.learning import (
 )
 from kratos_controller.metrics import ControllerMetrics
 from kratos_controller.reconcile import orphan_profile, orphaned, reconcile, release_followers
+from kratos_controller.renewal import CertificateRenewal
 
 log = logging.getLogger("kratos.controller")
 Work = Literal["run", "release", "observe", "calibrate"]
@@ -131,6 +132,15 @@ class ProfilerController:
             )
             if self.config.kueue_admission_check
             else None
+        )
+        self.renewal = CertificateRenewal(
+            api,
+            namespace=self.config.lease_namespace,
+            renew_before=self.config.certificate_renew_before,
+            resync_seconds=resync_seconds,
+            on_outcome=lambda outcome: metrics.certificate_renewals.labels(outcome).inc(),
+            on_expiry=lambda which, at: metrics.certificate_expiry.labels(which).set(at),
+            report=lambda secret, reason, note, detail: self.report(secret, "Secret", reason, note, detail),
         )
         metrics.profiling_deadline.set(self.config.profiling_deadline_seconds)
         metrics.watch_held(lambda: [*self.jobs.values(), *self.pods.values()])
@@ -215,13 +225,13 @@ class ProfilerController:
     async def report(
         self,
         obj: dict[str, Any],
-        kind: Kind | Literal["WorkloadProfile"],
+        kind: Kind | Literal["WorkloadProfile", "Secret"],
         reason: Reason,
         note: str,
         detail: str = "",
     ) -> None:
         """An Event about ``obj`` (best effort: see ``KubeIO.record``)."""
-        api_version = {"Job": "batch/v1", "Pod": "v1"}.get(kind, v.API_VERSION)
+        api_version = {"Job": "batch/v1", "Pod": "v1", "Secret": "v1"}.get(kind, v.API_VERSION)
         regarding = Regarding.of(obj, api_version=api_version, kind=kind)
         now = dt.datetime.now(dt.UTC)
         await self.io.record(
@@ -674,6 +684,7 @@ class ProfilerController:
             tasks.append(asyncio.create_task(self._telemetry_worker()))
         if self.admission_checks is not None:
             tasks.append(asyncio.create_task(self.admission_checks.run()))
+        tasks.append(asyncio.create_task(self.renewal.run()))
         self.enqueue(self.calibrate_key)  # what the runs counted so far say, after a restart too
         try:
             await asyncio.gather(*tasks)

@@ -26,6 +26,8 @@ Reason = Literal[
     "ExecutionJobCreated",
     "Observed",
     "TelemetryUnavailable",
+    "CertificateRenewed",
+    "CertificateRenewalFailed",
 ]
 # what the controller was doing when it reported each reason (the Event's ``action``)
 ACTIONS: dict[Reason, str] = {
@@ -37,8 +39,10 @@ ACTIONS: dict[Reason, str] = {
     "ExecutionJobCreated": "Create",
     "Observed": "Observe",
     "TelemetryUnavailable": "Observe",
+    "CertificateRenewed": "Renew",
+    "CertificateRenewalFailed": "Renew",
 }
-WARNINGS: frozenset[Reason] = frozenset({"ProfileFailed", "TelemetryUnavailable"})
+WARNINGS: frozenset[Reason] = frozenset({"ProfileFailed", "TelemetryUnavailable", "CertificateRenewalFailed"})
 NOTE_LIMIT = 1024  # the API server refuses a longer note
 
 

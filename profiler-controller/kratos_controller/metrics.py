@@ -51,6 +51,20 @@ class ControllerMetrics:
             ["state"],
             registry=self.registry,
         )
+        self.certificate_renewals = Counter(
+            "kratos_certificate_renewals",
+            "Renewals of the webhook's serving certificate by the controller's leader, by outcome (renewed, "
+            "failed: retried with backoff, the certificate in place kept).",
+            ["outcome"],
+            registry=self.registry,
+        )
+        self.certificate_expiry = Gauge(
+            "kratos_certificate_expiry_timestamp_seconds",
+            "When the CA (certificate=ca) and the serving certificate (certificate=serving) the controller renews "
+            "from end (Unix time); absent where it does not renew.",
+            ["certificate"],
+            registry=self.registry,
+        )
         self.calibration_writes = Counter(
             "kratos_calibration_writes",
             "Writes of the calibration ConfigMap, by why now: interval (calibrationWriteSeconds had "

@@ -1,0 +1,303 @@
+"""Issue 38, without a cluster: the controller's leader renews the webhook's serving certificate.
+
+The PKI (kratos_admit/edge/pki.py) first: a renewal keeps the names, subject, key type and lifetime,
+never outlives the CA, and is checked before it is used. Then the controller against the API
+double, under the install's RBAC (get on the two Secrets by name, update on the serving one): it
+renews when due and only then, says once why it will not where it must not, and a write that fails
+leaves the old pair whole (certificate and key are written in one update) and is retried.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import datetime as dt
+import io
+import logging
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cryptography.hazmat.primitives.asymmetric import ec, rsa
+
+from kratos_admit.cli.main import main
+from kratos_admit.domain.config import Config
+from kratos_admit.edge.pki import (
+    PkiError,
+    authority_from_pem,
+    check_pair,
+    lifetime,
+    load_cert,
+    load_key,
+    renew,
+    renewal_due_at,
+    signed_by,
+    subject_alt_names,
+)
+from kratos_controller.controller import ProfilerController
+from tests.harness import (
+    SECRETS,
+    api_server,
+    controller_running,
+    double_in_thread,
+    eventually,
+    kubeconfig_for,
+    webhook_secrets,
+)
+from tests.kube_double import CONTROLLER, KubeDouble
+
+HOUR = dt.timedelta(hours=1)
+
+
+def pem(secret: dict[str, Any], key: str) -> bytes:
+    return base64.b64decode(secret["data"][key])
+
+
+def authority_of(ca_secret: dict[str, Any]) -> Any:
+    return authority_from_pem(
+        pem(ca_secret, "ca.crt"), pem(ca_secret, "ca.key"), cert_where="ca.crt", key_where="ca.key"
+    )
+
+
+# --- the PKI ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("rsa_key", [False, True], ids=["ecdsa-p256", "rsa-2048"])
+def test_a_renewal_keeps_names_subject_key_type_and_lifetime(rsa_key: bool):
+    ca_secret, tls_secret = webhook_secrets(lifetime=365 * 24 * HOUR, remaining=HOUR, rsa_key=rsa_key)
+    authority, current = authority_of(ca_secret), load_cert(pem(tls_secret, "tls.crt"), where="tls.crt")
+    now = dt.datetime.now(dt.UTC)
+    cert, key = renew(authority, current, now=now)
+    renewed, renewed_key = load_cert(cert, where="new"), load_key(key, where="new")
+    assert signed_by(renewed, authority) and renewed.subject == current.subject
+    assert subject_alt_names(renewed, where="new") == subject_alt_names(current, where="old")
+    assert lifetime(renewed) == lifetime(current)
+    kind = rsa.RSAPrivateKey if rsa_key else ec.EllipticCurvePrivateKey
+    assert isinstance(renewed_key, kind) and renewed_key.public_key() == renewed.public_key()
+    if not rsa_key:
+        assert isinstance(renewed_key, ec.EllipticCurvePrivateKey) and renewed_key.curve.name == "secp256r1"
+    assert renewed.serial_number != current.serial_number
+
+
+def test_a_renewal_never_outlives_its_ca():
+    ca_secret, tls_secret = webhook_secrets(lifetime=24 * HOUR, remaining=HOUR)
+    authority, current = authority_of(ca_secret), load_cert(pem(tls_secret, "tls.crt"), where="tls.crt")
+    near_the_end = authority.cert.not_valid_after_utc - 2 * HOUR
+    cert, _ = renew(authority, current, now=near_the_end)
+    assert load_cert(cert, where="new").not_valid_after_utc == authority.cert.not_valid_after_utc
+
+
+def test_a_bad_pair_is_refused_before_it_is_used():
+    ca_secret, tls_secret = webhook_secrets(lifetime=24 * HOUR, remaining=HOUR)
+    other_ca, other_tls = webhook_secrets(lifetime=24 * HOUR, remaining=HOUR)
+    authority, current = authority_of(ca_secret), load_cert(pem(tls_secret, "tls.crt"), where="tls.crt")
+    now = dt.datetime.now(dt.UTC)
+    cert, key = renew(authority, current, now=now)
+    with pytest.raises(PkiError, match="its key is not the certificate's"):
+        check_pair(cert, pem(tls_secret, "tls.key"), authority=authority, like=current, now=now)
+    with pytest.raises(PkiError, match="the CA did not sign it"):
+        check_pair(
+            pem(other_tls, "tls.crt"), pem(other_tls, "tls.key"), authority=authority, like=current, now=now
+        )
+    check_pair(cert, key, authority=authority, like=current, now=now)
+    assert not signed_by(current, authority_of(other_ca))
+
+
+def test_renewal_is_due_once_a_third_of_the_lifetime_remains():
+    _, tls_secret = webhook_secrets(lifetime=3 * HOUR, remaining=2 * HOUR)
+    current = load_cert(pem(tls_secret, "tls.crt"), where="tls.crt")
+    assert renewal_due_at(current, 1 / 3) == current.not_valid_after_utc - lifetime(current) / 3
+
+
+# --- the controller, against the API double ---------------------------------------------------------
+
+
+@contextlib.asynccontextmanager
+async def controller_with(
+    kube: KubeDouble, resync: float = 300.0, **config: Any
+) -> AsyncIterator[ProfilerController]:
+    async with (
+        api_server(kube) as server,
+        controller_running(server, config=Config(**config), resync=resync) as running,
+    ):
+        running.renewal.backoff.base = 0.2  # retried within the test, not in 10 s
+        yield running
+
+
+def seeded(
+    kube: KubeDouble, *, remaining: dt.timedelta, lifetime: dt.timedelta = 3 * HOUR
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    ca_secret, tls_secret = webhook_secrets(lifetime=lifetime, remaining=remaining)
+    return kube.put(*SECRETS, ca_secret), kube.put(*SECRETS, tls_secret)
+
+
+def tls_now(kube: KubeDouble) -> dict[str, Any]:
+    found = kube.get(*SECRETS, "kratos-system", "kratos-webhook-tls")
+    assert found is not None
+    return found
+
+
+def refusals(kube: KubeDouble) -> list[Any]:
+    return [d.attributes for d in kube.decisions if not d.allowed and d.attributes.user == CONTROLLER.user]
+
+
+async def test_the_leader_renews_a_certificate_that_is_due_in_one_update_under_its_rbac():
+    kube = KubeDouble()
+    ca_secret, before = seeded(kube, remaining=30 * dt.timedelta(minutes=1))  # less than a third of 3 h
+    async with controller_with(kube) as controller:
+        after = await eventually(
+            lambda: (s := tls_now(kube)) and s["data"]["tls.crt"] != before["data"]["tls.crt"] and s
+        )
+        await eventually(lambda: controller.metrics.certificate_renewals.labels("renewed")._value.get() == 1)
+    authority = authority_of(ca_secret)
+    old, new = load_cert(pem(before, "tls.crt"), where="old"), load_cert(pem(after, "tls.crt"), where="new")
+    check_pair(
+        pem(after, "tls.crt"),
+        pem(after, "tls.key"),
+        authority=authority,
+        like=old,
+        now=dt.datetime.now(dt.UTC),
+    )
+    assert new.not_valid_after_utc - old.not_valid_after_utc > 2 * HOUR, "a whole lifetime from now"
+    assert after["data"]["ca.crt"] == before["data"]["ca.crt"], "the CA, and so caBundle, unchanged"
+    assert kube.get(*SECRETS, "kratos-system", "kratos-webhook-ca") == ca_secret
+    [put] = kube.calls("PUT", r"/secrets/kratos-webhook-tls$")
+    assert put.query.get("fieldManager") == "kratos-controller"
+    events = [e for e in kube.items("apis/events.k8s.io/v1", "events") if e["reason"] == "CertificateRenewed"]
+    assert (
+        len(events) == 1
+        and events[0]["regarding"]["kind"] == "Secret"
+        and "renewed from the CA" in events[0]["note"]
+    )
+    assert refusals(kube) == [], "get on the two Secrets, update on the serving one: enough"
+    secret_calls = {
+        (d.attributes.verb, d.attributes.name) for d in kube.decisions if d.attributes.resource == "secrets"
+    }
+    assert secret_calls <= {
+        ("get", "kratos-webhook-ca"),
+        ("get", "kratos-webhook-tls"),
+        ("update", "kratos-webhook-tls"),
+    }
+
+
+async def test_a_certificate_not_yet_due_is_left_as_it_is():
+    kube = KubeDouble()
+    _, before = seeded(kube, remaining=2 * HOUR + 30 * dt.timedelta(minutes=1))
+    async with controller_with(kube) as controller:
+        await eventually(lambda: controller.metrics.certificate_expiry.labels("serving")._value.get() > 0)
+    assert tls_now(kube)["data"] == before["data"] and kube.calls("PUT", r"/secrets/") == []
+
+
+async def test_a_failed_write_leaves_the_old_pair_whole_and_is_retried():
+    """A renewal cut off at its write (the controller restarted, the API refusing): the Secret holds
+    the old certificate and its key, never one without the other; the next attempt renews."""
+    kube = KubeDouble()
+    ca_secret, before = seeded(kube, remaining=10 * dt.timedelta(minutes=1))
+    kube.fail("PUT", r"/secrets/kratos-webhook-tls$", 500)
+    async with controller_with(kube) as controller:
+        await eventually(lambda: controller.metrics.certificate_renewals.labels("failed")._value.get() >= 1)
+        failed = [
+            e
+            for e in kube.items("apis/events.k8s.io/v1", "events")
+            if e["reason"] == "CertificateRenewalFailed"
+        ]
+        assert failed and failed[0]["type"] == "Warning"
+        after = await eventually(
+            lambda: (s := tls_now(kube)) and s["data"]["tls.crt"] != before["data"]["tls.crt"] and s
+        )
+    for secret in (before, after):  # every state the Secret was in: a certificate with its own key
+        assert (
+            load_key(pem(secret, "tls.key"), where="key").public_key()
+            == load_cert(pem(secret, "tls.crt"), where="crt").public_key()
+        )
+    assert len(kube.calls("PUT", r"/secrets/kratos-webhook-tls$")) == 2
+    assert signed_by(load_cert(pem(after, "tls.crt"), where="new"), authority_of(ca_secret))
+
+
+@pytest.mark.parametrize(
+    ("case", "words"),
+    [
+        pytest.param(
+            "no-ca", "with the CA's key (ca.key) is not in the cluster", id="no-ca-key-in-the-cluster"
+        ),
+        pytest.param("cert-manager", "cert-manager renews it", id="cert-manager"),
+        pytest.param("other-ca", "was not issued by the CA", id="a-pki-of-your-own"),
+    ],
+)
+async def test_where_it_must_not_renew_it_says_once_why_and_writes_nothing(
+    case: str, words: str, caplog: pytest.LogCaptureFixture
+):
+    kube = KubeDouble()
+    ca_secret, tls_secret = webhook_secrets(lifetime=3 * HOUR, remaining=dt.timedelta(minutes=5))
+    if case == "cert-manager":
+        tls_secret["metadata"]["annotations"] = {"cert-manager.io/certificate-name": "kratos-webhook"}
+    if case == "other-ca":
+        ca_secret = webhook_secrets(lifetime=3 * HOUR, remaining=HOUR)[0]
+    if case != "no-ca":
+        kube.put(*SECRETS, ca_secret)
+    kube.put(*SECRETS, tls_secret)
+    with caplog.at_level(logging.INFO, logger="kratos.controller"):
+        async with controller_with(kube, resync=1):
+            await eventually(lambda: any(words in str(getattr(r, "reason", "")) for r in caplog.records))
+            await eventually(
+                lambda: (
+                    len([c for c in kube.calls("GET", r"/secrets/") if "tls" in c.path or case == "no-ca"])
+                    >= 2
+                ),
+                timeout=5,
+            )
+    said = [r for r in caplog.records if words in str(getattr(r, "reason", ""))]
+    assert len(said) == 1, "said once, however often it looks"
+    assert kube.calls("PUT", r"/secrets/") == []
+
+
+# --- certs generate --in-cluster: the Secrets the renewal reads ---------------------------------------
+
+
+def generate_in_cluster(url: str, tmp_path: Path, *extra: str) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    status = main(
+        ["certs", "generate", "--service", "kratos-webhook", "--namespace", "kratos-system",
+         "--out", str(tmp_path / "certs"), "--in-cluster", "--kubeconfig", str(kubeconfig_for(url, tmp_path / "kubeconfig")), *extra],
+        stdout=out, stderr=err,
+    )  # fmt: skip
+    return status, out.getvalue(), err.getvalue()
+
+
+def test_generate_in_cluster_writes_the_three_secrets_and_a_second_run_renews_only_the_serving_one(
+    tmp_path: Path,
+):
+    kube = KubeDouble()
+    with double_in_thread(kube) as url:
+        status, out, err = generate_in_cluster(url, tmp_path)
+        assert status == 0, err
+        for name in ("kratos-webhook-ca", "kratos-webhook-tls", "kratos-signing-key"):
+            assert f"secret/{name} in kratos-system: created" in out
+        ca_secret = kube.get(*SECRETS, "kratos-system", "kratos-webhook-ca")
+        tls_secret = kube.get(*SECRETS, "kratos-system", "kratos-webhook-tls")
+        assert ca_secret is not None and tls_secret is not None and tls_secret["type"] == "kubernetes.io/tls"
+        assert pem(ca_secret, "ca.key") == (tmp_path / "certs" / "ca.key").read_bytes()
+        assert signed_by(load_cert(pem(tls_secret, "tls.crt"), where="tls"), authority_of(ca_secret)), (
+            "renewable"
+        )
+        status, out, err = generate_in_cluster(url, tmp_path)
+        assert status == 0, err
+        assert "secret/kratos-webhook-ca in kratos-system: unchanged" in out
+        assert "secret/kratos-signing-key in kratos-system: unchanged" in out
+        assert "secret/kratos-webhook-tls in kratos-system: updated" in out
+
+
+def test_generate_in_cluster_refuses_to_replace_another_ca_unless_asked(tmp_path: Path):
+    kube = KubeDouble()
+    kube.put(*SECRETS, webhook_secrets(lifetime=3 * HOUR, remaining=HOUR)[0])  # someone else's CA
+    with double_in_thread(kube) as url:
+        status, _, err = generate_in_cluster(url, tmp_path)
+        assert status == 2 and err.count("\n") == 1
+        assert (
+            "Secret kratos-system/kratos-webhook-ca holds another ca.crt and ca.key than" in err
+            and "--new-ca" in err
+        )
+        assert kube.get(*SECRETS, "kratos-system", "kratos-webhook-tls") is None, "nothing written"
+        status, out, err = generate_in_cluster(url, tmp_path, "--new-ca")
+        assert status == 0 and "secret/kratos-webhook-ca in kratos-system: updated" in out, err
