@@ -14,18 +14,25 @@ import contextlib
 import datetime as dt
 import io
 import logging
+import subprocess
+import tempfile
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
+from cryptography.x509.oid import NameOID
 
 from kratos_admit.cli.main import main
 from kratos_admit.domain.config import Config
 from kratos_admit.edge.pki import (
+    Authority,
     PkiError,
     authority_from_pem,
+    cert_pem,
     check_pair,
     lifetime,
     load_cert,
@@ -86,6 +93,44 @@ def test_a_renewal_never_outlives_its_ca():
     near_the_end = authority.cert.not_valid_after_utc - 2 * HOUR
     cert, _ = renew(authority, current, now=near_the_end)
     assert load_cert(cert, where="new").not_valid_after_utc == authority.cert.not_valid_after_utc
+
+
+def test_a_renewal_names_its_ca_by_the_cas_own_key_identifier():
+    """Helm's genCA gives its CA a subjectKeyIdentifier that is not the SHA-1 of its key (seen on the real
+    node: OpenSSL then could not find the issuer of a certificate whose authorityKeyIdentifier was
+    computed from the key). A real TLS handshake verifies the renewed certificate against such a CA."""
+
+    now = dt.datetime.now(dt.UTC)
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "kratos-webhook-ca")])
+    ca = (
+        x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+        .serial_number(7).not_valid_before(now - HOUR).not_valid_after(now + 24 * HOUR)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .add_extension(x509.SubjectKeyIdentifier(b"\x36" * 20), critical=False)  # not derived from the key
+        .sign(key, hashes.SHA256())
+    )  # fmt: skip
+    authority = Authority(ca, key)
+    _, tls_secret = webhook_secrets(lifetime=3 * HOUR, remaining=HOUR)
+    cert, _ = renew(authority, load_cert(pem(tls_secret, "tls.crt"), where="tls"), now=now)
+    assert (
+        load_cert(cert, where="new")
+        .extensions.get_extension_for_class(x509.AuthorityKeyIdentifier)
+        .value.key_identifier
+        == b"\x36" * 20
+    )
+    verify_with_openssl(cert, cert_pem(ca))
+
+
+def verify_with_openssl(cert: bytes, ca: bytes) -> None:
+    """``openssl verify`` of ``cert`` against ``ca`` alone, as a TLS client builds the chain."""
+
+    with tempfile.TemporaryDirectory() as d:
+        (Path(d) / "ca.pem").write_bytes(ca)
+        (Path(d) / "cert.pem").write_bytes(cert)
+        done = subprocess.run(["openssl", "verify", "-CAfile", f"{d}/ca.pem", f"{d}/cert.pem"],
+                              capture_output=True, text=True, check=False)  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
 
 
 def test_a_bad_pair_is_refused_before_it_is_used():

@@ -146,12 +146,22 @@ def issue_serving(
         .add_extension(x509.SubjectAlternativeName(names), critical=False)
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
         .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-        .add_extension(
-            x509.AuthorityKeyIdentifier.from_issuer_public_key(authority.key.public_key()), critical=False
-        )
+        .add_extension(authority_key_identifier(authority.cert), critical=False)
         .sign(authority.key, hashes.SHA256())
     )
     return cert_pem(cert), key_pem(key)
+
+
+def authority_key_identifier(ca: x509.Certificate) -> x509.AuthorityKeyIdentifier:
+    """The CA's own subjectKeyIdentifier, where it has one: TLS clients (OpenSSL) find the issuer by
+    it, and not every issuer derives it from the key the same way (Helm's ``genCA`` does not)."""
+    try:
+        ski = ca.extensions.get_extension_for_class(x509.SubjectKeyIdentifier).value
+    except x509.ExtensionNotFound:
+        public = ca.public_key()
+        assert isinstance(public, ec.EllipticCurvePublicKey | rsa.RSAPublicKey)
+        return x509.AuthorityKeyIdentifier.from_issuer_public_key(public)
+    return x509.AuthorityKeyIdentifier.from_issuer_subject_key_identifier(ski)
 
 
 def subject_alt_names(cert: x509.Certificate, *, where: str) -> list[x509.GeneralName]:
@@ -209,6 +219,14 @@ def check_pair(
         problems.append("its key is not the certificate's")
     if not signed_by(issued, authority):
         problems.append("the CA did not sign it")
+    try:
+        named = issued.extensions.get_extension_for_class(x509.AuthorityKeyIdentifier).value.key_identifier
+    except x509.ExtensionNotFound:
+        named = None
+    if named is not None and named != authority_key_identifier(authority.cert).key_identifier:
+        problems.append(
+            "its authorityKeyIdentifier is not the CA's key identifier (clients could not find the CA)"
+        )
     if not issued.not_valid_before_utc <= now < issued.not_valid_after_utc:
         problems.append("it is not valid now")
     if issued.not_valid_after_utc <= like.not_valid_after_utc:

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import helm_python as helm
 import pytest
 import yaml
 
@@ -325,3 +326,15 @@ def documented_uninstall(tier: Tier) -> None:
         "get", "mutatingwebhookconfigurations,validatingwebhookconfigurations,crd", "-o", "name"
     )
     assert "kratos" not in leftovers and "workloadprofiles" not in leftovers
+
+
+def helm_config() -> helm.Config:
+    return helm.Config(kubeconfig_path=str(admin_kubeconfig()), namespace=NAMESPACE)
+
+
+def chart_values(tag: str, **more: Any) -> Obj:
+    return {
+        "image": {"repository": "localhost/kratos-admit", "tag": tag},
+        "runnerImage": {"repository": "localhost/kratos-nsight-compute-poc", "tag": TAGS[0]},
+        **more,
+    }

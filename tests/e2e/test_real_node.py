@@ -28,13 +28,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import helm_python as helm
 import pytest
 import yaml
 from kubernetes_asyncio import client
 
 from kratos_admit.domain import vocabulary as v
-from tests.e2e.real_cluster import Telemetry, admin_api, admin_kubeconfig, kubectl
+from tests.e2e.real_cluster import Telemetry, admin_api, kubectl
 from tests.e2e.real_node import (
     ADMIT_IMAGE,
     NAMESPACE,
@@ -46,8 +45,10 @@ from tests.e2e.real_node import (
     SteadyCreates,
     Tier,
     build_images,
+    chart_values,
     documented_uninstall,
     finished_in,
+    helm_config,
     metric_histogram,
     pods,
     profile_status,
@@ -494,18 +495,6 @@ def test_5_the_documented_uninstall_exits_0_at_every_command_and_leaves_nothing_
 
 RELEASE_NAME = "kratos"
 HELM_USERS = "team-helm"
-
-
-def helm_config() -> helm.Config:
-    return helm.Config(kubeconfig_path=str(admin_kubeconfig()), namespace=NAMESPACE)
-
-
-def chart_values(tag: str, **more: Any) -> Obj:
-    return {
-        "image": {"repository": "localhost/kratos-admit", "tag": tag},
-        "runnerImage": {"repository": "localhost/kratos-nsight-compute-poc", "tag": TAGS[0]},
-        **more,
-    }
 
 
 def kept_secrets() -> dict[str, Obj]:
