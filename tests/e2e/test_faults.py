@@ -135,6 +135,8 @@ def in_flight(workload: str, **how: Any) -> list[str]:
         held = get("job", name)
         assert held is not None and held["spec"]["suspend"] is True
         assert held["metadata"]["annotations"][v.AWAITING_PROFILE_ANNOTATION] == f"{workload}-profile"
+    until(lambda: [p for p in pods(USERS, f"job-name={workload}-0") if p["status"].get("startTime")],
+          timeout=120, what=f"the profiling Pod of {workload} on the node")  # fmt: skip
     return followers
 
 
@@ -202,6 +204,8 @@ def test_1_an_image_that_never_pulls_is_image_pull_within_the_grace(faults: Faul
         "fault to Failed s": to_failed,
         "fault to followers released s": to_released,
     }
+    # the execution Job and the followers meet the same image (the user's to see): they hold GPUs
+    kubectl("-n", USERS, "delete", "job", "pull-0-execution", "pull-1", "pull-2", "--wait=false")
     print(
         f"image-pull: {GRACE} s grace; pod start to Failed {to_failed} s, to followers released {to_released} s"
     )
