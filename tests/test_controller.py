@@ -90,7 +90,10 @@ async def test_failed_profiling_still_releases_the_workload():
             await eventually(lambda: execution_jobs(kube))
             profile = kube.get(*PROFILES, "team-a", "vector-add-profile")
             assert profile and profile["status"]["phase"] == "Failed"
-            assert "profiling-runner ended 'Error' (exit 1) without a runner summary" in profile["status"]["message"]
+            assert (
+                "profiling-runner ended 'Error' (exit 1) without a runner summary"
+                in profile["status"]["message"]
+            )
             assert profile["status"]["failure"] == "killed", "named by the kubelet's reason (issue 37)"
             assert controller.metrics.profiles_published.labels("failed")._value.get() == 1
 

@@ -107,7 +107,7 @@ def test_the_profile_and_the_crd_know_every_class_the_runner_names():
     from tests.harness import REPO
 
     assert RUNNER_FAILURE_CLASSES == CLASSES
-    assert FAILURE_CLASSES == (*CLASSES, "image-pull", "killed"), "and the two the controller names"
+    assert (*CLASSES, "image-pull", "killed") == FAILURE_CLASSES, "and the two the controller names"
     crd = yaml.safe_load((REPO / "webhook-config" / "crd-workloadprofiles.yaml").read_text())
     status = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]
     assert tuple(status["failure"]["enum"]) == FAILURE_CLASSES
