@@ -50,6 +50,8 @@ async def test_finished_profiling_job_becomes_profile_configmap_and_one_executio
                 configmap and configmap["data"]["boundType"] == "memory" and configmap["data"]["summary.json"]
             )
             assert [j["metadata"]["name"] for j in execution_jobs(kube)] == ["vector-add-execution"]
+            # counted just after the writes it counts are visible: wait for it, then exactly one
+            await eventually(lambda: controller.metrics.execution_jobs_created._value.get() >= 1)
             assert controller.metrics.execution_jobs_created._value.get() == 1
             assert controller.metrics.profiles_published.labels("ready")._value.get() == 1
             # status went through the status subresource

@@ -360,9 +360,14 @@ async def test_counters_held_by_dcgm_cost_no_learning_the_execution_runs_telemet
             )
             notes = [e["note"] for e in events(kube, "ProfileFailed")]
             assert notes and all("(CountersInUse)" in note for note in notes)
-            assert (
-                controller.metrics.profiling_failures.labels("counters-in-use", "gpu-0", A100)._value.get()
-                == 1
+            # counted once the Node's product is read, just after the profile is written
+            await eventually(
+                lambda: (
+                    controller.metrics.profiling_failures.labels(
+                        "counters-in-use", "gpu-0", A100
+                    )._value.get()
+                    == 1
+                )
             )
             # the execution Job runs, and DCGM measures it
             [execution] = await kube.run_jobs()
