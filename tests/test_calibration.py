@@ -38,7 +38,8 @@ from kratos_admit.domain import vocabulary as v
 from kratos_admit.domain.config import Config
 from kratos_admit.domain.profile import Observation
 from kratos_admit.simulation.inputs import load_cluster, load_trace
-from kratos_admit.simulation.replay import Learned, prediction_errors, simulate
+from kratos_admit.simulation.knowledge import Learned, prediction_errors
+from kratos_admit.simulation.replay import simulate
 from kratos_admit.simulation.trace import Figures, Truth
 from kratos_controller.learning import calibrate, calibration_write_wait
 from tests.builders import A100, L4, L40S, T4, WORKLOAD_SHAPES, make_job, make_profile, trace_job
@@ -486,12 +487,18 @@ def test_workloads_profiled_on_the_product_furthest_from_the_catalog_are_predict
     to, predicted 14 % short. Of draws 1 to 21, three still miss (11, 12, 19), all for one reason the
     data cannot mend: no compute-bound run ever measured the T4's FP32 (11, 19) or too few to qualify
     (12: 3 runs), so compute-bound work is predicted there from the catalog's figure, 50 % off by
-    construction (docs/ranking.md "What it does not achieve")."""
+    construction (docs/ranking.md "What it does not achieve").
+
+    Exploration off (explorationShare 0): this is issue 26's calibration from the runs the ranking
+    chooses. With the default share the count is the same, 18 of the 21 draws within 10 %, but not
+    the same draws: 11 and 12 pass, 5 and 9 miss (24.5 and 68.4 %, the T4's FP32 again, which no
+    compute-bound run reached in those runs; exploration does not go there, the T4 being more than
+    REACH times slower for that work; docs/ranking.md "Exploration")."""
     cluster = load_cluster(EXAMPLES / "simulation" / "cluster.yaml", CATALOG)
     t4 = next(n for n in cluster if n.product == T4)
     cluster += [dataclasses.replace(t4, name=f"gpu-t4-extra-{i}") for i in range(6)]
     trace = load_trace(EXAMPLES / "simulation" / "trace.yaml", CATALOG)
-    truth, config = far_truth(seed), Config()
+    truth, config = far_truth(seed), Config.model_validate({"explorationShare": 0.0})
     result = simulate(
         trace, cluster, truth=truth, config=config, catalog=CATALOG, seed=seed, policies=("kratos",)
     )

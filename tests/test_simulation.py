@@ -17,7 +17,8 @@ import yaml
 from kratos_admit.cli.main import main
 from kratos_admit.domain.config import Config
 from kratos_admit.simulation.inputs import load_truth
-from kratos_admit.simulation.replay import Learned, SimulatedProfiles, SimulationResult, simulate
+from kratos_admit.simulation.knowledge import Learned, SimulatedProfiles
+from kratos_admit.simulation.replay import SimulationResult, simulate
 from kratos_admit.simulation.report import format_results
 from kratos_admit.simulation.trace import POLICIES, Figures, PolicyResult, Trace, Truth
 from tests.builders import A100, L4, L40S, T4, sim_node, trace_job
@@ -147,6 +148,11 @@ def test_the_json_output_has_the_design_shape(tmp_path: Path):
         assert set(known) == {"runs", "calibrated", "predictionError"}
     assert sum(k["runs"] for k in report["products"].values()) == 240, "every Job of the trace, counted once"
     assert {p: k["predictionError"] for p, k in report["products"].items()} == report["predictionError"]
+    # exploration (issue 39): what it cost is in policies, what it gained beside DESIGN's products
+    assert set(report["figureErrors"]) == set(report["explored"]) == {A100, L40S, L4, T4}
+    assert all(set(f) <= {"fp32", "bandwidth"} for f in report["figureErrors"].values())
+    assert set(report["withoutExploration"]) == {"predictionError", "figureErrors"}
+    assert set(report["withoutExploration"]["figureErrors"]) == {A100, L40S, L4, T4}
 
 
 def test_on_the_example_kratos_is_within_ten_percent_of_the_oracle_and_beats_the_default():

@@ -43,6 +43,14 @@ def add_simulate_command(commands: Any) -> None:
         "--noise", type=float, default=0.05, metavar="F", help="runs vary within 1 +- F of the model"
     )
     simulate.add_argument(
+        "--exploration-share",
+        type=float,
+        default=None,
+        metavar="F",
+        help="the share of each workload's Jobs kratos explores with (config explorationShare, 0.05); "
+        "kratos-no-exploration is the same run with 0",
+    )
+    simulate.add_argument(
         "-o", "--output", choices=("table", "json"), default="table", help="a table for people, or JSON"
     )
     add_path(simulate, "--plot", "FILE", "also draw each policy's JCT distribution into FILE (needs [plot])")
@@ -71,6 +79,10 @@ def cmd_simulate(args: argparse.Namespace, stdout: TextIO, stderr: TextIO, stdin
     if args.plot is not None:
         plot = load_plotter()  # before the run: a missing extra is said at once
     config = config_of(args)
+    if args.exploration_share is not None:
+        if not 0 <= args.exploration_share <= 1:
+            raise UsageError(f"--exploration-share: {args.exploration_share} is not a fraction from 0 to 1")
+        config = config.model_copy(update={"exploration_share": args.exploration_share})
     catalog = load_catalog(config.catalog_file)
     nodes = load_cluster(args.cluster, catalog)
     trace = load_trace(args.trace, catalog)

@@ -15,7 +15,18 @@ from decimal import Decimal
 from typing import Any
 
 from kratos_admit.decisions.calibration import NO_CALIBRATION, Calibration
-from kratos_admit.decisions.ranking import RankedProduct, RankingSource, rank_gpu_products, ranking_source
+from kratos_admit.decisions.ranking import (
+    Exploration,
+    RankedProduct,
+    RankingSource,
+    allowed_products,
+    exploration,
+    explored_first,
+    object_key,
+    one_gpu,
+    rank_gpu_products,
+    ranking_source,
+)
 from kratos_admit.domain import vocabulary as v
 from kratos_admit.domain.catalog import Catalog
 from kratos_admit.domain.config import Config
@@ -33,6 +44,7 @@ class HintResult:
     hinted: dict[str, Any]  # the object with its hints; shares untouched subtrees with the request
     warnings: tuple[str, ...]
     source: RankingSource = "none"
+    explored: str = ""  # the product this Job explores (config explorationShare), "" when none
 
 
 def min_compute_capability(annotations: Mapping[str, str]) -> tuple[int, int] | None:
@@ -189,9 +201,11 @@ def hints_record(
     injected: tuple[str, ...],
     ranked: tuple[RankedProduct, ...],
     reason: str,
+    explore: Exploration | None = None,
 ) -> str:
     """The gpu.scheduler.io/hints annotation: what was injected and why (memoised, it repeats).
-    ``profile`` is empty and ``reason`` says why when only base hints were given."""
+    ``profile`` is empty and ``reason`` says why when only base hints were given; ``explore`` names
+    the product this Job was sent first to measure a figure, and why."""
     record: dict[str, object] = {
         "profile": profile or None,
         "boundType": bound_type,
@@ -201,6 +215,9 @@ def hints_record(
     }
     if reason:
         record["reason"] = reason
+    if explore is not None:
+        record["explore"] = explore.product.product.product
+        record["exploreReason"] = explore.reason
     return json.dumps(record, separators=(",", ":"))
 
 
@@ -292,8 +309,11 @@ def ranked_hint(
     config: Config,
     catalog: Catalog,
     calibration: Calibration,
-) -> tuple[list[RankedProduct], bool]:
-    """The ranking, and whether its preferred affinity was added (a user's own product preference wins)."""
+    key: str = "",
+) -> tuple[list[RankedProduct], bool, Exploration | None]:
+    """The ranking, whether its preferred affinity was added (a user's own product preference wins),
+    and the exploration it carries: for config ``explorationShare`` of Jobs (``key``: namespace/name),
+    the best-ranked product whose figure for the workload's bound type is not yet calibrated, first."""
     ranked = ranking_of(
         profile,
         node_products,
@@ -302,7 +322,20 @@ def ranked_hint(
         annotations=annotations,
         calibration=calibration,
     )
-    return ranked, _prefer_products(pod_spec, ranked)
+    explored = exploration(
+        ranked,
+        profile,
+        key=key if one_gpu(pod_spec) else "",
+        share=config.exploration_share,
+        calibration=calibration,
+        min_calibration_runs=config.min_calibration_runs,
+        allowed=allowed_products(pod_spec),
+        catalog=catalog,
+    )
+    if explored is not None:
+        ranked = explored_first(ranked, explored.product)
+    added = _prefer_products(pod_spec, ranked)
+    return ranked, added, explored if added else None
 
 
 def ranking_of(
@@ -412,8 +445,9 @@ def apply_hints(
     if _and_into_terms(pod_spec, required_variants(cc, memory)):
         injected.append("affinity.nodeAffinity.required")
     ranked: list[RankedProduct] = []
+    explored: Exploration | None = None
     if ready and profile is not None:  # the ranked hint: the only one that needs a profile
-        ranked, added = ranked_hint(
+        ranked, added, explored = ranked_hint(
             pod_spec,
             profile,
             node_products,
@@ -421,6 +455,7 @@ def apply_hints(
             config=config,
             catalog=catalog,
             calibration=calibration,
+            key=object_key(metadata, namespace),
         )
         if added:
             injected.append("affinity.nodeAffinity.preferred")
@@ -444,6 +479,7 @@ def apply_hints(
         injected=tuple(injected),
         ranked=tuple(ranked),
         reason="" if ready else reason,
+        explore=explored,
     )
     for block in [metadata] if kind == "Pod" else [metadata, pod_meta]:
         block_annotations = child(block, "annotations")
@@ -451,4 +487,6 @@ def apply_hints(
         if ready and profile is not None:
             block_annotations[v.PROFILE_ANNOTATION] = profile.reference
         sign_block(block, namespace=namespace, key=signing_key)
-    return HintResult(obj, tuple(warnings), ranking_source(ranked))
+    return HintResult(
+        obj, tuple(warnings), ranking_source(ranked), explored.product.product.product if explored else ""
+    )

@@ -17,7 +17,7 @@ from kratos_admit.decisions.hints import (
     pod_parts,
     ranked_hint,
 )
-from kratos_admit.decisions.ranking import RankedProduct
+from kratos_admit.decisions.ranking import RankedProduct, object_key
 from kratos_admit.domain import vocabulary as v
 from kratos_admit.domain.catalog import Catalog
 from kratos_admit.domain.config import Config
@@ -105,8 +105,9 @@ def release_hold(
         injected.append("schedulingGates")
     user_annotations = {k: val for k, val in annotations.items() if isinstance(val, str)}
     ranked: list[RankedProduct] = []
+    explored = None
     if profile.ready:
-        ranked, added = ranked_hint(
+        ranked, added, explored = ranked_hint(
             pod_spec if template else clone(pod_spec),
             profile,
             node_products,
@@ -114,6 +115,7 @@ def release_hold(
             config=config,
             catalog=catalog,
             calibration=calibration,
+            key=object_key(metadata, namespace),
         )
         if added and template:
             injected.append("affinity.nodeAffinity.preferred")
@@ -125,6 +127,7 @@ def release_hold(
         injected=tuple(injected),
         ranked=tuple(ranked),
         reason="" if profile.ready else f"WorkloadProfile {profile.metadata.name} is {phase}",
+        explore=explored,
     )
     for block in [metadata] if kind == "Pod" else [metadata, pod_meta] if template else [metadata]:
         block_annotations = child(block, "annotations")

@@ -51,6 +51,7 @@ class Decision:
     violations: list[FieldError] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     ranking_source: RankingSource = "none"  # of hints: what the preferred products rest on
+    explored: str = ""  # the product a Job was sent first to explore (config explorationShare)
 
 
 def already_hinted(workload: Workload, namespace: str, key: bytes) -> bool:
@@ -189,6 +190,7 @@ def mutate(
             mutated=result.hinted,
             warnings=warnings + list(result.warnings),
             ranking_source=result.source,
+            explored=result.explored,
         )
 
     if profile is not None and profile.ready:

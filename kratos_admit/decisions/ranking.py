@@ -22,15 +22,19 @@ log-time), so a run the model's figures disagree with pulls the prediction towar
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import hashlib
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from kratos_admit.decisions.calibration import NO_CALIBRATION, PRIOR_RUNS, Calibration
-from kratos_admit.domain.catalog import Catalog, GpuProduct
+from kratos_admit.domain import vocabulary as v
+from kratos_admit.domain.catalog import Catalog, GpuProduct, mig_profile_of
 from kratos_admit.domain.profile import WorkloadProfile
+from kratos_admit.domain.raw import as_list, as_mapping, string_map
 from kratos_admit.domain.vocabulary import Strategy
 
 # When a profile has a bound type but no throughputs (an older runner), assume typical shares.
@@ -314,3 +318,148 @@ def _meets(entry: GpuProduct, min_cc: tuple[int, int] | None, min_memory_mib: in
             return False
     # GPU Feature Discovery reports about 1024 MiB per datasheet GB (A100 80GB: 81920, L4: 23034).
     return min_memory_mib is None or entry.memory_gb * 1024 >= min_memory_mib * 0.95
+
+
+# --- exploration (DESIGN "Exploration: learning every figure that matters") --------------------------
+
+Figure = Literal["compute", "memory"]
+
+
+@dataclass(frozen=True, slots=True)
+class Exploration:
+    """A Job sent to a product to measure a figure the ranking has no trustworthy observations of."""
+
+    product: RankedProduct
+    figure: Figure
+    reason: str
+
+
+def explored_figure(profile: WorkloadProfile) -> Figure | None:
+    """The figure a workload's runs measure: FP32 (and tensor) throughput for a compute-bound one,
+    bandwidth for a memory-bound one; none for a latency-bound or balanced one, whose runs the fit
+    cannot pin on either (calibration_fit's DOMINANT)."""
+    bound = profile.status.bound_type if profile.status else "unknown"
+    return "compute" if bound == "compute" else "memory" if bound == "memory" else None
+
+
+def exploring(key: str, share: float) -> bool:
+    """Whether the Job ``key`` (namespace/name) is one of the ``share`` that explore: a hash, not a
+    random draw, so the same Job decides the same way on every call (reinvocation, a replay, a test)."""
+    if share <= 0 or not key:
+        return False
+    return int(hashlib.sha256(key.encode()).hexdigest()[:8], 16) / 0x1_0000_0000 < share
+
+
+def exploration(
+    ranked: Sequence[RankedProduct],
+    profile: WorkloadProfile,
+    *,
+    key: str,
+    share: float,
+    calibration: Calibration,
+    min_calibration_runs: int,
+    allowed: frozenset[str] | None = None,
+    catalog: Catalog | None = None,
+) -> Exploration | None:
+    """For ``share`` of a workload's Jobs: the best-ranked product after the first choice (which the
+    other Jobs measure) whose figure for the workload's bound type has too few observations to trust
+    (fewer than ``minCalibrationRuns`` runs from two workloads, telemetry runs counted as any other). Only
+    among the ranked products (present in the cluster, within the Job's GPU minimums), never a MIG
+    slice (its figures are a share of the whole GPU's), and within ``allowed`` (the product labels a
+    Job's own required affinity or nodeSelector admits) when it names any."""
+    figure = explored_figure(profile)
+    if figure is None or not ranked or not exploring(key, share):
+        return None
+    shares = throughput_shares(profile)
+    profiled = catalog.placement(profile.status.gpu.product or "") if catalog and profile.status else None
+    for candidate in ranked[1:]:  # the first choice is measured by the Jobs that are not exploring
+        if candidate.relative_time > REACH * ranked[0].relative_time:
+            break  # this and every further product is beyond the workload's reach: no run is worth it
+        if any(mig_profile_of(label) for label in candidate.labels):
+            continue
+        if (
+            shares is not None
+            and profiled is not None
+            and not _bounded_by(figure, shares, profiled, candidate.product)
+        ):
+            continue  # its run there would not clearly measure the figure (calibration_fit's DOMINANT)
+        if allowed is not None and not set(candidate.labels) & allowed:
+            continue
+        known = calibration.get(candidate.product.product)
+        support = getattr(known, figure) if known is not None else None
+        if support is not None and support.qualifies(min_calibration_runs):
+            continue
+        runs = support.runs if support is not None else 0
+        workloads = support.workloads if support is not None else 0
+        name = "FP32" if figure == "compute" else "bandwidth"
+        return Exploration(
+            candidate,
+            figure,
+            f"the {name} figure of {candidate.product.product} rests on {runs} run(s) from {workloads} workload(s), "
+            f"fewer than {min_calibration_runs} from 2 (explorationShare {share:g})",
+        )
+    return None
+
+
+# a product whose predicted time is more than this many times the first choice's is beyond the
+# workload's reach: a Job lands there only when every better product is full, and a run spent there
+# to learn its figure costs more than the figure is worth to its ranking (docs/ranking.md "Exploration")
+REACH = 3.0
+DOMINANT = 2.0  # as calibration_fit's: a run measures a figure when its term is twice the other's
+
+
+def _bounded_by(figure: Figure, shares: tuple[float, float], profiled: GpuProduct, there: GpuProduct) -> bool:
+    """Whether a run on ``there`` is clearly bound by ``figure`` by the model (the catalog's figures):
+    only such a run tells the calibration that figure."""
+    sm, mem = shares
+    compute = sm * profiled.sustained_fp32_tflops / there.sustained_fp32_tflops
+    memory = mem * profiled.sustained_bandwidth_gbs / there.sustained_bandwidth_gbs
+    return compute >= DOMINANT * memory if figure == "compute" else memory >= DOMINANT * compute
+
+
+def explored_first(ranked: Sequence[RankedProduct], chosen: RankedProduct) -> list[RankedProduct]:
+    """The explored product first at weight 100, the rest after it in their order at half their
+    weight, so the scheduler tries it first and falls back as before when it is full."""
+    rest = [dataclasses.replace(r, weight=max(1, r.weight // 2)) for r in ranked if r is not chosen]
+    return [dataclasses.replace(chosen, weight=100), *rest]
+
+
+def allowed_products(pod_spec: Mapping[str, Any]) -> frozenset[str] | None:
+    """The GPU products a pod can run on by its own nodeSelector or required node affinity on
+    ``nvidia.com/gpu.product`` (None: it names none). Exploration never sends a Job elsewhere."""
+    found: set[str] | None = None
+    selected = string_map(pod_spec.get("nodeSelector")).get(v.GPU_PRODUCT_LABEL)
+    if selected is not None:
+        found = {selected}
+    required = as_mapping(as_mapping(as_mapping(pod_spec.get("affinity")).get("nodeAffinity")).get(
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ))  # fmt: skip
+    terms = [as_mapping(t) for t in as_list(required.get("nodeSelectorTerms"))]
+    named = [
+        {str(x) for x in as_list(as_mapping(e).get("values"))}
+        for t in terms
+        for e in as_list(t.get("matchExpressions"))
+        if as_mapping(e).get("key") == v.GPU_PRODUCT_LABEL and as_mapping(e).get("operator") == "In"
+    ]
+    if terms and len(named) == len(terms):  # every ORed term names its products
+        union = set().union(*named)
+        found = union if found is None else found & union
+    return frozenset(found) if found is not None else None
+
+
+def one_gpu(pod_spec: Mapping[str, Any]) -> bool:
+    """Whether the pod asks for one whole GPU: only such Jobs explore. One GPU measures a product's
+    figure as well as eight, at an eighth of the GPU-hours, and waits for less room on a smaller product."""
+    asked = 0
+    for container in as_list(pod_spec.get("containers")):
+        limits = as_mapping(as_mapping(as_mapping(container).get("resources")).get("limits"))
+        value = limits.get(v.GPU_RESOURCE)
+        asked += int(value) if isinstance(value, int | str) and str(value).isdigit() else 0
+    return asked == 1
+
+
+def object_key(metadata: Mapping[str, Any], namespace: str) -> str:
+    """namespace/name: what a Job's exploration is decided by ("" for a generateName-only object,
+    whose name comes after admission: it never explores)."""
+    name = metadata.get("name")
+    return f"{namespace}/{name}" if isinstance(name, str) and name else ""

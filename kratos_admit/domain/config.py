@@ -206,6 +206,9 @@ class Config(BaseModel):
     # profiling runs prefer these GPU products (node label values); empty: the best-calibrated
     # product in the cluster, else the product with the most Nodes (docs/ranking.md)
     profiling_products: tuple[str, ...] = ()
+    # this share of a workload's Jobs (by a hash of namespace/name) is sent to the best-ranked product
+    # whose figure for its bound type is not yet calibrated; 0 turns exploration off (docs/ranking.md)
+    exploration_share: float = Field(default=0.05, ge=0, le=1)
     # the controller writes the calibration ConfigMap at most this often, sooner only when a factor
     # moved beyond its own noise (docs/ranking.md "Where it lives")
     calibration_write_seconds: float = Field(default=30.0, ge=0)

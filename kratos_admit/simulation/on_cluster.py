@@ -27,16 +27,16 @@ from kratos_admit.domain import vocabulary as v
 from kratos_admit.domain.catalog import Catalog
 from kratos_admit.domain.config import Config
 from kratos_admit.domain.raw import clone
+from kratos_admit.simulation.knowledge import Learned
 from kratos_admit.simulation.replay import (
-    Learned,
     Pending,
     PolicyRun,
-    SimulatedProfiles,
     SimulationResult,
+    run_policies,
     simulation_result,
 )
 from kratos_admit.simulation.scheduling import SimNode
-from kratos_admit.simulation.trace import POLICIES, Policy, PolicyResult, Trace, Truth
+from kratos_admit.simulation.trace import LEARNING, POLICIES, Policy, PolicyResult, Trace, Truth
 
 log = logging.getLogger("kratos.simulate")
 MERGE_PATCH = "application/merge-patch+json"
@@ -255,7 +255,7 @@ async def simulate_on_cluster(
     made_runtime_class = False
     namespaces: list[str] = []
     results: dict[Policy, PolicyResult] = {}
-    learned = Learned(SimulatedProfiles())
+    learned: dict[Policy, Learned] = {}
     try:
         try:
             await node_api.read_runtime_class(config.runtime_class_name)
@@ -278,7 +278,7 @@ async def simulate_on_cluster(
             # the TaintNodesByCondition admission plugin taints a new Node not-ready; it is Ready now
             untaint: Any = {"spec": {"taints": None}}
             await core.patch_node(NODE_PREFIX + node.name, untaint, _content_type=MERGE_PATCH)  # type: ignore[call-arg]
-        for policy in policies:
+        for policy in run_policies(policies, config):
             namespace = f"kratos-sim-{policy}"
             ns_body: Any = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}}
             await core.create_namespace(ns_body)
@@ -288,8 +288,8 @@ async def simulate_on_cluster(
             )
             log.info("policy started", extra={"policy": policy, "namespace": namespace})
             results[policy] = await _Driver(run, api, namespace, by_name, time_scale).run_policy()
-            if policy == "kratos":
-                learned = Learned(run.profiles, run.calibration)
+            if policy in LEARNING:
+                learned[policy] = Learned(run.profiles, run.calibration, run.explored)
     finally:
         for namespace in namespaces:
             await _delete(core.delete_namespace, namespace)

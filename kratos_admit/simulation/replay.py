@@ -1,4 +1,4 @@
-"""Replay a trace of GPU Jobs on a modelled cluster under four placement policies (DESIGN
+"""Replay a trace of GPU Jobs on a modelled cluster under five placement policies (DESIGN
 "Simulation", docs/placement.md). Pure: the inputs in, the results out; the CLI reads the files.
 
 - ``default``: no KRATOS; kube-scheduler spreads the Jobs (``scheduling.py``).
@@ -6,8 +6,12 @@
   first Job of a workload is rewritten into a profiling run, the Jobs that arrive meanwhile are held
   and released with hints by the same code the controller runs, the rest get hints; the ranking
   uses the catalog's figures only.
-- ``kratos``: as ``kratos-static``, and it learns as the trace runs: each finished run becomes an
-  observation of its workload's profile, and calibration is refitted from them (``calibration.py``).
+- ``kratos-no-exploration``: as ``kratos-static``, and it learns as the trace runs: each finished
+  run becomes an observation of its workload's profile, and calibration is refitted from them
+  (``calibration.py``).
+- ``kratos``: as ``kratos-no-exploration``, and ``explorationShare`` of each workload's Jobs are sent
+  to a product whose figure for their bound type is not yet calibrated (docs/ranking.md
+  "Exploration"); left out when the share is 0 (it would be the same run).
 - ``oracle``: every Job on the free GPU product that truly runs it fastest.
 
 A Job's true runtime on product P is its reference runtime scaled by the ranking's roofline model
@@ -19,7 +23,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
-import math
+import json
 import random
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -28,21 +32,23 @@ from typing import Any
 
 from kratos_admit.admission.engine import AdmissionEngine, build_engine
 from kratos_admit.admission.review import review_document
-from kratos_admit.decisions.calibration import Calibration, samples_of
+from kratos_admit.decisions.calibration import samples_of
 from kratos_admit.decisions.calibration_fit import fit_calibration
-from kratos_admit.decisions.hints import ranking_of
 from kratos_admit.decisions.holds import release_hold
-from kratos_admit.decisions.stores import ProfileIndex, StaticCalibrationStore, StaticNodeStore
+from kratos_admit.decisions.stores import StaticCalibrationStore, StaticNodeStore
 from kratos_admit.domain import vocabulary as v
 from kratos_admit.domain.catalog import Catalog
 from kratos_admit.domain.config import Config
-from kratos_admit.domain.profile import ObjectMeta, ProfileSpec, ProfileStatus, WorkloadProfile, with_runs
+from kratos_admit.domain.profile import ProfileStatus, with_runs
 from kratos_admit.domain.raw import as_mapping
 from kratos_admit.domain.signing import DEVELOPMENT_KEY
+from kratos_admit.simulation.knowledge import Learned, SimulatedProfiles, prediction_errors, product_knowledge
 from kratos_admit.simulation.scheduling import ClusterState, PodRequest, SimNode, schedule
 from kratos_admit.simulation.trace import (
+    LEARNING,
     NAMESPACE,
     POLICIES,
+    Figure,
     Policy,
     PolicyResult,
     ProductKnowledge,
@@ -61,56 +67,27 @@ class SimulationResult:
     prediction_error: dict[str, float]  # product -> worst |predicted/true - 1| after the trace
     learned: Learned  # what ``kratos`` knew at the end: its profiles
     products: dict[str, ProductKnowledge] = field(default_factory=dict)
+    # what kratos-no-exploration knew at the end (empty where it did not run): exploration's gain
+    without_exploration: dict[str, ProductKnowledge] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
-        return {
+        found: dict[str, Any] = {
             "policies": {name: r.as_dict() for name, r in self.policies.items()},
             "predictionError": {p: round(e, 4) for p, e in sorted(self.prediction_error.items())},
             "products": {p: k.as_dict() for p, k in sorted(self.products.items())},
         }
-
-
-class SimulatedProfiles:
-    """The WorkloadProfiles the simulated controller has published: a profile store in memory."""
-
-    def __init__(self) -> None:
-        self.index = ProfileIndex()
-        self.versions = itertools.count(1)
-
-    def put(self, workload: str, status: ProfileStatus) -> WorkloadProfile:
-        profile = WorkloadProfile(
-            metadata=ObjectMeta(
-                name=v.profile_name(workload), namespace=NAMESPACE, resourceVersion=str(next(self.versions))
-            ),
-            spec=ProfileSpec(workload=workload),
-            status=status,
-        )
-        self.index.put(profile)
-        return profile
-
-    def get(self, namespace: str, workload: str) -> WorkloadProfile | None:
-        return self.index.get(namespace, workload)
-
-    def ready(self) -> bool:
-        return True
-
-    def __len__(self) -> int:
-        return len(self.index)
-
-    async def refresh(self, namespace: str, workload: str) -> None:
-        """Every profile is in memory: a miss is an answer."""
-
-    async def run(self) -> None:
-        """Changed by the simulation itself: nothing to keep current."""
-
-
-@dataclass
-class Learned:
-    profiles: SimulatedProfiles
-    calibration: StaticCalibrationStore = field(default_factory=StaticCalibrationStore)
-
-    def current(self) -> Calibration:
-        return self.calibration.current()
+        if self.products:  # DESIGN's three keys per product stay as they are; the figures beside them
+            found["figureErrors"] = {p: k.figures_dict() for p, k in sorted(self.products.items())}
+            found["explored"] = {p: k.explored for p, k in sorted(self.products.items())}
+        if self.without_exploration:
+            found["withoutExploration"] = {
+                "predictionError": {
+                    p: None if k.prediction_error is None else round(k.prediction_error, 4)
+                    for p, k in sorted(self.without_exploration.items())
+                },
+                "figureErrors": {p: k.figures_dict() for p, k in sorted(self.without_exploration.items())},
+            }
+        return found
 
 
 @dataclass(order=True)
@@ -143,7 +120,10 @@ class PolicyRun:
         noise: float,
     ) -> None:
         self.policy, self.trace, self.truth = policy, trace, truth
-        self.config, self.catalog = config, catalog
+        # only kratos explores: without learning, exploring would go on for ever at its cost
+        self.config = config if policy == "kratos" else config.model_copy(update={"exploration_share": 0.0})
+        self.catalog = catalog
+        self.explored: Counter[str] = Counter()  # Jobs sent to explore, by product
         self.state = ClusterState(tuple(nodes))
         self.rng = random.Random(seed)
         self.noise = {
@@ -153,7 +133,7 @@ class PolicyRun:
         self.profiles = SimulatedProfiles()
         self.calibration = StaticCalibrationStore()
         self.engine: AdmissionEngine = build_engine(
-            config,
+            self.config,
             signing_key=DEVELOPMENT_KEY,
             profiles=self.profiles,
             nodes=StaticNodeStore(self.products, Counter(n.product for n in nodes if n.product)),
@@ -182,6 +162,9 @@ class PolicyRun:
             user="kratos-simulate",
         )
         obj = reviewed.object
+        record = as_mapping(as_mapping(obj.get("metadata")).get("annotations")).get(v.HINTS_ANNOTATION)
+        if isinstance(record, str) and '"explore"' in record:
+            self.explored[str(json.loads(record)["explore"])] += 1
         if reviewed.action == "profiling":
             self.profiles.put(
                 job.workload,
@@ -268,7 +251,7 @@ class PolicyRun:
             self._profiled(job, node, now)
             return
         self.finished[job.name] = now
-        if self.policy == "kratos":
+        if self.policy in LEARNING:
             self._observe(job, node, seconds)
 
     def _profiled(self, job: TraceJob, node: SimNode, now: float) -> None:
@@ -346,66 +329,6 @@ class PolicyRun:
         )
 
 
-def prediction_errors(
-    learned: Learned,
-    jobs: Sequence[TraceJob],
-    *,
-    truth: Truth,
-    node_products: frozenset[str],
-    config: Config,
-    catalog: Catalog,
-) -> dict[str, float]:
-    """Per product, the worst |predicted/true - 1| of the runtime over ``jobs``' workloads, as
-    ``kratos`` would rank them now. Predicted seconds are the ranking's relative times in the unit
-    the workload's own observations give them (the mean of observed/relative over its observed
-    products); a workload without observations (never seen) is profiled on its reference product,
-    and its true runtime there is the unit. True seconds: the workload's mean reference runtime
-    scaled by the truth."""
-    worst: dict[str, float] = {}
-    by_workload: dict[str, list[TraceJob]] = {}
-    for job in jobs:
-        by_workload.setdefault(job.workload, []).append(job)
-    for workload, group in by_workload.items():
-        job = group[0]
-        seconds = sum(j.reference_seconds for j in group) / len(group)
-        profile = learned.profiles.get(NAMESPACE, workload)
-        if profile is None or not profile.ready:
-            status = ProfileStatus.model_validate(
-                {"phase": "Ready", "metrics": dict(job.metrics), "gpu": {"product": job.reference_product}}
-            )
-            profile = WorkloadProfile(
-                metadata=ObjectMeta(name=v.profile_name(workload), namespace=NAMESPACE),
-                spec=ProfileSpec(workload=workload),
-                status=status,
-            )
-        assert profile.status is not None
-        ranked_now = ranking_of(
-            profile, node_products, config=config, catalog=catalog, calibration=learned.current()
-        )
-
-        def true_seconds(label: str, job: TraceJob = job, seconds: float = seconds) -> float:
-            return seconds * truth.relative_time(job.shares, reference=job.reference_product, product=label)
-
-        observed: dict[str, float] = {}
-        for o in profile.status.observations:
-            entry = catalog.placement(o.product)
-            if entry is not None and o.runs:
-                observed[entry.product] = float(o.mean_seconds)
-        units = [
-            math.log(observed[r.product.product] / r.relative_time)
-            for r in ranked_now
-            if r.product.product in observed
-        ]
-        if units:
-            unit = math.exp(sum(units) / len(units))
-        else:
-            unit = true_seconds(profile.status.gpu.product or job.reference_product)
-        for ranked in ranked_now:
-            error = abs(ranked.relative_time * unit / true_seconds(ranked.labels[0]) - 1)
-            worst[ranked.product.product] = max(worst.get(ranked.product.product, 0.0), error)
-    return worst
-
-
 def simulate(
     trace: Trace,
     nodes: Sequence[SimNode],
@@ -418,20 +341,25 @@ def simulate(
     policies: Sequence[Policy] = POLICIES,
 ) -> SimulationResult:
     results: dict[Policy, PolicyResult] = {}
-    learned = Learned(SimulatedProfiles())
-    for policy in policies:
+    learned: dict[Policy, Learned] = {}
+    for policy in run_policies(policies, config):
         run = PolicyRun(
             policy, trace, nodes, truth=truth, config=config, catalog=catalog, seed=seed, noise=noise
         )
         results[policy] = run.run()
-        if policy == "kratos":
-            learned = Learned(run.profiles, run.calibration)
+        if policy in LEARNING:
+            learned[policy] = Learned(run.profiles, run.calibration, run.explored)
     return simulation_result(results, learned, trace, nodes, truth=truth, config=config, catalog=catalog)
+
+
+def run_policies(policies: Sequence[Policy], config: Config) -> list[Policy]:
+    """The policies to run: kratos-no-exploration only where kratos explores (else it is kratos)."""
+    return [p for p in policies if p != "kratos-no-exploration" or config.exploration_share > 0]
 
 
 def simulation_result(
     results: dict[Policy, PolicyResult],
-    learned: Learned,
+    learned_by: Mapping[Policy, Learned],
     trace: Trace,
     nodes: Sequence[SimNode],
     *,
@@ -439,42 +367,39 @@ def simulation_result(
     config: Config,
     catalog: Catalog,
 ) -> SimulationResult:
-    """The policies' results with the prediction error of what ``kratos`` learned (none without it),
-    for a modelled run and for one on a real cluster alike."""
-    products = frozenset(n.product for n in nodes if n.product)
+    """The policies' results with the prediction error of what ``kratos`` learned (none without it)
+    and of what ``kratos-no-exploration`` learned where it ran, for a modelled run and for one on a
+    real cluster alike."""
+    learned = learned_by.get("kratos", Learned(SimulatedProfiles()))
+    without = learned_by.get("kratos-no-exploration")
     if "kratos" not in results:
         return SimulationResult(results, {}, learned)
-    errors = prediction_errors(
-        learned, trace.jobs, truth=truth, node_products=products, config=config, catalog=catalog
-    )
+    errors, products = knowledge_of(learned, trace, nodes, truth=truth, config=config, catalog=catalog)
     return SimulationResult(
-        results, errors, learned, product_knowledge(learned, products, errors, config, catalog)
+        results,
+        errors,
+        learned,
+        products,
+        knowledge_of(without, trace, nodes, truth=truth, config=config, catalog=catalog)[1]
+        if without
+        else {},
     )
 
 
-def product_knowledge(
+def knowledge_of(
     learned: Learned,
-    node_products: frozenset[str],
-    errors: Mapping[str, float],
+    trace: Trace,
+    nodes: Sequence[SimNode],
+    *,
+    truth: Truth,
     config: Config,
     catalog: Catalog,
-) -> dict[str, ProductKnowledge]:
-    """Per catalog product in the cluster: the runs ``kratos`` counted there (its profiles'
-    observations), whether a factor of it qualifies, and its prediction error (None: nothing ranked on it)."""
-    runs: dict[str, int] = {}
-    for profile in learned.profiles.index.profiles():
-        for o in profile.status.observations if profile.status else ():
-            entry = catalog.placement(o.product)
-            if entry is not None:
-                runs[entry.product] = runs.get(entry.product, 0) + o.runs
-    calibration = learned.current()
-    found: dict[str, ProductKnowledge] = {}
-    for label in sorted(node_products):
-        entry = catalog.placement(label)
-        if entry is None or entry.product in found:
-            continue
-        _, calibrated = calibration.calibrated(entry, config.min_calibration_runs)
-        found[entry.product] = ProductKnowledge(
-            runs.get(entry.product, 0), calibrated, errors.get(entry.product)
-        )
-    return found
+) -> tuple[dict[str, float], dict[str, ProductKnowledge]]:
+    """What one learning policy knew after the trace: its prediction errors and per product knowledge."""
+    products = frozenset(n.product for n in nodes if n.product)
+    by_figure: dict[str, dict[Figure, float]] = {}
+    errors = prediction_errors(
+        learned, trace.jobs, truth=truth, node_products=products, config=config, catalog=catalog,
+        by_figure=by_figure,
+    )  # fmt: skip
+    return errors, product_knowledge(learned, products, errors, config, catalog, by_figure=by_figure)

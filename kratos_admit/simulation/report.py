@@ -48,18 +48,52 @@ def format_results(result: SimulationResult) -> str:
     lines = [
         "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in [header, *rows]
     ]
+    explored, plain = result.policies.get("kratos"), result.policies.get("kratos-no-exploration")
+    if explored is not None and plain is not None and plain.mean_jct and plain.makespan:
+        lines.append("")
+        lines.append(
+            f"exploration: mean JCT {explored.mean_jct:.0f} s against {plain.mean_jct:.0f} s without "
+            f"({explored.mean_jct / plain.mean_jct - 1:+.1%}), makespan {explored.makespan:.0f} s against "
+            f"{plain.makespan:.0f} s ({explored.makespan / plain.makespan - 1:+.1%})"
+        )
     if result.products:
         lines.append("")
         lines.append(
-            "what kratos knew after the trace (prediction error: worst |predicted/true - 1| over the workloads):"
+            "what kratos knew after the trace (prediction error: worst |predicted/true - 1| over the workloads;"
         )
-        table = [["PRODUCT", "RUNS", "FIGURES", "PREDICTION ERROR"]]
+        without = result.without_exploration
+        lines.append(
+            "FP32: over the compute-bound ones, BANDWIDTH: over the memory-bound ones"
+            + ("; in brackets, kratos-no-exploration's):" if without else "):")
+        )
+        table = [["PRODUCT", "RUNS", "EXPLORED", "FIGURES", "PREDICTION ERROR", "FP32", "BANDWIDTH"]]
         for p, k in sorted(result.products.items()):
-            error = "-" if k.prediction_error is None else f"{k.prediction_error:.1%}"
-            table.append([p, str(k.runs), "calibrated" if k.calibrated else "catalog", error])
-        w = [max(len(row[i]) for row in table) for i in range(4)]
+            unexplored = without.get(p)
+            table.append(
+                [
+                    p,
+                    str(k.runs),
+                    str(k.explored),
+                    "calibrated" if k.calibrated else "catalog",
+                    _percent(k.prediction_error),
+                    *(
+                        _percent(k.figure_errors.get(f))
+                        + (
+                            f" ({_percent(unexplored.figure_errors.get(f))})"
+                            if unexplored is not None
+                            else ""
+                        )
+                        for f in ("fp32", "bandwidth")
+                    ),
+                ]
+            )
+        w = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
         lines += ["  " + "  ".join(c.ljust(x) for c, x in zip(row, w, strict=True)).rstrip() for row in table]
     return "\n".join(lines) + "\n"
+
+
+def _percent(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1%}"
 
 
 def load_plotter() -> Plotter:

@@ -5,15 +5,18 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from kratos_admit.decisions.ranking import predicted_relative_time
 from kratos_admit.domain import vocabulary as v
 from kratos_admit.domain.catalog import Catalog, GpuProduct
 
-Policy = Literal["default", "kratos-static", "kratos", "oracle"]
-POLICIES: tuple[Policy, ...] = ("default", "kratos-static", "kratos", "oracle")
+Policy = Literal["default", "kratos-static", "kratos-no-exploration", "kratos", "oracle"]
+POLICIES: tuple[Policy, ...] = ("default", "kratos-static", "kratos-no-exploration", "kratos", "oracle")
+# the policies that learn as the trace runs (observations, calibration); kratos also explores
+LEARNING: frozenset[Policy] = frozenset({"kratos", "kratos-no-exploration"})
+Figure = Literal["fp32", "bandwidth"]
 NAMESPACE = "simulation"
 DEFAULT_PROFILING_SECONDS = 60.0
 
@@ -138,10 +141,24 @@ class ProductKnowledge:
     runs: int
     calibrated: bool
     prediction_error: float | None
+    # the worst error over the compute-bound workloads (fp32) and the memory-bound ones (bandwidth):
+    # how well the figure each kind exercises is known there; absent where no such workload ranks it
+    figure_errors: Mapping[Figure, float] = field(default_factory=dict)
+    explored: int = 0  # Jobs kratos sent here to explore a figure
 
     def as_dict(self) -> dict[str, Any]:
         error = None if self.prediction_error is None else round(self.prediction_error, 4)
         return {"runs": self.runs, "calibrated": self.calibrated, "predictionError": error}
+
+    def figures_dict(self) -> dict[str, float]:
+        return {f: round(e, 4) for f, e in sorted(self.figure_errors.items())}
+
+
+def figure_of(shares: tuple[float, float]) -> Figure | None:
+    """The figure a workload's runs exercise, by its bound type on the reference product (as the
+    ranking's exploration reads a profile's): FP32 for compute-bound, bandwidth for memory-bound."""
+    bound = bound_type(shares[0] * 100, shares[1] * 100)
+    return "fp32" if bound == "compute" else "bandwidth" if bound == "memory" else None
 
 
 def job_manifest(job: TraceJob, name: str | None = None) -> dict[str, Any]:

@@ -80,6 +80,13 @@ class AdmissionMetrics:
             ["source"],
             registry=r,
         )
+        self.explorations = Counter(
+            "kratos_explorations",
+            "Jobs admitted to explore a GPU product whose figure for their bound type is not yet calibrated "
+            "(config explorationShare), by that product.",
+            ["product"],
+            registry=r,
+        )
         self.profile_cache_objects = Gauge(
             "kratos_profile_cache_objects",
             "WorkloadProfiles held in the webhook's cache.",

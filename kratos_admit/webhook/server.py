@@ -116,6 +116,8 @@ def _handler(webhook: Webhook) -> Callable[[web.Request], Awaitable[web.Response
             m.mutations.labels(result.decision.action).inc()
             if result.decision.action == "hints":
                 m.hints.labels(result.decision.ranking_source).inc()
+            if result.decision.explored and not asked.dry_run:
+                m.explorations.labels(result.decision.explored).inc()
         # Denials, profiling rewrites and warnings at INFO; plain allows and hints at DEBUG (a hinted
         # object carries the decision in its gpu.scheduler.io/hints annotation already).
         notable = (

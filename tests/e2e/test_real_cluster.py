@@ -33,7 +33,9 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 from prometheus_client.parser import text_string_to_metric_families
 
+from kratos_admit.decisions.ranking import exploring
 from kratos_admit.domain import vocabulary as v
+from kratos_admit.domain.config import Config
 from tests.builders import make_job, make_pod
 from tests.e2e.real_cluster import (
     A100,
@@ -204,11 +206,23 @@ def ready_profile(workload: str, namespace: str, bound: str = "memory") -> None:
 # --- placement ----------------------------------------------------------------------------------------------
 
 
+def not_exploring(namespace: str, base: str) -> str:
+    """A Job name in ``namespace`` that is not one of the default explorationShare's Jobs (a hash of
+    namespace/name decides; the namespace is new each run): this test is about the first choice."""
+    return next(
+        name
+        for name in (base, *(f"{base}-{k}" for k in range(1, 100)))
+        if not exploring(f"{namespace}/{name}", Config().exploration_share)
+    )
+
+
 async def test_a_hinted_job_is_placed_by_the_real_scheduler_on_the_best_gpu(kratos, namespace):
     ready_profile("stream", namespace, bound="memory")
-    create(namespace, job("stream", "stream"))
-    stored = get(namespace, "job", "stream")
+    name = not_exploring(namespace, "stream")
+    create(namespace, job(name, "stream"))
+    stored = get(namespace, "job", name)
     assert stored is not None
+    assert "explore" not in json.loads(stored["metadata"]["annotations"][v.HINTS_ANNOTATION])
     template = stored["spec"]["template"]["spec"]
     assert template["runtimeClassName"] == "nvidia" and template["schedulerName"] == "default-scheduler"
     assert preferred(stored)[0] == A100, "memory-bound: the A100's bandwidth first"
@@ -415,7 +429,8 @@ def telemetry_profile(namespace: str, workload: str) -> dict[str, Any] | None:
 async def next_job_is_ranked(namespace: str, workload: str) -> list[str]:
     """The products the next Job of ``workload`` prefers, once the webhook's cache has the profile
     (a server-side dry run asks until it answers with ranked hints), then created for real."""
-    following = job(f"{workload}-next", workload)
+    name = not_exploring(namespace, f"{workload}-next")
+    following = job(name, workload)
 
     def ranked() -> list[str]:
         return preferred(json.loads(kubectl("create", "-n", namespace, "--dry-run=server", "-o", "json",
@@ -423,7 +438,7 @@ async def next_job_is_ranked(namespace: str, workload: str) -> list[str]:
 
     await until(ranked, what=f"ranked hints for the next Job of {workload}")
     create(namespace, following)
-    stored = get(namespace, "job", f"{workload}-next")
+    stored = get(namespace, "job", name)
     assert stored and not stored["metadata"]["labels"].get(v.ROLE_LABEL), "hinted, not profiled again"
     return preferred(stored)
 
