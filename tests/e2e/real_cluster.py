@@ -143,12 +143,18 @@ class Installed:
             env = {"KRATOS_CONTROLLER_METRICS_LISTEN": f"127.0.0.1:{metrics_port}", **env}
         popen = subprocess.Popen(
             [sys.executable, "-m", "kratos_admit", command, *args, "--signing-key", str(certs / "signing.key")],
-            cwd=REPO, env={**os.environ, **kubelet_environment(f"kratos-{command}"), "PYTHONUNBUFFERED": "1", **env},
+            cwd=REPO, env={**own_environment(), **kubelet_environment(f"kratos-{command}"), "PYTHONUNBUFFERED": "1", **env},
             stdout=subprocess.DEVNULL, stderr=log.open("wb"),
         )  # fmt: skip
         process = Process(f"{command}:{port or metrics_port}", popen, log)
         self.processes.append(process)
         return process
+
+
+def own_environment() -> dict[str, str]:
+    """This process's environment less the suite's own KRATOS_E2E_* and KRATOS_TEST_* variables: a
+    KRATOS process refuses a KRATOS_* name that is not a setting, and a Pod never has them."""
+    return {k: val for k, val in os.environ.items() if not k.startswith(("KRATOS_E2E_", "KRATOS_TEST_"))}
 
 
 @functools.cache

@@ -28,7 +28,7 @@ import pytest
 import yaml
 
 from kratos_admit.domain import vocabulary as v
-from tests.e2e.real_cluster import admin_kubeconfig, kubectl
+from tests.e2e.real_cluster import admin_kubeconfig, kubectl, own_environment
 from tests.harness import REPO
 
 Obj = dict[str, Any]
@@ -248,7 +248,7 @@ def working_copy(tmp_path_factory: pytest.TempPathFactory) -> Tier:
     for name in ("kratos_admit", "profiler-controller"):
         shutil.copytree(REPO / name, work / name, ignore=shutil.ignore_patterns("__pycache__"))
     (work / ".venv").symlink_to(Path(sys.executable).parent.parent)
-    return Tier(work, {**os.environ, "KUBECONFIG": str(admin_kubeconfig())})
+    return Tier(work, {**own_environment(), "KUBECONFIG": str(admin_kubeconfig())})  # as a user's shell
 
 
 ADMIT_IMAGE, RUNNER_IMAGE = (
