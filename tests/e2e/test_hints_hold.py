@@ -38,6 +38,7 @@ from tests.e2e.real_cluster import (
     kubectl,
     mark_node_ready,
     namespace_gone,
+    own_environment,
     service_account_kubeconfig,
 )
 from tests.harness import REPO, free_port, render
@@ -137,11 +138,14 @@ def hinted_pod(tmp_path: Path, scheduler_name: str) -> dict[str, Any]:
     }
     (tmp_path / "pod.yaml").write_text(yaml.safe_dump(pod))
     out, err = io.StringIO(), io.StringIO()
-    status = kratos_admit(
-        ["review", "-f", str(tmp_path / "pod.yaml"), "--profiles", str(tmp_path / "profiles"),
-         "--nodes", str(tmp_path / "nodes.yaml"), "--config", str(tmp_path / "config.yaml"), "-o", "json"],
-        stdout=out, stderr=err,
-    )  # fmt: skip
+    with pytest.MonkeyPatch.context() as patch:  # as a user's shell: without the suite's own variables
+        for name in set(os.environ) - set(own_environment()):
+            patch.delenv(name)
+        status = kratos_admit(
+            ["review", "-f", str(tmp_path / "pod.yaml"), "--profiles", str(tmp_path / "profiles"),
+             "--nodes", str(tmp_path / "nodes.yaml"), "--config", str(tmp_path / "config.yaml"), "-o", "json"],
+            stdout=out, stderr=err,
+        )  # fmt: skip
     assert status == 0, err.getvalue()
     hinted: dict[str, Any] = json.loads(out.getvalue())["object"]
     return hinted
