@@ -18,6 +18,7 @@ import datetime as dt
 import functools
 import json
 import os
+import re
 import signal
 import ssl
 import subprocess
@@ -71,9 +72,13 @@ def admin_kubeconfig() -> Path | None:
 
 
 def kubectl(*args: str, stdin: str | None = None, check: bool = True, timeout: float = 60) -> str:
-    """kubectl as the cluster admin; a failure shows its stderr."""
+    """kubectl as the cluster admin; a failure shows its stderr. A ``--timeout=Ns`` among ``args`` is
+    kubectl's own wait, and the process is given that long and 30 s more (not killed first)."""
     kubeconfig = admin_kubeconfig()
     assert kubeconfig is not None
+    for arg in args:
+        if (own := re.fullmatch(r"--timeout=(\d+)s", arg)) is not None:
+            timeout = max(timeout, int(own.group(1)) + 30)
     result = subprocess.run(
         ["kubectl", "--kubeconfig", str(kubeconfig), *args],
         input=stdin, capture_output=True, text=True, timeout=timeout, check=False,
