@@ -2,8 +2,9 @@
 
 Runs where the real-node tier runs (``KRATOS_E2E_KUBECONFIG``, ``KRATOS_E2E_REAL_NODE``, podman and
 ``CONTAINERD_ADDRESS``) and ``KRATOS_E2E_NODE_RESTART`` names a command that restarts one process of
-the node, given ``kubelet`` or ``containerd`` as its one argument (the control-plane tool's ``node.sh
-restart``). It builds the images, installs KRATOS with the README's steps 2 and 3, sets the
+the node, given ``kubelet`` or ``containerd`` as its one argument, and returns once the node is Ready
+again (with the control-plane tool: stop that process by the PID its ``node/pids`` records, then
+``node.sh up``, which starts only what is not running). It builds the images, installs KRATOS with the README's steps 2 and 3, sets the
 controller's ``imagePullGraceSeconds`` to 30 s, and then, each a test with a profiling run in flight
 and two followers held: an image that does not exist (``image-pull``), a profiling-runner over its
 memory limit (``killed``, ``OOMKilled``), the profiling Pod deleted mid-run (``killed``), the kubelet
