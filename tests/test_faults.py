@@ -178,6 +178,61 @@ def test_an_oom_killed_staging_container_names_the_setting_that_sizes_it():
     assert failure is not None and failure[0] == "killed" and "profilingResources.limits.memory" in failure[1]
 
 
+def init_killed(job: dict[str, Any]) -> dict[str, Any]:
+    """tests/data/kubelet/init-killed.json, the profiling Pod of ``job``."""
+    pod: dict[str, Any] = json.loads((KUBELET / "init-killed.json").read_text())
+    pod["metadata"]["labels"] = {"job-name": job["metadata"]["name"], v.ROLE_LABEL: "profiling"}
+    return pod
+
+
+def test_the_users_own_init_container_killed_from_the_host_is_killed_and_named():
+    """Our own fault check on the real node: ``ctr task kill -s SIGKILL`` of the Job's init container
+    ``prepare`` while it ran. The runner never started, so there is no summary: the profile says
+    which container ended, how, and what exit 137 means, not that the runner left no message."""
+    job = finish(profiling_job("train"), "Failed", reason="BackoffLimitExceeded")
+    pod = init_killed(job)
+    runner, stage = container_ends([pod])
+    assert runner is None and stage is not None
+    assert (stage.container, stage.reason, stage.exit_code) == ("prepare", "Error", 137)
+    failure = kubelet_failure(observed_of(job, [pod], now=dt.datetime.now(dt.UTC)), grace=GRACE)
+    assert failure is not None and failure[0] == "killed"
+    assert "the Job's own init container prepare ended 'Error' (exit 137)" in failure[1]
+    assert "137 is SIGKILL" in failure[1] and "kubectl logs -c prepare" in failure[1]
+    actions = reconcile(observed_of(job, [pod], now=dt.datetime.now(dt.UTC)), signing_key=TEST_KEY)
+    [profile] = [a for a in actions if isinstance(a, PublishProfile)]
+    assert profile.status.failure == "killed" and "profiling-runner left no termination message" not in (
+        profile.status.message
+    )
+    assert any(isinstance(a, CreateExecutionJob) for a in actions), "nothing of the user's is lost"
+
+
+def test_the_users_own_init_container_oom_killed_names_its_own_limit_not_kratos_setting():
+    job = finish(profiling_job("train"), "Failed", reason="BackoffLimitExceeded")
+    job["spec"]["template"]["spec"]["initContainers"] = [
+        {"name": "prepare", "image": "train:1", "resources": {"limits": {"memory": "64Mi"}}}
+    ]
+    pod = init_killed(job)
+    pod["status"]["initContainerStatuses"][0]["state"]["terminated"]["reason"] = "OOMKilled"
+    failure = kubelet_failure(observed_of(job, [pod], now=dt.datetime.now(dt.UTC)), grace=GRACE)
+    assert failure is not None and failure[0] == "killed"
+    assert "init container prepare was OOMKilled at its memory limit (64Mi)" in failure[1]
+    assert "profilingResources" not in failure[1]
+
+
+def test_a_users_init_container_that_cannot_start_is_cannot_start_naming_it():
+    """A reason the kubelet gives a container that never ran (``StartError``, exit 128: a command
+    that does not exist) is the Job's own failure: ``cannot-start``, naming that container."""
+    job = finish(profiling_job("train"), "Failed", reason="BackoffLimitExceeded")
+    pod = init_killed(job)
+    pod["status"]["initContainerStatuses"][0]["state"]["terminated"].update(
+        reason="StartError", exitCode=128, message='exec: "prep": executable file not found in $PATH'
+    )
+    actions = reconcile(observed_of(job, [pod], now=dt.datetime.now(dt.UTC)), signing_key=TEST_KEY)
+    [profile] = [a for a in actions if isinstance(a, PublishProfile)]
+    assert profile.status.failure == "cannot-start"
+    assert profile.status.message.startswith("prepare failed (exit 128): exec:"), profile.status.message
+
+
 @pytest.mark.parametrize(
     ("capture", "words"),
     [

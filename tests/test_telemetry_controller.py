@@ -358,8 +358,9 @@ async def test_counters_held_by_dcgm_cost_no_learning_the_execution_runs_telemet
                 "True",
                 "CountersInUse",
             )
-            notes = [e["note"] for e in events(kube, "ProfileFailed")]
-            assert notes and all("(CountersInUse)" in note for note in notes)
+            # the Event is written after the status: wait for it as for the status
+            notes = await eventually(lambda: [e["note"] for e in events(kube, "ProfileFailed")])
+            assert all("(CountersInUse)" in note for note in notes)
             # counted once the Node's product is read, just after the profile is written
             await eventually(
                 lambda: (
@@ -369,7 +370,8 @@ async def test_counters_held_by_dcgm_cost_no_learning_the_execution_runs_telemet
                     == 1
                 )
             )
-            # the execution Job runs, and DCGM measures it
+            # the execution Job (created after the profile is written) runs, and DCGM measures it
+            await eventually(lambda: ("team-a", "train-execution") in kube.objects[JOBS])
             [execution] = await kube.run_jobs()
             fake.load_text(dcgm_exposition([DcgmGpu(0, "GPU-a", "team-a", execution, counters=MEMORY_BOUND)]))
             kube.finish_pod("team-a", execution, node="gpu-0", seconds=600)

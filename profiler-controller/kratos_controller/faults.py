@@ -34,6 +34,8 @@ def timestamp(value: object) -> dt.datetime | None:
 
 # an image the kubelet can never pull, however long it tries (its name does not parse)
 PULL_AT_ONCE = frozenset({"InvalidImageName"})
+# KRATOS's own init containers of a profiling Pod (the Job's own run before them)
+KRATOS_INIT_CONTAINERS = frozenset({v.STAGE_CONTAINER, v.STAGE_PROFILER_CONTAINER})
 # the kubelet's terminated reasons of a container killed from outside, or that died without a word
 KILLED_REASONS = frozenset({"OOMKilled", "Error", "ContainerStatusUnknown", "DeadlineExceeded", "Evicted"})
 
@@ -68,6 +70,11 @@ def _oom_advice(job: Mapping[str, Any], container: str) -> str:
             f"{container} was OOMKilled at its memory limit ({_limit(job, container)}): Nsight Compute needs memory of "
             "its own beside the workload's. profiling-runner runs with the resources of the Job's GPU container: raise "
             "that container's memory limit (by 1 GiB or so) and submit the Job again, after deleting its profile"
+        )
+    if container not in KRATOS_INIT_CONTAINERS:
+        return (
+            f"the Job's own init container {container} was OOMKilled at its memory limit ({_limit(job, container)}): "
+            "raise that limit in the Job, as its runs without KRATOS need too"
         )
     return (
         f"{container} was OOMKilled at its memory limit ({_limit(job, container)}): raise config "
@@ -122,9 +129,12 @@ def kubelet_failure(observed: Observed, *, grace: float) -> tuple[str, str] | No
     if gone is not None and (runner is None or not runner.message.strip()):
         why = f" ('{gone.reason}': {gone.message.strip()[:200]})" if gone.reason else ""
         how = (
-            f"{ended.container or v.RUNNER_CONTAINER} ended '{ended.reason}' (exit {ended.exit_code}) before its summary"
-            if ended is not None
-            else "before the runner's summary"
+            "before the runner's summary"
+            if ended is None
+            else f"the Job's own init container {ended.container} ended '{ended.reason}' (exit {ended.exit_code}) "
+            "before the runner's summary"
+            if ended is stage and ended.container not in KRATOS_INIT_CONTAINERS
+            else f"{ended.container or v.RUNNER_CONTAINER} ended '{ended.reason}' (exit {ended.exit_code}) before its summary"
         )
         return "killed", (
             f"the profiling Pod was deleted while it ran{why}, as an eviction, a preemption or a person does: "
@@ -137,6 +147,13 @@ def kubelet_failure(observed: Observed, *, grace: float) -> tuple[str, str] | No
             "profilingDeadlineSeconds) ('DeadlineExceeded'): ncu ends the workload after its profiled kernels, so a "
             "workload that launches fewer, or waits long before the first, runs to the deadline; lower "
             "gpu.scheduler.io/profile-skip-kernels, or raise the deadline"
+        )
+    if ended is not None and ended is stage and ended.container not in KRATOS_INIT_CONTAINERS:
+        return "killed", (
+            f"the Job's own init container {ended.container} ended '{ended.reason}' (exit {ended.exit_code}) before "
+            "the workload started under Nsight Compute: exit 137 is SIGKILL (killed from outside, or for memory), 143 "
+            f"SIGTERM; any other code is its own failure, which the Job meets without KRATOS too (kubectl logs -c "
+            f"{ended.container})"
         )
     if ended is not None and ended is runner:
         return "killed", (

@@ -101,8 +101,9 @@ def newest_first(pods: list[Obj]) -> list[Obj]:
 
 
 def container_ends(pods: list[Obj]) -> tuple[actions.ContainerEnd | None, actions.ContainerEnd | None]:
-    """(profiling-runner's end, the failure of stage-workload or stage-profiler), newest pod first, a runner that left a
-    message preferred: the facts ``reconcile.pod_failure`` words."""
+    """(profiling-runner's end, the failure of an init container: stage-workload, stage-profiler or one of
+    the Job's own, which run first), newest pod first, a runner that left a message preferred: the facts
+    ``reconcile.pod_failure`` words."""
     runner: actions.ContainerEnd | None = None
     stage: actions.ContainerEnd | None = None
     for pod in newest_first(pods):
@@ -115,8 +116,7 @@ def container_ends(pods: list[Obj]) -> tuple[actions.ContainerEnd | None, action
                 runner = runner or end
         for c in as_list(status.get("initContainerStatuses")):
             end = _end(as_mapping(c))
-            staging = as_mapping(c).get("name") in (v.STAGE_CONTAINER, v.STAGE_PROFILER_CONTAINER)
-            if staging and end is not None and (end.exit_code or end.reason == "OOMKilled"):
+            if end is not None and (end.exit_code or end.reason == "OOMKilled"):
                 stage = stage or end
     return runner, stage
 

@@ -123,7 +123,7 @@ def pod_failure(observed: Observed) -> str:
     """Why the profiling pod gave no summary, in words (the I/O shell only collects the facts)."""
     if observed.stage is not None:
         return (
-            f"{staging_container(observed.job)} failed (exit {observed.stage.exit_code}): "
+            f"{observed.stage.container or staging_container(observed.job)} failed (exit {observed.stage.exit_code}): "
             f"{observed.stage.message.strip()[:300]}"
         )
     if observed.runner is not None and not observed.runner.message:
@@ -172,7 +172,8 @@ def profile_status(observed: Observed, summary: Summary, *, grace: float = 300.0
     reasons = [
         r
         for r in (
-            data.reason if data else summary.problem,
+            # a runner that never ran (an init container failed first) has no summary to miss
+            data.reason if data else "" if observed.stage and observed.runner is None else summary.problem,
             pod_failure(observed),
             f"profiling Job failed ({_failed_condition(job)})" if finished(job) == "Failed" else "",
             "the profiling Job was deleted before it finished"
