@@ -19,6 +19,10 @@ CONFIGMAP_NAME = "kratos-gpu-calibration"
 CONFIGMAP_KEY = "calibration.json"
 DIGITS = 4  # factors are stored rounded, so a refit from the same runs writes the same bytes
 HUBER_DELTA = 0.1  # in log-time: samples within about 10 % of the fit count as in a mean
+# a run measures a figure only when that resource clearly bounds it (its model term at least this
+# many times the other); a run near the balance point could be explained by either. The fit reads
+# samples by it, and exploration sends a Job only where its run would be so bound.
+DOMINANT = 2.0
 # what a prior is worth, in runs: the profile's shares in the re-fit of a workload's shares, and
 # the model's prediction for a product the workload ran on fewer than minObservedRuns times
 PRIOR_RUNS = 1.0

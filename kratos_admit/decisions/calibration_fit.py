@@ -31,6 +31,7 @@ from dataclasses import dataclass
 
 from kratos_admit.decisions.calibration import (
     DIGITS,
+    DOMINANT,
     HUBER_DELTA,
     PRIOR_RUNS,
     Calibration,
@@ -42,9 +43,6 @@ from kratos_admit.decisions.calibration import (
 from kratos_admit.domain.catalog import Catalog
 
 ROUNDS = 200
-# a sample says something about a factor only when that resource clearly bounds it (its model term
-# at least this many times the other); a sample near the balance point could be explained by either
-DOMINANT = 2.0
 # re-fitted shares (docs/ranking.md "Re-fitted shares"): the profile's measured shares are a prior
 # worth PRIOR_RUNS runs; a step moves a share by at most this much in log; a share stays in (0, 1]
 MAX_STEP = 0.25

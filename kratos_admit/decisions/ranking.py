@@ -30,10 +30,11 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from kratos_admit.decisions.calibration import NO_CALIBRATION, PRIOR_RUNS, Calibration
+from kratos_admit.decisions.calibration import DOMINANT, NO_CALIBRATION, PRIOR_RUNS, Calibration
 from kratos_admit.domain import vocabulary as v
 from kratos_admit.domain.catalog import Catalog, GpuProduct, mig_profile_of
 from kratos_admit.domain.profile import WorkloadProfile
+from kratos_admit.domain.quantity import parse_positive_integer
 from kratos_admit.domain.raw import as_list, as_mapping, string_map
 from kratos_admit.domain.vocabulary import Strategy
 
@@ -337,7 +338,7 @@ class Exploration:
 def explored_figure(profile: WorkloadProfile) -> Figure | None:
     """The figure a workload's runs measure: FP32 (and tensor) throughput for a compute-bound one,
     bandwidth for a memory-bound one; none for a latency-bound or balanced one, whose runs the fit
-    cannot pin on either (calibration_fit's DOMINANT)."""
+    cannot pin on either (calibration's DOMINANT)."""
     bound = profile.status.bound_type if profile.status else "unknown"
     return "compute" if bound == "compute" else "memory" if bound == "memory" else None
 
@@ -382,7 +383,7 @@ def exploration(
             and profiled is not None
             and not _bounded_by(figure, shares, profiled, candidate.product)
         ):
-            continue  # its run there would not clearly measure the figure (calibration_fit's DOMINANT)
+            continue  # its run there would not clearly measure the figure (DOMINANT)
         if allowed is not None and not set(candidate.labels) & allowed:
             continue
         known = calibration.get(candidate.product.product)
@@ -405,7 +406,6 @@ def exploration(
 # workload's reach: a Job lands there only when every better product is full, and a run spent there
 # to learn its figure costs more than the figure is worth to its ranking (docs/ranking.md "Exploration")
 REACH = 3.0
-DOMINANT = 2.0  # as calibration_fit's: a run measures a figure when its term is twice the other's
 
 
 def _bounded_by(figure: Figure, shares: tuple[float, float], profiled: GpuProduct, there: GpuProduct) -> bool:
@@ -453,8 +453,7 @@ def one_gpu(pod_spec: Mapping[str, Any]) -> bool:
     asked = 0
     for container in as_list(pod_spec.get("containers")):
         limits = as_mapping(as_mapping(as_mapping(container).get("resources")).get("limits"))
-        value = limits.get(v.GPU_RESOURCE)
-        asked += int(value) if isinstance(value, int | str) and str(value).isdigit() else 0
+        asked += parse_positive_integer(limits.get(v.GPU_RESOURCE)) or 0  # as validation reads it
     return asked == 1
 
 
