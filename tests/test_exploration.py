@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
+from kratos_admit.admission.review import review_document
 from kratos_admit.decisions.calibration import Calibration, FactorSupport, ProductCalibration, samples_of
 from kratos_admit.decisions.calibration_fit import fit_calibration
 from kratos_admit.decisions.hints import ranking_of
@@ -138,6 +139,17 @@ def test_an_exploring_job_says_so_in_its_hints_record_and_prefers_the_explored_p
     assert "FP32 figure of" in record["exploreReason"] and "explorationShare 1" in record["exploreReason"]
     weights = preferred_products(job)
     assert weights[0][0] == 100 and all(w < 100 for w, _ in weights[1:]), weights
+
+
+def test_an_offline_review_says_which_product_it_explores_as_the_record_does():
+    """``simulate`` counts explored Jobs from the review itself, not by reading the annotation back."""
+    eng = engine(make_ctx(explorationShare=1.0), [compute_bound()], MIXED)
+    one = make_job("nbody-7").label(v.WORKLOAD_LABEL, "nbody").obj()
+    reviewed = review_document(one, index=0, engine=eng, namespace="team-a", user="alice")
+    assert reviewed.explored and reviewed.explored == record_of(reviewed.object)["explore"]
+    two = make_job("nbody-7").label(v.WORKLOAD_LABEL, "nbody").limits({v.GPU_RESOURCE: 2}).obj()
+    assert review_document(two, index=1, engine=eng, namespace="team-a", user="alice").explored == ""
+    assert "explored" not in reviewed.as_dict(), "the CLI's output keeps DESIGN's shape"
 
 
 @pytest.mark.parametrize("name", [f"nbody-{k}" for k in range(40)])

@@ -38,6 +38,9 @@ class Reviewed:
     warnings: tuple[str, ...]
     patch: list[dict[str, Any]]
     object: dict[str, Any]
+    # the product the decision sent the Job to explore ("" when none): not in the CLI's output, whose
+    # shape DESIGN fixes; its hints annotation says the same
+    explored: str = ""
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -109,6 +112,7 @@ def review_document(
         warnings=tuple(warnings),
         patch=patch if allowed else [],
         object=final if allowed else doc,
+        explored=mutated.decision.explored if allowed else "",
     )
 
 

@@ -18,7 +18,16 @@ from kratos_admit.domain import vocabulary as v
 from kratos_admit.domain.catalog import Catalog
 from kratos_admit.domain.config import Config
 from kratos_admit.domain.profile import ObjectMeta, ProfileSpec, ProfileStatus, WorkloadProfile
-from kratos_admit.simulation.trace import NAMESPACE, Figure, ProductKnowledge, TraceJob, Truth, figure_of
+from kratos_admit.simulation.scheduling import SimNode
+from kratos_admit.simulation.trace import (
+    NAMESPACE,
+    Figure,
+    ProductKnowledge,
+    Trace,
+    TraceJob,
+    Truth,
+    figure_of,
+)
 
 
 class SimulatedProfiles:
@@ -65,6 +74,11 @@ class Learned:
         return self.calibration.current()
 
 
+ByFigure = dict[
+    str, dict[Figure, float]
+]  # product -> figure -> worst error over the workloads of that figure
+
+
 def prediction_errors(
     learned: Learned,
     jobs: Sequence[TraceJob],
@@ -73,15 +87,31 @@ def prediction_errors(
     node_products: frozenset[str],
     config: Config,
     catalog: Catalog,
-    by_figure: dict[str, dict[Figure, float]] | None = None,
 ) -> dict[str, float]:
+    """Per product, the worst |predicted/true - 1| of the runtime over ``jobs``' workloads (``worst_errors``)."""
+    return worst_errors(
+        learned, jobs, truth=truth, node_products=node_products, config=config, catalog=catalog
+    )[0]
+
+
+def worst_errors(
+    learned: Learned,
+    jobs: Sequence[TraceJob],
+    *,
+    truth: Truth,
+    node_products: frozenset[str],
+    config: Config,
+    catalog: Catalog,
+) -> tuple[dict[str, float], ByFigure]:
     """Per product, the worst |predicted/true - 1| of the runtime over ``jobs``' workloads, as
-    ``kratos`` would rank them now. Predicted seconds are the ranking's relative times in the unit
+    ``kratos`` would rank them now, and the same over the workloads whose bound type exercises each
+    figure (FP32: compute-bound, bandwidth: memory-bound). Predicted seconds are the ranking's relative times in the unit
     the workload's own observations give them (the mean of observed/relative over its observed
     products); a workload without observations (never seen) is profiled on its reference product,
     and its true runtime there is the unit. True seconds: the workload's mean reference runtime
     scaled by the truth."""
     worst: dict[str, float] = {}
+    by_figure: ByFigure = {}
     by_workload: dict[str, list[TraceJob]] = {}
     for job in jobs:
         by_workload.setdefault(job.workload, []).append(job)
@@ -125,10 +155,10 @@ def prediction_errors(
             error = abs(ranked.relative_time * unit / true_seconds(ranked.labels[0]) - 1)
             name = ranked.product.product
             worst[name] = max(worst.get(name, 0.0), error)
-            if by_figure is not None and figure is not None:
+            if figure is not None:
                 figures = by_figure.setdefault(name, {})
                 figures[figure] = max(figures.get(figure, 0.0), error)
-    return worst
+    return worst, by_figure
 
 
 def product_knowledge(
@@ -138,7 +168,7 @@ def product_knowledge(
     config: Config,
     catalog: Catalog,
     *,
-    by_figure: Mapping[str, Mapping[Figure, float]] | None = None,
+    by_figure: Mapping[str, Mapping[Figure, float]],
 ) -> dict[str, ProductKnowledge]:
     """Per catalog product in the cluster: the runs ``kratos`` counted there (its profiles'
     observations), whether a factor of it qualifies, and its prediction error (None: nothing ranked on it)."""
@@ -159,7 +189,24 @@ def product_knowledge(
             runs.get(entry.product, 0),
             calibrated,
             errors.get(entry.product),
-            dict((by_figure or {}).get(entry.product, {})),
+            dict(by_figure.get(entry.product, {})),
             learned.explored.get(entry.product, 0),
         )
     return found
+
+
+def knowledge_of(
+    learned: Learned,
+    trace: Trace,
+    nodes: Sequence[SimNode],
+    *,
+    truth: Truth,
+    config: Config,
+    catalog: Catalog,
+) -> tuple[dict[str, float], dict[str, ProductKnowledge]]:
+    """What one learning policy knew after the trace: its prediction errors and per product knowledge."""
+    products = frozenset(n.product for n in nodes if n.product)
+    errors, by_figure = worst_errors(
+        learned, trace.jobs, truth=truth, node_products=products, config=config, catalog=catalog
+    )
+    return errors, product_knowledge(learned, products, errors, config, catalog, by_figure=by_figure)

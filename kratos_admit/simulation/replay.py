@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import heapq
 import itertools
-import json
 import random
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -42,13 +41,12 @@ from kratos_admit.domain.config import Config
 from kratos_admit.domain.profile import ProfileStatus, with_runs
 from kratos_admit.domain.raw import as_mapping
 from kratos_admit.domain.signing import DEVELOPMENT_KEY
-from kratos_admit.simulation.knowledge import Learned, SimulatedProfiles, prediction_errors, product_knowledge
+from kratos_admit.simulation.knowledge import Learned, SimulatedProfiles, knowledge_of
 from kratos_admit.simulation.scheduling import ClusterState, PodRequest, SimNode, schedule
 from kratos_admit.simulation.trace import (
     LEARNING,
     NAMESPACE,
     POLICIES,
-    Figure,
     Policy,
     PolicyResult,
     ProductKnowledge,
@@ -162,9 +160,8 @@ class PolicyRun:
             user="kratos-simulate",
         )
         obj = reviewed.object
-        record = as_mapping(as_mapping(obj.get("metadata")).get("annotations")).get(v.HINTS_ANNOTATION)
-        if isinstance(record, str) and '"explore"' in record:
-            self.explored[str(json.loads(record)["explore"])] += 1
+        if reviewed.explored:
+            self.explored[reviewed.explored] += 1
         if reviewed.action == "profiling":
             self.profiles.put(
                 job.workload,
@@ -384,22 +381,3 @@ def simulation_result(
         if without
         else {},
     )
-
-
-def knowledge_of(
-    learned: Learned,
-    trace: Trace,
-    nodes: Sequence[SimNode],
-    *,
-    truth: Truth,
-    config: Config,
-    catalog: Catalog,
-) -> tuple[dict[str, float], dict[str, ProductKnowledge]]:
-    """What one learning policy knew after the trace: its prediction errors and per product knowledge."""
-    products = frozenset(n.product for n in nodes if n.product)
-    by_figure: dict[str, dict[Figure, float]] = {}
-    errors = prediction_errors(
-        learned, trace.jobs, truth=truth, node_products=products, config=config, catalog=catalog,
-        by_figure=by_figure,
-    )  # fmt: skip
-    return errors, product_knowledge(learned, products, errors, config, catalog, by_figure=by_figure)
