@@ -128,14 +128,15 @@ def kubelet_failure(observed: Observed, *, grace: float) -> tuple[str, str] | No
         return "killed", _oom_advice(job, ended.container or v.RUNNER_CONTAINER)
     if gone is not None and (runner is None or not runner.message.strip()):
         why = f" ('{gone.reason}': {gone.message.strip()[:200]})" if gone.reason else ""
-        how = (
-            "before the runner's summary"
-            if ended is None
-            else f"the Job's own init container {ended.container} ended '{ended.reason}' (exit {ended.exit_code}) "
-            "before the runner's summary"
-            if ended is stage and ended.container not in KRATOS_INIT_CONTAINERS
-            else f"{ended.container or v.RUNNER_CONTAINER} ended '{ended.reason}' (exit {ended.exit_code}) before its summary"
-        )
+        if ended is None:
+            how = "before the runner's summary"
+        elif ended is stage and ended.container not in KRATOS_INIT_CONTAINERS:
+            how = (
+                f"the Job's own init container {ended.container} ended '{ended.reason}' (exit {ended.exit_code}) "
+                "before the runner's summary"
+            )
+        else:
+            how = f"{ended.container or v.RUNNER_CONTAINER} ended '{ended.reason}' (exit {ended.exit_code}) before its summary"
         return "killed", (
             f"the profiling Pod was deleted while it ran{why}, as an eviction, a preemption or a person does: "
             f"{how}; delete the profile to profile again"

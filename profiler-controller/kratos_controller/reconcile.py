@@ -169,11 +169,16 @@ def profile_status(observed: Observed, summary: Summary, *, grace: float = 300.0
                 "message": message,
             }
         )
+    if data is not None:
+        said = data.reason
+    elif observed.stage is not None and observed.runner is None:
+        said = ""  # the runner never ran (an init container failed first): no summary to miss
+    else:
+        said = summary.problem
     reasons = [
         r
         for r in (
-            # a runner that never ran (an init container failed first) has no summary to miss
-            data.reason if data else "" if observed.stage and observed.runner is None else summary.problem,
+            said,
             pod_failure(observed),
             f"profiling Job failed ({_failed_condition(job)})" if finished(job) == "Failed" else "",
             "the profiling Job was deleted before it finished"
