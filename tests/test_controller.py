@@ -123,6 +123,8 @@ async def test_a_staged_executable_that_could_not_start_gives_a_failed_profile_a
             assert execution["metadata"]["name"] == "vector-add-execution"
             assert execution["spec"]["template"]["spec"]["containers"][0]["name"] != "profiling-runner"
             assert controller.metrics.profiles_published.labels("failed")._value.get() == 1
+            # counted just after the write it counts is visible: wait for it, then exactly one
+            await eventually(lambda: controller.metrics.execution_jobs_created._value.get() >= 1)
             assert controller.metrics.execution_jobs_created._value.get() == 1
 
 
