@@ -51,6 +51,33 @@ class ProfileMetrics(_Strict):
             return None
 
 
+class TimeShares(_Strict):
+    """Where the workload's GPU time goes, by the unit that binds each kernel (DESIGN "The unit that
+    does the work"): fractions as strings, summing to 1, weighted by each kernel's GPU time."""
+
+    tensor: str = "0.00"
+    fp32: str = "0.00"
+    fp64: str = "0.00"
+    memory: str = "0.00"
+    latency: str = "0.00"
+
+    def fractions(self) -> dict[v.Unit, float] | None:
+        """The shares as floats, or None when one is not a number, negative, or they sum to nothing."""
+        found: dict[v.Unit, float] = {}
+        for unit in v.UNITS:
+            try:
+                value = float(getattr(self, unit))
+            except ValueError:
+                return None
+            if not value >= 0:  # also refuses NaN
+                return None
+            found[unit] = value
+        total = sum(found.values())
+        if total <= 0:
+            return None
+        return {unit: value / total for unit, value in found.items()}
+
+
 class ProfileGpu(_Strict):
     product: str | None = None
     compute_capability: str | None = Field(default=None, alias="computeCapability")
@@ -81,6 +108,8 @@ class RunnerSummary(BaseModel):
     ncu_version: str = Field(default="", alias="ncuVersion")
     ncu_set: str = Field(default="", alias="ncuSet")  # the section set the runner asked ncu for
     reason: str = ""
+    # {tensor, fp32, fp64, memory, latency} -> fraction as a string; empty from an older runner
+    time_shares: dict[str, str] = Field(default_factory=dict, alias="timeShares")
     failure: str = ""  # why nothing was profiled (runner/kratos_runner/failures.py), "" on success
 
 
@@ -139,6 +168,8 @@ class ProfileStatus(_Strict):
     phase: Phase
     bound_type: v.BoundType = Field(default="unknown", alias="boundType")
     metrics: ProfileMetrics = Field(default_factory=ProfileMetrics)
+    # absent on profiles from before the units model: the ranking then reads smThroughput/memoryThroughput
+    time_shares: TimeShares | None = Field(default=None, alias="timeShares")
     gpu: ProfileGpu = Field(default_factory=ProfileGpu)
     profiled_at: str | None = Field(default=None, alias="profiledAt")
     source: Source | None = None  # absent on profiles from before telemetry: nsight-compute

@@ -52,6 +52,10 @@ Priority = Literal["high", "normal", "low"]
 PRIORITIES: Final = ("high", "normal", "low")
 BoundType = Literal["compute", "memory", "balanced", "latency", "unknown"]
 BOUND_TYPES: Final[tuple[BoundType, ...]] = get_args(BoundType)
+# the units a kernel's time belongs to (DESIGN "The unit that does the work"), in the order the
+# summary and the profile's status list them
+Unit = Literal["tensor", "fp32", "fp64", "memory", "latency"]
+UNITS: Final[tuple[Unit, ...]] = get_args(Unit)
 Strategy = Literal["performance", "cost", "balanced"]  # config hintStrategy, docs/ranking.md
 # the two forms of the profiling rewrite (docs/profiling-forms.md): the annotation names one of them,
 # config profilingForm one of them or "auto"
