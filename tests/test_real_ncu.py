@@ -3,7 +3,9 @@
 The suite is hermetic (no other test reaches a host's ``ncu``, wherever Nsight Compute is installed),
 so these run only when told which ``ncu`` to use; the real-node tier of the end-to-end suite runs the
 same program inside the runner image. Checked with Debian's ``nsight-compute`` 2022.3.0.22~11.8.0-5~deb12u1
-(``KRATOS_TEST_NCU=/usr/bin/ncu``), on a machine without a GPU or driver.
+(``KRATOS_TEST_NCU=/usr/bin/ncu``), on a machine without a GPU or driver; the CUDA toolkit's
+``/usr/local/cuda/bin/ncu`` (a script that runs the latest Nsight Compute it finds) is followed to the
+program it runs, as ``kratos_runner.tools`` follows it.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from kratos_runner.cli import main, parse_section_sets
+from kratos_runner.tools import real_ncu, sections_of
 
 NCU = os.environ.get("KRATOS_TEST_NCU", "")
 pytestmark = pytest.mark.skipif(
@@ -35,15 +38,9 @@ PARSER_METRICS = (
 
 
 def sections_dir() -> Path:
-    """The sections/ the real ncu reads: beside target/, two levels above the program itself."""
-    real = Path(os.path.realpath(NCU))
-    for root in (real.parent, real.parent.parent.parent):
-        if (root / "sections").is_dir():
-            return root / "sections"
-    script = real.read_text(errors="replace") if real.stat().st_size < 65536 else ""
-    target = re.search(r'"\$APPDIR/(target/[^"]+)/ncu"', script)
-    assert target, f"no sections/ found for {NCU}"
-    return Path(os.path.realpath(real.parent / target.group(1))).parent.parent / "sections"
+    """The sections/ the real ncu reads: two levels above the program itself, found through whichever
+    wrapper leads to it (Nsight Compute's own, Debian's link, the CUDA toolkit's bin/ncu script)."""
+    return Path(sections_of(real_ncu(NCU)))
 
 
 def test_the_basic_set_is_asked_for_as_a_set_this_ncu_has_and_it_measures_what_the_parser_reads(

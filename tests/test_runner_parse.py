@@ -315,6 +315,8 @@ def test_every_outside_ncu_report_is_covered_here():
         "ykt-ampere-torch-gate-text.txt", "mdinfo-t4-rmsnorm-basic-text.txt", "mdinfo-t4-two-kernel-basic-text.txt",
         "dd2360-sm89-failed-launch-full-text.txt", "pfac-rtx4070laptop-windows-na-text.txt", "dphpc-gemm-prof-lines-only.txt",
     }  # fmt: skip
+    # the real H100 exports: tests/test_runner_units.py and tests/test_runner_steady.py
+    covered |= {p.name for p in (require_fixtures() / "ncu").glob("h100-ncu2025-*")}
     on_disk = {p.name for p in (require_fixtures() / "ncu").iterdir() if p.name != "SOURCES.md"}
     assert on_disk == covered
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from kratos_runner import tools
 from kratos_runner.tools import LayoutError, lay_out, main, real_ncu
 from tests.builders import EM_AARCH64, EM_X86_64, elf_program
 
@@ -69,6 +70,68 @@ def debian_layout(root: Path) -> Path:
     (root / "usr" / "bin").mkdir(parents=True)
     (root / "usr" / "bin" / "ncu").symlink_to("../lib/nsight-compute/ncu")
     return root / "usr" / "bin" / "ncu"
+
+
+# the CUDA toolkit's bin/ncu (CUDA 13.0, as on Nvidia's images): it runs the ncu script of the latest
+# Nsight Compute among /opt/nvidia/nsight-compute/<version> and bin/../nsight-compute-<version> (abridged)
+TOOLKIT_WRAPPER = (
+    '#!/bin/sh\nCUDA_TOOLKIT_BIN_DIR="$(dirname "$(readlink -f -- "$0")")"\n'
+    'for d in /opt/nvidia/nsight-compute/* "$CUDA_TOOLKIT_BIN_DIR"/../nsight-compute-*; do :; done\n'
+    'exec "$LATEST_NSIGHT_COMPUTE_TOOL_DIR/ncu" "$@"\n'
+)
+
+
+def nsight_compute(base: Path) -> Path:
+    """One Nsight Compute version's folder: its wrapper, target/<platform>/ncu and sections/."""
+    program(base / "target" / PLATFORM / "ncu")
+    write(base / "sections" / "SpeedOfLight.section", f'Identifier: "SpeedOfLight"\n# {base.name}\n')
+    write(base / "ncu", WRAPPER, 0o755)
+    return base
+
+
+def toolkit_layout(
+    root: Path, monkeypatch: pytest.MonkeyPatch, opt: tuple[str, ...], run: tuple[str, ...]
+) -> Path:
+    """/usr/local/cuda -> cuda-13.0, whose bin/ncu is the toolkit's script; Nsight Compute versions
+    under /opt/nvidia/nsight-compute/ (.deb) and beside bin/ as nsight-compute-<version> (.run)."""
+    toolkit = root / "usr" / "local" / "cuda-13.0"
+    write(toolkit / "bin" / "ncu", TOOLKIT_WRAPPER, 0o755)
+    (root / "usr" / "local" / "cuda").symlink_to("cuda-13.0")
+    (root / "opt" / "nvidia" / "nsight-compute").mkdir(parents=True)
+    for version in opt:
+        nsight_compute(root / "opt" / "nvidia" / "nsight-compute" / version)
+    for version in run:
+        nsight_compute(toolkit / f"nsight-compute-{version}")
+    monkeypatch.setattr(tools, "OPT_NSIGHT_COMPUTE", str(root / "opt" / "nvidia" / "nsight-compute"))
+    return root / "usr" / "local" / "cuda" / "bin" / "ncu"
+
+
+@pytest.mark.parametrize(
+    ("opt", "run", "chosen"),
+    [
+        pytest.param(("2024.1.1", "2025.3.1"), (), "opt/nvidia/nsight-compute/2025.3.1", id="deb-install-latest-of-two"),
+        pytest.param((), ("2025.3.1",), "usr/local/cuda-13.0/nsight-compute-2025.3.1", id="run-install-beside-bin"),
+        pytest.param(("2025.2.0",), ("2025.3.1",), "usr/local/cuda-13.0/nsight-compute-2025.3.1", id="the-later-version-wins"),
+    ],
+)  # fmt: skip
+def test_the_cuda_toolkits_ncu_script_leads_to_the_nsight_compute_it_would_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, opt: tuple[str, ...], run: tuple[str, ...], chosen: str
+):
+    ncu = toolkit_layout(tmp_path / "root", monkeypatch, opt, run)
+    expected = (tmp_path / "root" / chosen / "target" / PLATFORM / "ncu").resolve()
+    assert real_ncu(str(ncu)) == str(expected)
+    link = lay_out(str(ncu), str(tmp_path / "tools"))
+    sections = tmp_path / "tools" / "nsight-compute" / "sections" / "SpeedOfLight.section"
+    assert Path(chosen).name in sections.read_text(), "the sections of the version the script runs"
+    assert Path(link).resolve().name == "ncu"
+
+
+def test_a_toolkit_script_with_no_nsight_compute_installed_is_named(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    ncu = toolkit_layout(tmp_path / "root", monkeypatch, (), ())
+    with pytest.raises(LayoutError, match="no target/\\*/ncu beside it is"):
+        real_ncu(str(ncu))
 
 
 @pytest.mark.parametrize("layout", [cuda_layout, debian_layout], ids=["cuda", "debian"])

@@ -8,14 +8,17 @@ import glob
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
 from typing import Sequence, TextIO
 
 from kratos_runner.failures import classify
 from kratos_runner.launch import cannot_start, child_environment, loader_failure, with_fix
 from kratos_runner.parse import Report, parse_report
+from kratos_runner.steady import Plan, describe, kernel_key, plan, weights_for
 from kratos_runner.summary import encode_summary, summarise
 
 DEFAULT_TERMINATION_LOG = "/dev/termination-log"
@@ -27,6 +30,9 @@ PROG = "kratos-runner" if FROZEN else "python3 -m kratos_runner"
 # ncu --help: "--target-processes arg (=all)  Select the processes you want to profile: application-only
 # (profile only the application process), all (profile the application and its child processes)"
 TARGET_PROCESSES = ("all", "application-only")
+DEFAULT_LAUNCH_COUNT = 20  # the first launches profiled when no steady state is found or asked for
+FIRST_PASS_METRIC = "gpu__time_duration.sum"
+_CONNECTED = re.compile(r"==PROF== Connected to process (\d+)")
 
 
 def find_ncu(explicit: str | None) -> str | None:
@@ -127,17 +133,99 @@ def _failed(reason: str, exit_code: int, version: str = "", failure: str = "ncu-
     return summary
 
 
-def _run_streaming(command: list[str], stdout: TextIO, env: dict[str, str]) -> tuple[int, str]:
-    """Run, copying the output through line by line (the Job's log), and keep it for inspection."""
+def _end_workload(pids: list[int]) -> None:
+    """End the processes ncu connected to (the workload), as ``--kill`` does: ncu then writes its report."""
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            continue
+
+
+def _run_streaming(
+    command: list[str], stdout: TextIO, env: dict[str, str], limit_s: float | None = None
+) -> tuple[int, str, bool]:
+    """Run, copying the output through line by line (the Job's log), and keep it for inspection. With
+    ``limit_s``, the workload (the processes ncu says it connected to) is ended after that many
+    seconds; the third value says whether that happened."""
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
     seen: list[str] = []
+    pids: list[int] = []
+    ended = threading.Event()
+
+    def end() -> None:
+        ended.set()
+        _end_workload(list(pids))
+
+    timer = threading.Timer(limit_s, end) if limit_s else None
+    if timer is not None:
+        timer.daemon = True
+        timer.start()
     assert process.stdout is not None
     for raw in process.stdout:
         line = raw.decode("utf-8", "replace")
+        connected = _CONNECTED.search(line)
+        if connected:
+            pids.append(int(connected.group(1)))
+            if ended.is_set():
+                _end_workload(pids[-1:])
         seen.append(line)
         stdout.write(line)
     stdout.flush()
-    return process.wait(), "".join(seen)
+    code = process.wait()
+    if timer is not None:
+        timer.cancel()
+    return code, "".join(seen), ended.is_set()
+
+
+def _import(ncu: str, report_file: str, env: dict[str, str]) -> tuple[str, str]:
+    """The raw page of an exported report as CSV, and why it could not be read ("" when it could)."""
+    export = subprocess.run(
+        [ncu, "--import", report_file, "--csv", "--page", "raw", "--print-units", "base"],
+        capture_output=True, check=False, env=env,
+    )  # fmt: skip
+    text = export.stdout.decode("utf-8", "replace")
+    if export.returncode != 0 and not text.strip():
+        return text, "ncu --import failed: " + export.stderr.decode("utf-8", "replace").strip()[:300]
+    return text, ""
+
+
+def first_pass(
+    ncu: str,
+    command: list[str],
+    args: argparse.Namespace,
+    *,
+    workdir: str,
+    stdout: TextIO,
+    env: dict[str, str],
+) -> tuple[Plan | None, str]:
+    """One metric (each launch's GPU time) over the first ``--window`` launches, and the second pass it
+    leads to; (None, why) when the first launches are kept."""
+    base = os.path.join(workdir, "first-pass")
+    run = [
+        ncu, "--metrics", FIRST_PASS_METRIC, "--target-processes", args.target_processes,
+        "--launch-count", str(args.window), "--kill", "yes", "--export", base, "--force-overwrite",
+        *args.ncu_arg, *command,
+    ]  # fmt: skip
+    stdout.write(f"kratos-runner: first pass, {FIRST_PASS_METRIC} over at most {args.window} launches\n")
+    try:
+        _, _, ended = _run_streaming(run, stdout, env, args.first_pass_seconds)
+    except OSError as exc:
+        return None, f"the first pass could not start ncu: {exc.strerror}"
+    if not os.path.exists(base + ".ncu-rep"):
+        return None, "the first pass profiled no kernel"
+    text, failed = _import(ncu, base + ".ncu-rep", env)
+    kernels = parse_report(text).kernels
+    if failed or not kernels:
+        return None, failed or "the first pass profiled no kernel"
+    keys = [kernel_key(k) for k in kernels]
+    durations = [k.metrics.get("duration", 0.0) for k in kernels]
+    found, why = plan(
+        keys, durations, target=args.coverage, max_kernels=args.max_kernels, max_launches=args.max_launches
+    )
+    if ended and found is None:
+        why += f" (the first pass was ended after {args.first_pass_seconds:g} s)"
+    return found, why
 
 
 def profile(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> int:
@@ -178,7 +266,19 @@ def profile(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> int:
     chosen, note = choose_set(args.set, section_sets(ncu, env))
     if note:
         print(f"kratos-runner: {note} (sets: ncu --list-sets)", file=stderr)
+    explicit = args.launch_skip is not None or args.launch_count is not None
+    skip = args.launch_skip if args.launch_skip is not None else 0
+    count = args.launch_count if args.launch_count is not None else DEFAULT_LAUNCH_COUNT
     with tempfile.TemporaryDirectory(prefix="kratos-") as workdir:
+        steady: Plan | None = None
+        if explicit:
+            selection_note = "--launch-skip/--launch-count given: the launches asked for"
+        elif args.window <= 0:
+            selection_note = "--window 0: the first launches"
+        else:
+            steady, selection_note = first_pass(ncu, command, args, workdir=workdir, stdout=stdout, env=env)
+            if steady is not None:
+                skip, count = steady.skip, steady.span
         report_base = os.path.join(workdir, "profile")
         # --kill: ncu ends the workload once --launch-count kernels are profiled (Nsight Compute CLI,
         # "Profile" options; a boolean read by boost program_options, so yes/no, on/off, 1/0 all work):
@@ -187,11 +287,11 @@ def profile(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> int:
         # wrapper (torchrun, mpirun, a shell script) has its workers' kernels measured
         run = [
             ncu, "--set", chosen, "--target-processes", args.target_processes,
-            "--launch-skip", str(args.launch_skip), "--launch-count", str(args.launch_count), "--kill", "yes",
+            "--launch-skip", str(skip), "--launch-count", str(count), "--kill", "yes",
             "--export", report_base, "--force-overwrite", *args.ncu_arg, *command,
         ]  # fmt: skip
         try:
-            exit_code, output = _run_streaming(run, stdout, env)
+            exit_code, output, _ = _run_streaming(run, stdout, env)
         except OSError as exc:
             write_summary(
                 _failed(f"cannot start ncu at {ncu}: {exc.strerror}", NOT_RUN, version), stdout, stderr
@@ -202,13 +302,7 @@ def profile(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> int:
         if not os.path.exists(report_file):
             report = parse_report(output)
         else:
-            export = subprocess.run(
-                [ncu, "--import", report_file, "--csv", "--page", "raw", "--print-units", "base"],
-                capture_output=True, check=False, env=env,
-            )  # fmt: skip
-            text = export.stdout.decode("utf-8", "replace")
-            if export.returncode != 0 and not text.strip():
-                reason = "ncu --import failed: " + export.stderr.decode("utf-8", "replace").strip()[:300]
+            text, reason = _import(ncu, report_file, env)
             report = parse_report(text)
         if not report.kernels:
             # nothing profiled: the dynamic loader's refusal of the workload, else ncu's own words
@@ -219,14 +313,25 @@ def profile(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> int:
                 failure = "ncu-error"
             else:
                 failure, reason = classify(output)
-        summary = summarise(report, exit_code=exit_code, ncu_version=version, reason=reason)
+        weights, coverage = weights_for(report.kernels, steady) if steady and report.kernels else (None, 0.0)
+        if steady is not None and report.kernels and coverage <= 0:
+            weights = None  # not one result is a kernel of the steady state: the run went otherwise
+            selection_note = "the second pass found none of the first pass's steady-state kernels"
+        summary = summarise(report, exit_code=exit_code, ncu_version=version, reason=reason, weights=weights)
         summary["ncuSet"] = chosen
+        if steady is not None and report.kernels and coverage > 0:
+            summary["selection"] = "steady-state"
+            summary["steadyState"] = describe(steady, coverage)
+            summary["coverage"] = f"{coverage:.2f}"
+        else:
+            summary["selection"] = "first-launches"
+            summary["selectionNote"] = selection_note or "the steady state's launches were not profiled"
         if failure:
             summary["failure"] = failure
-    return _finish(summary, args, stdout, stderr)
+    return _finish(summary, skip, count, stdout, stderr)
 
 
-def _finish(summary: dict[str, object], args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> int:
+def _finish(summary: dict[str, object], skip: int, count: int, stdout: TextIO, stderr: TextIO) -> int:
     """Write the summary and choose the runner's exit status.
 
     Once every requested kernel is profiled ncu ends the workload (--kill), so its status then is the
@@ -234,8 +339,8 @@ def _finish(summary: dict[str, object], args: argparse.Namespace, stdout: TextIO
     itself before that keeps its own status, in ``exitCode`` and as the runner's exit status.
     """
     exit_code = int(str(summary["exitCode"]))
-    complete = int(str(summary["kernels"])) >= args.launch_count
-    summary["kernelsSkipped"] = args.launch_skip
+    complete = int(str(summary["kernels"])) >= count
+    summary["kernelsSkipped"] = skip
     summary["killed"] = complete and exit_code != 0
     write_summary(summary, stdout, stderr)
     return 0 if complete else exit_code
@@ -293,11 +398,46 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--launch-skip",
         type=int,
-        default=0,
-        help="kernel launches to let run first, e.g. warm-up (default: 0)",
+        help="kernel launches to let run first, e.g. warm-up (default: 0); with --launch-count, either "
+        "one turns the steady-state profile off and profiles exactly the launches asked for",
     )
     parser.add_argument(
-        "--launch-count", type=int, default=20, help="kernel launches to profile (default: 20)"
+        "--launch-count",
+        type=int,
+        help=f"kernel launches to profile (default: {DEFAULT_LAUNCH_COUNT} where no steady state is profiled)",
+    )
+    parser.add_argument(
+        "--window",
+        type=int,
+        default=2000,
+        help="steady-state profile: launches the one-metric first pass sees, to find the warm-up and the "
+        "repeating step (default: 2000, about 30 s at 15 ms a launch; 0: no first pass, the first launches)",
+    )
+    parser.add_argument(
+        "--coverage",
+        type=float,
+        default=0.9,
+        help="steady-state profile: the share of the step's GPU time the chosen kernels cover (default: 0.9)",
+    )
+    parser.add_argument(
+        "--max-kernels",
+        type=int,
+        default=45,
+        help="steady-state profile: at most this many distinct kernels chosen (default: 45)",
+    )
+    parser.add_argument(
+        "--max-launches",
+        type=int,
+        default=120,
+        help="steady-state profile: at most this many launches in the second pass, about 0.5 s each "
+        "with the basic set (default: 120)",
+    )
+    parser.add_argument(
+        "--first-pass-seconds",
+        type=float,
+        default=300.0,
+        help="steady-state profile: the first pass ends the workload after this long, and uses the "
+        "launches it saw (default: 300)",
     )
     parser.add_argument(
         "--ncu-arg",
@@ -319,10 +459,17 @@ def main(argv: Sequence[str], stdout: TextIO | None = None, stderr: TextIO | Non
             return 2
         return parse_file(argv[1], stdout, stderr)
     args = build_parser().parse_args(join_ncu_args(argv))
-    if args.launch_count < 1:
-        print("kratos-runner: --launch-count must be at least 1", file=stderr)
-        return 2
-    if args.launch_skip < 0:
-        print("kratos-runner: --launch-skip must be 0 or more", file=stderr)
-        return 2
+    problems = [
+        ("--launch-count", "must be at least 1", args.launch_count is not None and args.launch_count < 1),
+        ("--launch-skip", "must be 0 or more", args.launch_skip is not None and args.launch_skip < 0),
+        ("--window", "must be 0 or more", args.window < 0),
+        ("--coverage", "must be more than 0 and at most 1", not 0 < args.coverage <= 1),
+        ("--max-kernels", "must be at least 1", args.max_kernels < 1),
+        ("--max-launches", "must be at least 1", args.max_launches < 1),
+        ("--first-pass-seconds", "must be more than 0", args.first_pass_seconds <= 0),
+    ]
+    for flag, rule, broken in problems:
+        if broken:
+            print(f"kratos-runner: {flag} {rule}", file=stderr)
+            return 2
     return profile(args, stdout, stderr)

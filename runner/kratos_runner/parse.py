@@ -33,6 +33,15 @@ CANONICAL = {
         "DRAM Throughput",
     ),
     "duration": ("gpu__time_duration.sum", "Duration"),
+    # the arithmetic pipes, as the basic set of later versions measures them (units.py reads them)
+    "tensor": (
+        "sm__pipe_tensor_type_hmma_hgmma_qgmma_imma_igmma_bmma_bgmma_cycles_active.avg.pct_of_peak_sustained_elapsed",
+        "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_elapsed",
+    ),
+    "tensorAll": ("sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_elapsed",),
+    "dmma": ("sm__pipe_tensor_op_dmma_cycles_active.avg.pct_of_peak_sustained_elapsed",),
+    "fp64": ("sm__pipe_fp64_cycles_active.avg.pct_of_peak_sustained_elapsed",),
+    "fma": ("sm__pipe_fma_cycles_active.avg.pct_of_peak_sustained_elapsed",),
 }
 _LABELS = {name: canonical for canonical, names in CANONICAL.items() for name in names}
 _TIME_UNITS = {
@@ -60,6 +69,8 @@ class Kernel:
         self._ranks: dict[str, int] = {}
         self.device_name: str | None = None
         self.compute_capability: str | None = None
+        self.grid = ""  # "(1056, 1, 1)" as ncu prints it; "" where the layout does not say
+        self.block = ""
 
     def record(self, label: str, unit: str, raw_value: str, section: str = "") -> None:
         """Keep a figure under its canonical name; a better-ranked source name wins over a worse one."""
@@ -174,6 +185,7 @@ def _parse_raw_csv(body: str) -> Report:
             if i < len(row):
                 kernel.record(name, units[i] if i < len(units) else "", row[i])
         kernel.device_name = get("device__attribute_display_name") or None
+        kernel.grid, kernel.block = get("Grid Size"), get("Block Size")
         cc = get("CC")
         if not cc and get("device__attribute_compute_capability_major"):
             cc = (

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+from typing import Sequence
 
 from kratos_runner.parse import Kernel, Report
+from kratos_runner.units import time_shares
 
 MAX_SUMMARY_BYTES = 4096
 SOL_THRESHOLD = 60.0  # Nsight Compute's SOLBottleneck rule: below 60 % of peak is latency-bound
@@ -19,20 +21,23 @@ _METRIC_KEYS = (
 )
 
 
-def weighted_mean(kernels: list[Kernel], metric: str) -> float | None:
-    """Mean over the kernels that report ``metric``, weighted by each one's GPU time.
+def time_weights(kernels: Sequence[Kernel]) -> list[float]:
+    """Each kernel's weight by its GPU time. Kernels without a duration weigh 1 when no kernel has one
+    (a ``--metrics`` run without gpu__time_duration); when some have durations, the ones without weigh 0."""
+    if not any(k.metrics.get("duration") for k in kernels):
+        return [1.0] * len(kernels)
+    return [k.metrics.get("duration") or 0.0 for k in kernels]
 
-    Kernels without a duration weigh 1 when no kernel has one (a ``--metrics`` run without
-    gpu__time_duration); when some have durations, the ones without are left out.
-    """
-    pairs = [(k.metrics[metric], k.metrics.get("duration")) for k in kernels if metric in k.metrics]
-    if not pairs:
-        return None
-    timed = [(value, weight) for value, weight in pairs if weight]
-    if timed:
-        total = sum(weight for _, weight in timed)
-        return sum(value * weight for value, weight in timed) / total if total > 0 else None
-    return sum(value for value, _ in pairs) / len(pairs)
+
+def weighted_mean(
+    kernels: Sequence[Kernel], metric: str, weights: Sequence[float] | None = None
+) -> float | None:
+    """Mean over the kernels that report ``metric``, weighted by ``weights`` (default: each one's GPU
+    time, as ``time_weights`` gives it); None when no kernel with a positive weight reports it."""
+    weights = time_weights(kernels) if weights is None else weights
+    pairs = [(k.metrics[metric], w) for k, w in zip(kernels, weights) if metric in k.metrics and w > 0]
+    total = sum(w for _, w in pairs)
+    return sum(value * w for value, w in pairs) / total if pairs and total > 0 else None
 
 
 def classify(sm: float | None, mem: float | None) -> tuple[str, str]:
@@ -71,10 +76,19 @@ def _empty_reason(report: Report) -> str:
 
 
 def summarise(
-    report: Report, *, exit_code: int = 0, ncu_version: str = "", reason: str = ""
+    report: Report,
+    *,
+    exit_code: int = 0,
+    ncu_version: str = "",
+    reason: str = "",
+    weights: Sequence[float] | None = None,
 ) -> dict[str, object]:
+    """The summary of a report. ``weights`` (one per kernel, in order) weigh the figures and the time
+    shares; by default each kernel's own GPU time (a steady-state profile passes the first pass's)."""
     kernels = report.kernels
-    figures = {name: weighted_mean(kernels, name) for name, _ in _METRIC_KEYS}
+    weights = time_weights(kernels) if weights is None else list(weights)
+    figures = {name: weighted_mean(kernels, name, weights) for name, _ in _METRIC_KEYS}
+    shares, shares_from = time_shares(kernels, weights)
     bound, why = classify(figures["sm"], figures["mem"])
     if not kernels:
         why = _empty_reason(report)
@@ -88,7 +102,7 @@ def summarise(
     # an explicit reason for an empty report (ncu missing, permission denied) says it all
     explained_empty = bool(reason) and not kernels
     reasons = [r for r in (reason, why if bound == "unknown" and not explained_empty else "") if r]
-    return {
+    summary: dict[str, object] = {
         "boundType": bound,
         "metrics": metrics,
         "gpu": _gpu(kernels),
@@ -97,11 +111,16 @@ def summarise(
         "ncuVersion": ncu_version,
         "reason": "; ".join(reasons),
     }
+    if shares:
+        summary["timeShares"] = shares
+        summary["timeSharesFrom"] = shares_from
+    return summary
 
 
 def encode_summary(summary: dict[str, object], limit: int = MAX_SUMMARY_BYTES) -> str:
     """Compact JSON within ``limit`` bytes (the termination-log cap), trimmed the same way every time:
-    first the reason is shortened, then the GPU product name, then optional metrics are dropped."""
+    first the reason is shortened, then the GPU product name, then optional metrics, then the
+    steady-state details (its coverage stays); ``timeShares`` is never dropped."""
     data = dict(summary)
     text = json.dumps(data, separators=(",", ":"), sort_keys=True)
     if len(text.encode()) <= limit:
@@ -110,11 +129,11 @@ def encode_summary(summary: dict[str, object], limit: int = MAX_SUMMARY_BYTES) -
     overflow = len(text.encode()) - limit
     data["reason"] = reason[: max(0, len(reason) - overflow - 3)] + "..." if reason else ""
     text = json.dumps(data, separators=(",", ":"), sort_keys=True)
-    for drop in ("gpu", "l2Throughput", "dramThroughput", "achievedOccupancy", "ncuVersion"):
+    for drop in ("gpu", "l2Throughput", "dramThroughput", "achievedOccupancy", "ncuVersion", "steadyState"):
         if len(text.encode()) <= limit:
             break
         if drop in data:
-            data[drop] = {} if drop == "gpu" else ""
+            data[drop] = {} if drop in ("gpu", "steadyState") else ""
         else:
             current = data.get("metrics")
             metrics = dict(current) if isinstance(current, dict) else {}
@@ -125,7 +144,12 @@ def encode_summary(summary: dict[str, object], limit: int = MAX_SUMMARY_BYTES) -
         text
         if len(text.encode()) <= limit
         else json.dumps(
-            {"boundType": data["boundType"], "exitCode": data["exitCode"], "reason": "summary too large"},
+            {
+                "boundType": data["boundType"],
+                "exitCode": data["exitCode"],
+                "reason": "summary too large",
+                **{key: data[key] for key in ("timeShares", "timeSharesFrom", "coverage") if key in data},
+            },
             separators=(",", ":"),
         )
     )

@@ -9,9 +9,14 @@ relative place (``../../sections`` from the program, where every Nsight Compute 
 samples. Every file is copied as a file (links dereferenced), so a later ``cp -RP`` of the tree (the
 stage-profiler init container) leaves no link dangling but the one it made itself.
 
-Two layouts are known to differ, and neither is assumed:
+Three layouts are known to differ, and none is assumed:
 - CUDA's ``cuda-nsight-compute-*`` (``/opt/nvidia/nsight-compute/<version>/``): ``ncu`` is a shell
   script beside ``target/linux-desktop-glibc_*-x64/ncu`` and ``sections/``;
+- the CUDA toolkit's ``bin/ncu`` (``/usr/local/cuda/bin/ncu``, as Nvidia's CUDA images have it): a shell
+  script that runs the ``ncu`` script of the latest Nsight Compute among
+  ``/opt/nvidia/nsight-compute/<version>/`` (the .deb and .rpm installs) and
+  ``bin/../nsight-compute-<version>/`` (the .run install), the later of equal versions winning, as the
+  script itself chooses;
 - Debian's ``nsight-compute`` (2022.3): ``/usr/bin/ncu`` links to the script
   ``/usr/lib/nsight-compute/ncu``, whose ``target/<platform>`` is a link into
   ``/usr/lib/<triplet>/nsight-compute/target/``, beside which ``sections/`` lies.
@@ -34,6 +39,7 @@ from kratos_runner.cli import find_ncu
 from kratos_runner.launch import cannot_start
 
 _ELF_MAGIC = b"\x7fELF"
+OPT_NSIGHT_COMPUTE = "/opt/nvidia/nsight-compute"  # where the .deb and .rpm installs put each version
 
 
 class LayoutError(RuntimeError):
@@ -51,12 +57,41 @@ def _is_program(path: str) -> bool:
     return cannot_start(path, "ncu")[0] == ""
 
 
+def _version(name: str) -> tuple[int, ...] | None:
+    """``2025.3.1`` (or ``2025.3.1.0``) as numbers; None for a name that is not a version."""
+    parts = name.split(".")
+    return tuple(int(p) for p in parts) if len(parts) >= 3 and all(p.isdigit() for p in parts) else None
+
+
+def toolkit_choice(script: str) -> str | None:
+    """The Nsight Compute folder the CUDA toolkit's ``bin/ncu`` script at ``script`` runs: the latest
+    version among ``/opt/nvidia/nsight-compute/<version>`` and ``<script's folder>/../nsight-compute-<version>``
+    (the later one found winning a tie, as the script's own ``-ge`` does); None where there is none."""
+    candidates = [(os.path.basename(p), p) for p in sorted(glob.glob(os.path.join(OPT_NSIGHT_COMPUTE, "*")))]
+    toolkit = os.path.join(os.path.dirname(script), os.pardir, "nsight-compute-*")
+    candidates += [(os.path.basename(p).rsplit("-", 1)[-1], p) for p in sorted(glob.glob(toolkit))]
+    best: tuple[tuple[int, ...], str] | None = None
+    for name, folder in candidates:
+        version = _version(name)
+        usable = version is not None and os.access(os.path.join(folder, "ncu"), os.X_OK)
+        if usable and version is not None and (best is None or version >= best[0]):
+            best = (version, folder)
+    return os.path.normpath(best[1]) if best else None
+
+
 def real_ncu(path: str) -> str:
     """The ``ncu`` program (a native ELF file, links resolved) that ``path`` runs."""
     resolved = os.path.realpath(path)
     if _is_program(resolved):
         return resolved
     beside = sorted(glob.glob(os.path.join(os.path.dirname(resolved), "target", "*", "ncu")))
+    if not beside:
+        chosen = toolkit_choice(resolved)
+        if chosen is not None:
+            script = os.path.realpath(os.path.join(chosen, "ncu"))
+            if _is_program(script):
+                return script
+            beside = sorted(glob.glob(os.path.join(os.path.dirname(script), "target", "*", "ncu")))
     programs = sorted({os.path.realpath(p) for p in beside if _is_program(os.path.realpath(p))})
     if len(programs) == 1:
         return programs[0]
