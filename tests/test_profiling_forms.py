@@ -257,7 +257,9 @@ def test_review_gives_the_staged_form_byte_for_byte_as_before_the_in_image_form(
     """tests/data/profiling/ holds `review -o yaml` of the examples without a profile, as written
     before the in-image form existed: a self-contained executable's rewrite did not change, but for
     one line since, the workload label on the pod template (issue 37: the controller sees the
-    profiling Pods, and the kubelet's word on them, as it happens). Without
+    profiling Pods, and the kubelet's word on them, as it happens), and the runner's launch window,
+    now passed only where config or the profile-skip-kernels annotation sets one (issue 43: the
+    runner finds the steady state itself). Without
     --nodes: where the cluster's products are known, a profiling run now also prefers the product
     to profile on (issue 26, tests/test_calibration.py), which is not the form's doing."""
     status, out, err = review("-f", str(EXAMPLES / example), "--profiles", str(tmp_path), "-o", "yaml")

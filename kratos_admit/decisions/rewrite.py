@@ -91,14 +91,26 @@ def _runner_resources(user: Mapping[str, Any], config: Config) -> dict[str, Any]
     return resources
 
 
-def launch_skip(annotations: Mapping[str, str], config: Config) -> int:
-    """Kernels to let run before profiling (warm-up): the annotation, else config ``ncuLaunchSkip``."""
+def launch_skip(annotations: Mapping[str, str], config: Config) -> int | None:
+    """Kernels to let run before profiling (warm-up): the annotation, else config ``ncuLaunchSkip``;
+    None when neither is set, so the runner finds the warm-up itself (its steady-state profile)."""
     raw = annotations.get(v.PROFILE_SKIP_ANNOTATION)
     return int(raw) if raw is not None and raw.isdigit() else config.ncu_launch_skip
 
 
+def _runner_options(config: Config, skip: int | None) -> list[str]:
+    """The runner's options: the section set, and the launch window only where the annotation or
+    config fixes it (either wins over the runner's steady-state selection, docs/profiling.md)."""
+    options = ["--set", config.ncu_set]
+    if skip is not None:
+        options += ["--launch-skip", str(skip)]
+    if config.ncu_launch_count is not None:
+        options += ["--launch-count", str(config.ncu_launch_count)]
+    return options
+
+
 def _runner_container(
-    user: Mapping[str, Any], executable: str, config: Config, *, skip: int
+    user: Mapping[str, Any], executable: str, config: Config, *, skip: int | None
 ) -> dict[str, Any]:
     command = [c for c in as_list(user.get("command")) if isinstance(c, str)]
     args = [a for a in as_list(user.get("args")) if isinstance(a, str)]
@@ -110,12 +122,7 @@ def _runner_container(
             "python3",
             "-m",
             "kratos_runner",
-            "--set",
-            config.ncu_set,
-            "--launch-skip",
-            str(skip),
-            "--launch-count",
-            str(config.ncu_launch_count),
+            *_runner_options(config, skip),
             "--",
             staged_path(executable),
             *workload_args,
@@ -173,16 +180,8 @@ def _stage_profiler_container(user: Mapping[str, Any], config: Config) -> dict[s
     }
 
 
-def _runner_options(config: Config, skip: int) -> list[str]:
-    return [
-        "--set", config.ncu_set,
-        "--launch-skip", str(skip),
-        "--launch-count", str(config.ncu_launch_count),
-    ]  # fmt: skip
-
-
 def _in_image_runner_container(
-    user: Mapping[str, Any], wrapped: tuple[str, ...], config: Config, *, skip: int
+    user: Mapping[str, Any], wrapped: tuple[str, ...], config: Config, *, skip: int | None
 ) -> dict[str, Any]:
     """profiling-runner in the workload's own image: the staged runner and ncu, then the user's
     command and args unchanged; the user's env, envFrom, workingDir, security context, resources,

@@ -175,8 +175,10 @@ class Config(BaseModel):
     runtime_class_name: str = "nvidia"
     nsight_compute_image: str = "kratos-nsight-compute-poc:latest"
     ncu_set: str = "basic"
-    ncu_launch_count: int = Field(default=20, ge=1)
-    ncu_launch_skip: int = Field(default=0, ge=0)
+    # unset: the runner profiles the steady state it finds (docs/profiling.md); set, either one fixes
+    # the launch window as before the steady-state profile (the runner fills the other with 0 or 20)
+    ncu_launch_count: int | None = Field(default=None, ge=1)
+    ncu_launch_skip: int | None = Field(default=None, ge=0)
     profiling_deadline_seconds: int = Field(default=3600, ge=60)
     profiling_capabilities: tuple[str, ...] = ()
     # stage-workload gets these in full; profiling-runner gets the requests for any of cpu/memory
