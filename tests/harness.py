@@ -64,7 +64,7 @@ from kratos_admit.webhook.certs import generate, service_dns_names
 from kratos_admit.webhook.metrics import AdmissionMetrics
 from kratos_admit.webhook.server import create_app, running_site
 from kratos_admit.webhook.tls import ServingCertificate
-from kratos_controller.controller import ProfilerController
+from kratos_controller.manager import Manager
 from kratos_controller.metrics import ControllerMetrics
 from kratos_runner.failures import classify
 from kratos_runner.launch import loader_failure, with_fix
@@ -468,9 +468,9 @@ async def controller_running(
     resync: float = 300.0,
     signing_key: bytes = TEST_KEY,
     config: Config | None = None,
-) -> AsyncIterator[ProfilerController]:
+) -> AsyncIterator[Manager]:
     api = api_for(server, agent, identity=CONTROLLER)
-    controller = ProfilerController(
+    controller = Manager(
         api, signing_key=signing_key, metrics=ControllerMetrics(), resync_seconds=resync, watch_timeout=5,
         config=config, catalog=CATALOG,
     )  # fmt: skip
@@ -861,7 +861,7 @@ if args == ["--list-sets"]:
 if "--import" in args:
     sys.stdout.write(open(args[args.index("--import") + 1]).read())
     sys.exit(0)
-takes_value = {{"--set", "--target-processes", "--launch-skip", "--launch-count", "--export", "--kill", "--section", "--cache-control"}}
+takes_value = {{"--set", "--metrics", "--target-processes", "--launch-skip", "--launch-count", "--export", "--kill", "--section", "--cache-control"}}
 options = {{}}
 i = 0
 while args[i].startswith("-"):

@@ -9,9 +9,9 @@ import copy
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from kratos_controller.controller import ProfilerController, run_when_leading
 from kratos_controller.leader import LeaderElector
 from kratos_controller.main import metrics_app, readiness
+from kratos_controller.manager import Manager, run_when_leading
 from kratos_controller.metrics import ControllerMetrics
 from tests.harness import (
     CONFIGMAPS,
@@ -151,8 +151,7 @@ async def test_two_controllers_sharing_a_lease_never_both_act():
             seed_finished(kube, f"job-{i}", runner_summary())
         apis = [api_for(server, f"controller-{n}", identity=CONTROLLER) for n in "ab"]
         controllers = [
-            ProfilerController(api, signing_key=TEST_KEY, metrics=ControllerMetrics(), watch_timeout=5)
-            for api in apis
+            Manager(api, signing_key=TEST_KEY, metrics=ControllerMetrics(), watch_timeout=5) for api in apis
         ]
         electors = [
             LeaderElector(
@@ -264,9 +263,7 @@ async def test_readyz_answers_503_within_10_s_of_the_pod_watch_being_refused_and
         elector = LeaderElector(
             api, namespace="kratos-system", name="kratos-profiler-controller", identity="a", retry_seconds=0.2
         )
-        controller = ProfilerController(
-            api, signing_key=TEST_KEY, metrics=ControllerMetrics(), watch_timeout=5
-        )
+        controller = Manager(api, signing_key=TEST_KEY, metrics=ControllerMetrics(), watch_timeout=5)
         for informer in (controller.informer, controller.pod_informer):
             informer.backoff.cap = 0.5
         leading = asyncio.create_task(run_when_leading(controller, elector))

@@ -29,7 +29,7 @@ from kratos_admit.webhook.certs import generate
 from kratos_admit.webhook.metrics import AdmissionMetrics
 from kratos_admit.webhook.server import create_app, running_site
 from kratos_admit.webhook.tls import ServingCertificate
-from kratos_controller.controller import ProfilerController
+from kratos_controller.manager import Manager
 from kratos_controller.metrics import ControllerMetrics
 from tests.builders import make_job, make_pod, make_profile
 from tests.harness import (
@@ -404,7 +404,7 @@ async def test_the_controller_exports_the_profiling_deadline_it_runs_with():
     metrics = ControllerMetrics(CollectorRegistry())
     api = client.ApiClient()
     try:
-        ProfilerController(
+        Manager(
             api, signing_key=b"k" * 32, metrics=metrics,
             config=Config.model_validate({"profilingDeadlineSeconds": 1800}),
         )  # fmt: skip

@@ -164,6 +164,51 @@ def test_real_outside_reports_become_the_profile(report, phase, bound, memory, m
     assert actions["PublishConfigMap"].data["summary.json"] == summary
 
 
+@pytest.mark.parametrize(
+    ("export", "unit"),
+    [
+        pytest.param("h100-ncu2025-torch-bf16-gemm.csv", "tensor", id="h100-bf16-gemm"),
+        pytest.param("h100-ncu2025-stream.csv", "memory", id="h100-triad"),
+        pytest.param("h100-ncu2025-compute.csv", "fp32", id="h100-fma-loop"),
+    ],
+)
+def test_the_profile_carries_the_time_shares_of_the_runners_summary(export: str, unit: str):
+    """Issue 43: the summary the runner writes from a real H100 export (pipe metrics of the basic set)
+    becomes the profile's status.timeShares as it is, the unit the kernels ran on holding the time."""
+    summary = runner_summary(require_fixtures() / "ncu" / export)
+    written = json.loads(summary)["timeShares"]
+    status = published(Observed(job=DONE, runner=ran(summary)))["PublishProfile"].status.as_status()
+    assert status["timeShares"] == written and float(written[unit]) >= 0.8
+    assert status["source"] == "nsight-compute"
+
+
+def test_a_summary_without_time_shares_from_an_older_runner_writes_none():
+    """The T4 report's summary as this runner writes it has shares from the speed-of-light figures;
+    the same summary from a runner older than the units model has none, and the profile none either
+    (the ranking then derives them from its throughputs)."""
+    status = published(Observed(job=DONE, runner=ran(SUMMARY)))["PublishProfile"].status.as_status()
+    assert status["timeShares"] == json.loads(SUMMARY)["timeShares"]
+    older = json.loads(SUMMARY)
+    del older["timeShares"], older["timeSharesFrom"]
+    status = published(Observed(job=DONE, runner=ran(json.dumps(older))))["PublishProfile"].status.as_status()
+    assert status["phase"] == "Ready" and "timeShares" not in status
+    assert status["boundType"] == "memory" and status["metrics"]["memoryThroughput"] == "78.90"
+
+
+def test_a_profile_written_before_time_shares_is_written_again_with_them():
+    """A controller upgraded while a finished run still holds its finalizer: the same result, now with
+    the summary's shares, is published again (a result differing only in timeShares is not the same)."""
+    older = json.loads(SUMMARY)
+    del older["timeShares"], older["timeSharesFrom"]
+    before = published(Observed(job=DONE, runner=ran(json.dumps(older))))["PublishProfile"].status
+    again = published(Observed(job=DONE, runner=ran(SUMMARY), profile=as_profile(before)))
+    assert again["PublishProfile"].status.time_shares is not None
+    settled = published(
+        Observed(job=DONE, runner=ran(SUMMARY), profile=as_profile(again["PublishProfile"].status))
+    )
+    assert "PublishProfile" not in settled
+
+
 def test_execution_job_is_the_original_job_owned_by_it_with_role_execution_and_signed():
     create = published(Observed(job=DONE, runner=ran(SUMMARY)))["CreateExecutionJob"]
     job = create.manifest

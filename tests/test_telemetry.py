@@ -305,6 +305,8 @@ def test_a_workload_without_a_profile_gets_a_ready_one_from_telemetry():
         "boundType": "memory",
         "source": "telemetry",
         "metrics": {"smThroughput": "15.00", "memoryThroughput": "80.00", "dramThroughput": "80.00"},
+        # DRAM at its saturation (0.8) all the run long: all of its time is DRAM's
+        "timeShares": {"tensor": "0.00", "fp32": "0.00", "fp64": "0.00", "memory": "1.00", "latency": "0.00"},
         "gpu": {"product": A100},
         "profiledAt": NOW,
         "message": f"from DCGM telemetry of 1 run(s), 600 GPU-seconds on {A100}",

@@ -92,6 +92,13 @@ async def test_a_bare_pods_run_makes_a_ready_profile_from_telemetry():
                 "memory",
             )
             assert status["metrics"]["memoryThroughput"] == "80.00" and status["gpu"] == {"product": A100}
+            assert status["timeShares"] == {  # DRAM at its saturation (0.8) the whole run
+                "tensor": "0.00",
+                "fp32": "0.00",
+                "fp64": "0.00",
+                "memory": "1.00",
+                "latency": "0.00",
+            }
             assert status["telemetry"] == [
                 {
                     "product": A100,
@@ -170,7 +177,8 @@ async def test_a_failing_prometheus_makes_no_profile_says_so_once_and_is_retried
         prometheus_serving(fake) as url,
         controller_running(server, config=telemetry_config(url)) as controller,
     ):
-        controller.telemetry_retry_base = 0.05
+        assert controller.telemetry is not None
+        controller.telemetry.retry_base = 0.05
         errors = controller.metrics.telemetry_queries.labels("error")
         await eventually(lambda: errors._value.get() >= 3)
         assert kube.get(*PROFILES, "team-a", "infer-profile") is None, "no profile from a failed query"
@@ -320,7 +328,9 @@ async def test_a_job_labelled_only_on_its_own_metadata_is_measured_when_it_compl
         )
         assert (status["phase"], status["source"], status["boundType"]) == ("Ready", "telemetry", "memory")
         assert status["telemetry"][0]["runs"] == 1 and status["telemetry"][0]["seconds"] == "600"
-        await eventually(lambda: not controller.job_pods)  # nothing of the Pod held once it is counted
+        telemetry = controller.telemetry
+        assert telemetry is not None
+        await eventually(lambda: not telemetry.job_pods)  # nothing of the Pod held once it is counted
 
 
 async def test_counters_held_by_dcgm_cost_no_learning_the_execution_runs_telemetry_makes_it_ready(

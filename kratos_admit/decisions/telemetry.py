@@ -2,8 +2,9 @@
 
 dcgm-exporter's samples (labels and a value) -> the series of one Pod -> per GPU (a whole GPU, or
 one MIG instance) the mean of each counter -> the mean over the Pod's GPUs -> ``smThroughput``,
-``memoryThroughput`` and a bound type by the runner's speed-of-light rule. Also a reader of the
-Prometheus text exposition, for captures of ``/metrics`` and for tests.
+``memoryThroughput`` and a bound type by the runner's speed-of-light rule, and the time shares of the
+units (``tensor``, ``fp32``, ``fp64``, ``memory``, ``latency``) from the pipe counters and DRAM. Also
+a reader of the Prometheus text exposition, for captures of ``/metrics`` and for tests.
 
 Layer: decisions (no I/O; ``kratos_admit/prometheus.py`` asks Prometheus and hands samples here).
 """
@@ -26,6 +27,7 @@ from kratos_admit.domain.profile import (
     ProfileMetrics,
     ProfileStatus,
     TelemetryRecord,
+    TimeShares,
 )
 
 PREFIX: Final = "DCGM_FI_PROF_"
@@ -51,6 +53,19 @@ QUERIED: Final = (*COUNTERS, PRESENCE)
 # the runner's speed-of-light rule (runner/kratos_runner/summary.py, Nsight Compute's SOLBottleneck)
 SOL_THRESHOLD: Final = 60.0
 SOL_GAP: Final = 10.0
+# The activity, as a share of peak over elapsed cycles, that a kernel bound by each unit holds its unit
+# at: a unit saturates well below 1. Nsight Compute on an H100 80GB HBM3 read the tensor pipe at 94 %
+# in a bf16 GEMM, the FMA pipe at 84 % in an FP32 FMA loop and 78 % in an FP32 GEMM, DRAM at 82 % in a
+# STREAM triad and an fp16 GEMV; DCGM's pipe counters are the same ratio (of the peak sustained
+# elapsed cycles), and DRAM_ACTIVE its DRAM figure. FP64 on the CUDA cores is taken as the FMA pipe.
+SATURATION: Final[Mapping[v.Unit, float]] = {"tensor": 0.9, "fp32": 0.8, "fp64": 0.8, "memory": 0.8}
+# the counters that show each unit's activity (``unit_activity``)
+UNIT_COUNTERS: Final[Mapping[v.Unit, tuple[str, ...]]] = {
+    "tensor": (PIPE_TENSOR_ACTIVE,),
+    "fp32": (PIPE_FP32_ACTIVE, PIPE_FP16_ACTIVE),
+    "fp64": (PIPE_FP64_ACTIVE,),
+    "memory": (DRAM_ACTIVE,),
+}
 
 
 @dataclass(frozen=True)
@@ -214,7 +229,8 @@ def pod_telemetry(samples: Iterable[Sample], labels: TelemetryLabels) -> PodTele
 
 @dataclass(frozen=True)
 class Derived:
-    """A profile's figures from counters: percent of peak, and the bound type (docs/ranking.md)."""
+    """A profile's figures from counters: percent of peak, the bound type and the time shares
+    (docs/ranking.md)."""
 
     bound_type: v.BoundType
     sm_throughput: float | None = None
@@ -223,6 +239,7 @@ class Derived:
     used: tuple[str, ...] = ()  # the counters the figures come from
     reason: str = ""  # why the bound type is unknown
     metrics: dict[str, str] = field(default_factory=dict)
+    time_shares: TimeShares | None = None  # None where the bound type is unknown
 
 
 def _percent(value: float) -> str:
@@ -255,7 +272,8 @@ def derive(counters: Mapping[str, float]) -> Derived:
         used += [SM_OCCUPANCY, SM_ACTIVE]
 
     def made(bound: v.BoundType, reason: str = "", also: tuple[str, ...] = ()) -> Derived:
-        return Derived(bound, sm, mem, occupancy, (*used, *also), reason, metrics)
+        shares = None if bound == "unknown" else time_shares(unit_activity(counters))
+        return Derived(bound, sm, mem, occupancy, (*used, *also), reason, metrics, shares)
 
     if sm is None or mem is None:
         absent = " and ".join(
@@ -279,6 +297,52 @@ def derive(counters: Mapping[str, float]) -> Derived:
     if abs(sm - mem) >= SOL_GAP:
         return made("compute" if sm > mem else "memory")
     return made("balanced")
+
+
+def unit_activity(counters: Mapping[str, float]) -> dict[v.Unit, float]:
+    """Each unit's activity over the run, from the counters present: ``tensor`` PIPE_TENSOR_ACTIVE
+    (all tensor-core work: DCGM counts FP64 matrix work on A100/H100-class tensor cores there too),
+    ``fp64`` PIPE_FP64_ACTIVE (FP64 on the CUDA cores), ``fp32`` the busier of PIPE_FP32_ACTIVE and
+    PIPE_FP16_ACTIVE (FP16 off the tensor cores runs on the same CUDA cores), ``memory`` DRAM_ACTIVE.
+    A unit whose counters are absent is left out: it was not seen, not idle."""
+    found: dict[v.Unit, float] = {}
+    for unit, names in UNIT_COUNTERS.items():
+        values = [counters[name] for name in names if name in counters]
+        if values:
+            found[unit] = min(max(*values, 0.0), 1.0)
+    return found
+
+
+def time_shares(activity: Mapping[v.Unit, float]) -> TimeShares | None:
+    """Where the run's time went, from each unit's run-averaged activity (docs/ranking.md, "Time
+    shares from counters"). A unit busy for a share ``s`` of the run at its saturation ``c`` averages
+    ``s * c``, so ``activity / c`` (at most 1) is the share of the run it bound if it bound it alone.
+    Units that add up to more than the whole run were busy at the same time: the time they shared
+    goes to the busiest, as a kernel's time goes to its busiest unit, so each unit in turn, busiest
+    first, takes its share of the time still unclaimed. What no unit claims is ``latency`` (small or
+    dependent kernels, and time the GPU sat idle). None with no unit seen."""
+    if not activity:
+        return None
+    busy = {unit: min(value / SATURATION[unit], 1.0) for unit, value in activity.items()}
+    left = 1.0
+    claimed: dict[v.Unit, float] = {}
+    for unit in sorted(busy, key=lambda u: (-busy[u], v.UNITS.index(u))):
+        claimed[unit] = min(busy[unit], left)
+        left -= claimed[unit]
+    claimed["latency"] = max(left, 0.0)
+    return TimeShares.model_validate(_hundredths(claimed))
+
+
+def _hundredths(fractions: Mapping[v.Unit, float]) -> dict[str, str]:
+    """Fractions as strings with two decimals summing to exactly 1.00, as the runner writes them (the
+    hundredths lost to rounding down go to the units that lost the most, the first unit of equals
+    first). Rounded to 1e-9 first, so that float noise never decides between equal remainders."""
+    exact = {unit: round(100.0 * fractions.get(unit, 0.0), 9) for unit in v.UNITS}
+    whole = {unit: math.floor(value) for unit, value in exact.items()}
+    lost = sorted(v.UNITS, key=lambda u: (-round(exact[u] - whole[u], 9), v.UNITS.index(u)))
+    for unit in lost[: max(100 - sum(whole.values()), 0)]:
+        whole[unit] += 1
+    return {unit: f"{whole[unit] / 100:.2f}" for unit in v.UNITS}
 
 
 # --- folding a run into the WorkloadProfile's status -------------------------------------------------
@@ -350,6 +414,7 @@ def with_telemetry(status: ProfileStatus | None, run: TelemetryRun, *, now: str)
             "source": "telemetry",
             "bound_type": derived.bound_type,
             "metrics": ProfileMetrics.model_validate(derived.metrics),
+            "time_shares": derived.time_shares,
             "gpu": ProfileGpu(product=best.product),
             "profiled_at": now,
             "source_job": None,

@@ -110,6 +110,9 @@ class RunnerSummary(BaseModel):
     reason: str = ""
     # {tensor, fp32, fp64, memory, latency} -> fraction as a string; empty from an older runner
     time_shares: dict[str, str] = Field(default_factory=dict, alias="timeShares")
+    # the share of the steady state's GPU time the profiled kernels cover ("0.93"); "" for a profile
+    # of the first launches (runner/kratos_runner/steady.py)
+    coverage: str = ""
     failure: str = ""  # why nothing was profiled (runner/kratos_runner/failures.py), "" on success
 
 
@@ -190,6 +193,39 @@ class ProfileStatus(_Strict):
     def as_status(self) -> dict[str, Any]:
         """The status as the CRD stores it: camelCase keys, unset optional fields left out."""
         return self.model_dump(by_alias=True, exclude_none=True)
+
+
+_METRIC_KEYS = frozenset(
+    ProfileMetrics.model_fields[name].alias or name for name in ProfileMetrics.model_fields
+)
+
+
+def ready_status(summary: RunnerSummary, *, profiled_at: str, source_job: str) -> ProfileStatus:
+    """The Ready status the controller writes from a runner summary that names a bound type (the
+    controller's profile_status, and ``kratos-admit placement --summary`` ranking one as it would):
+    its metrics, time shares and GPU, and a message when the workload exited non-zero."""
+    message = (
+        f"the workload exited {summary.exit_code} under profiling"
+        if summary.exit_code and not summary.killed
+        else ""
+    )
+    gpu = {k: str(val) for k, val in summary.gpu.items() if k in ("product", "computeCapability")}
+    shares = {u: str(summary.time_shares[u]) for u in v.UNITS if u in summary.time_shares}
+    return ProfileStatus.model_validate(
+        {
+            "phase": "Ready",
+            "boundType": summary.bound_type,
+            "metrics": ProfileMetrics.model_validate(
+                {k: str(val) for k, val in summary.metrics.items() if k in _METRIC_KEYS}
+            ),
+            "timeShares": TimeShares.model_validate(shares) if shares else None,
+            "gpu": ProfileGpu.model_validate(gpu),
+            "profiledAt": profiled_at,
+            "sourceJob": source_job,
+            "source": "nsight-compute",
+            "message": message,
+        }
+    )
 
 
 class WorkloadProfile(_Strict):

@@ -2,11 +2,11 @@
 Workload waits ``Pending`` until its workload's profile is Ready or Failed, so Kueue admits nothing
 for it, and starts no Pod, before then; every other Workload's check turns ``Ready`` at once.
 
-It runs beside the main work queue when config ``kueueAdmissionCheck`` is on (the kueue-admission-check
-component sets it, with the RBAC it needs): informers of Kueue's AdmissionChecks (those whose
-``controllerName`` is ``gpu.scheduler.io/profile`` are marked ``Active``) and Workloads (each one's
-entry of such a check is kept in step with its Job). Where Kueue's API is not served, it says so
-once and looks again each resync, and the rest of the controller runs as ever.
+It runs beside the manager's controllers when config ``kueueAdmissionCheck`` is on (the
+kueue-admission-check component sets it, with the RBAC it needs): informers of Kueue's AdmissionChecks
+(those whose ``controllerName`` is ``gpu.scheduler.io/profile`` are marked ``Active``) and Workloads
+(each one's entry of such a check is kept in step with its Job). Where Kueue's API is not served, it
+says so once and looks again each resync, and the rest of the controller runs as ever.
 """
 
 from __future__ import annotations

@@ -16,8 +16,8 @@ from kratos_admit.domain.catalog import load_catalog
 from kratos_admit.domain.config import Config, split_host_port
 from kratos_admit.edge import process
 from kratos_admit.edge.kube import ApiUnreachable, api_client, check_reachable
-from kratos_controller.controller import ProfilerController, run_when_leading
 from kratos_controller.leader import LeaderElector
+from kratos_controller.manager import Manager, run_when_leading
 from kratos_controller.metrics import ControllerMetrics
 
 log = logging.getLogger("kratos.controller")
@@ -30,7 +30,7 @@ def controller_identity() -> str:
 READY_TOLERANCE_SECONDS = 5.0  # a watch may fail and come back this long before the Pod turns unready
 
 
-def readiness(controller: ProfilerController, elector: LeaderElector) -> process.Handler:
+def readiness(manager: Manager, elector: LeaderElector) -> process.Handler:
     """``/readyz``: 503 while the Lease calls, or (when leading) the Job and Pod watches, have failed
     for longer than a few seconds; a standby that reaches its Lease is ready (it waits to lead)."""
 
@@ -38,7 +38,7 @@ def readiness(controller: ProfilerController, elector: LeaderElector) -> process
         reason = (
             f"lease {elector.namespace}/{elector.name} calls failing: {elector.failing.reason}"
             if elector.failing.longer_than(READY_TOLERANCE_SECONDS)
-            else controller.unready_reason(READY_TOLERANCE_SECONDS)
+            else manager.unready_reason(READY_TOLERANCE_SECONDS)
             if elector.leading.is_set()
             else ""
         )
@@ -74,7 +74,7 @@ async def run_controller(config: Config, signing_key: bytes, kubeconfig: Path | 
         identity=identity,
         lease_seconds=config.lease_duration_seconds,
     )
-    controller = ProfilerController(
+    manager = Manager(
         api,
         signing_key=signing_key,
         metrics=metrics,
@@ -83,7 +83,7 @@ async def run_controller(config: Config, signing_key: bytes, kubeconfig: Path | 
         catalog=load_catalog(config.catalog_file),
         identity=identity,
     )
-    runner = web.AppRunner(metrics_app(metrics, readiness(controller, elector)), access_log=None)
+    runner = web.AppRunner(metrics_app(metrics, readiness(manager, elector)), access_log=None)
     await runner.setup()
     host, port = split_host_port(config.controller_metrics_listen)
     try:
@@ -96,7 +96,7 @@ async def run_controller(config: Config, signing_key: bytes, kubeconfig: Path | 
         "controller started",
         extra={"identity": identity, "lease": f"{config.lease_namespace}/{config.lease_name}"},
     )
-    leading = asyncio.create_task(run_when_leading(controller, elector))
+    leading = asyncio.create_task(run_when_leading(manager, elector))
     stop = asyncio.create_task(process.wait_for_termination())
     try:
         await asyncio.wait({leading, stop}, return_when=asyncio.FIRST_COMPLETED)

@@ -36,13 +36,12 @@ from kratos_admit.domain.catalog import Catalog
 from kratos_admit.domain.config import Config
 from kratos_admit.domain.profile import (
     Observation,
-    ProfileGpu,
-    ProfileMetrics,
     ProfileStatus,
     RunnerSummary,
     TelemetryRecord,
     WorkloadProfile,
     failed_fields,
+    ready_status,
 )
 from kratos_admit.domain.raw import as_list, as_mapping, clone, string_map
 from kratos_admit.domain.signing import sign_block, signature_valid
@@ -150,25 +149,7 @@ def profile_status(observed: Observed, summary: Summary, *, grace: float = 300.0
     common = {"profiledAt": _finished_at(job) or now, "sourceJob": str(meta.get("name", ""))}
     data = summary.data
     if data is not None and data.bound_type != "unknown":
-        message = (
-            f"the workload exited {data.exit_code} under profiling"
-            if data.exit_code and not data.killed
-            else ""
-        )
-        gpu = {k: str(val) for k, val in data.gpu.items() if k in ("product", "computeCapability")}
-        return ProfileStatus.model_validate(
-            {
-                "phase": "Ready",
-                "boundType": data.bound_type,
-                "metrics": ProfileMetrics.model_validate(
-                    {k: str(val) for k, val in data.metrics.items() if k in _METRIC_KEYS}
-                ),
-                "gpu": ProfileGpu.model_validate(gpu),
-                **common,
-                "source": "nsight-compute",
-                "message": message,
-            }
-        )
+        return ready_status(data, profiled_at=common["profiledAt"], source_job=common["sourceJob"])
     if data is not None:
         said = data.reason
     elif observed.stage is not None and observed.runner is None:
@@ -208,11 +189,6 @@ def profile_status(observed: Observed, summary: Summary, *, grace: float = 300.0
     return ProfileStatus.model_validate(
         {"phase": "Failed", "boundType": "unknown", **common, **failed_fields(failure, message, at)}
     )
-
-
-_METRIC_KEYS = frozenset(
-    ProfileMetrics.model_fields[name].alias or name for name in ProfileMetrics.model_fields
-)
 
 
 def configmap_data(summary: Summary, status: ProfileStatus, message: str | None) -> dict[str, str]:
@@ -287,7 +263,7 @@ def _same_result(existing: Mapping[str, Any], status: ProfileStatus) -> bool:
     wanted = status.as_status()
     return all(
         current.get(k) == wanted.get(k)
-        for k in ("phase", "boundType", "metrics", "gpu", "sourceJob", "message")
+        for k in ("phase", "boundType", "metrics", "timeShares", "gpu", "sourceJob", "message")
     )
 
 

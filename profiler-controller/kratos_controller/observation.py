@@ -1,0 +1,71 @@
+"""The observation controller: a finished, successful hinted or execution Job's runs, per GPU product,
+into its workload's ``status.observations`` (``learning.runs_of``/``record_runs`` decide; this applies)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable
+
+from kratos_admit.domain import vocabulary as v
+from kratos_admit.domain.raw import as_mapping
+from kratos_admit.domain.workload import Kind
+from kratos_controller.learning import observed_job, record_runs, runs_of
+from kratos_controller.runtime import Obj, Shared, WorkQueue, meta_of, reconcile_backoff, reconcile_failed
+
+log = logging.getLogger("kratos.controller")
+
+
+class ObservationController:
+    """Keyed by (namespace, Job). ``on_counted()`` is told when runs were counted (the calibration is
+    refitted); ``on_job_pods(pods, workload)`` gets the Job's Pods, for the telemetry controller to
+    measure those the Pod informer never sees (set only when telemetry is on)."""
+
+    def __init__(
+        self,
+        shared: Shared,
+        *,
+        on_counted: Callable[[], None],
+        on_job_pods: Callable[[Iterable[Obj], str], None] | None = None,
+    ) -> None:
+        self.shared = shared
+        self.on_counted = on_counted
+        self.on_job_pods = on_job_pods
+        self.queue: WorkQueue[tuple[str, str]] = WorkQueue(
+            self.reconcile,
+            backoff=reconcile_backoff,
+            on_failure=reconcile_failed(shared.metrics, "observe"),
+        )
+
+    def watch(self, obj: Obj, kind: Kind) -> None:
+        if kind == "Job" and observed_job(obj, signing_key=self.shared.signing_key):
+            namespace, name, _, _ = meta_of(obj)
+            self.queue.add((namespace, name))
+
+    async def run(self) -> None:
+        await self.queue.run()
+
+    async def reconcile(self, key: tuple[str, str]) -> None:
+        namespace, name = key
+        shared = self.shared
+        job = shared.jobs.get(key)
+        if job is None or not observed_job(job, signing_key=shared.signing_key):
+            return
+        workload = meta_of(job)[2].get(v.WORKLOAD_LABEL, "")
+        pods = await shared.io.job_pods(namespace, name)
+        if self.on_job_pods is not None:
+            self.on_job_pods(pods, workload)
+        nodes = {str(as_mapping(p.get("spec")).get("nodeName", "")) for p in pods}
+        products = {node: await shared.io.product_of(node) for node in nodes if node}
+        runs = runs_of(pods, products)
+        if not runs:
+            return
+        profile = await shared.io.get_profile(namespace, v.profile_name(workload))
+        action = record_runs(profile, runs) if profile is not None else None
+        if action is None:
+            return
+        await shared.io.apply(action)
+        for run in runs:
+            note = f"run {run.uid} on {run.product} took {run.seconds:.1f} s"
+            await shared.report(job, "Job", "Observed", note, detail=run.uid)
+        log.info("runs observed", extra={"namespace": namespace, "job": name, "runs": len(runs)})
+        self.on_counted()
