@@ -23,6 +23,7 @@ named after what it imitates (Kubernetes 1.28):
 | ``expire_ttls(now)``: finished Jobs past ``ttlSecondsAfterFinished`` are deleted with Foreground propagation (their Pods first) | ``pkg/controller/ttlafterfinished`` | a clock of its own: tests step it |
 | ``namespace_lifecycle = True``: creating a namespaced object in a namespace that does not exist is refused with 404 ``namespaces "X" not found`` | the ``NamespaceLifecycle`` admission plugin | terminating namespaces; off by default, as most tests never create namespaces |
 | list and watch with ``fieldSelector`` on ``metadata.name`` / ``metadata.namespace`` (``=``, ``==``, ``!=``, comma-ANDed) | the generic registry's field selectors, which every resource supports for these two fields | other fields (``spec.nodeName``, ``status.phase``) |
+| a watch without ``resourceVersion`` first sends every object it selects as an ADDED event, then the changes after them | "Get State and Start at Most Recent" (API concepts, "Semantics for watch") | ``resourceVersion=0`` ("Start at Any"): replayed from the double's history |
 | discovery: ``GET /api``, ``/apis``, ``/api/v1``, ``/apis/<group>/<version>`` list the resources above (legacy, unaggregated form), so ``kubectl apply --dry-run=client`` can map kinds to resources | the discovery handlers of ``staging/src/k8s.io/apiserver/pkg/endpoints/discovery`` | verbs, short names, categories, aggregated discovery (kubectl falls back) |
 | an events.k8s.io/v1 Event is created only with ``eventTime``, ``reportingController``, ``reportingInstance``, ``action``, ``reason`` (at most 128 characters), a ``note`` of at most 1 KiB and ``type`` Normal or Warning (422 otherwise) | ``pkg/apis/events/validation.ValidateEventCreate`` | series, related |
 | authentication by bearer token (``tokens``: token -> ``Identity``; none is ``system:anonymous``, an unknown one 401) and RBAC authorisation of every request against the Roles, ClusterRoles, RoleBindings and ClusterRoleBindings stored in the double: verb (``get``/``list``/``watch``, a ``fieldSelector=metadata.name=X`` list or watch naming X, ``create``, ``update``, ``patch``, ``delete``, ``deletecollection``), API group, resource and subresource, namespace, ``resourceNames``; ``system:masters`` may do anything; a refusal is 403 with the real Status body and message | ``staging/src/k8s.io/apiserver/pkg/endpoints/request/requestinfo.go``, ``plugin/pkg/auth/authorizer/rbac``, ``endpoints/handlers/responsewriters.forbiddenMessage`` | aggregation of ClusterRoles, non-resource URLs, impersonation, the default system roles |
@@ -865,6 +866,13 @@ class KubeDouble:
         selector = request.query.get("labelSelector", "")
         fields = request.query.get("fieldSelector", "")
         deadline = asyncio.get_running_loop().time() + timeout
+        if not request.query.get("resourceVersion"):
+            # a watch without a resourceVersion first gets every object it selects as it is now, as
+            # ADDED events, then the changes after them: the real server's "Get State and Start at
+            # Most Recent" (the watch cache's initial events, API concepts "Semantics for watch")
+            for (o_ns, _), obj in sorted(self.objects[resource].items()):
+                if (not ns or o_ns == ns) and _selects(selector, obj) and _field_selects(fields, obj):
+                    await response.write(json.dumps({"type": "ADDED", "object": obj}).encode() + b"\n")
         if since < self.compacted:
             gone = {
                 "type": "ERROR",
@@ -1195,9 +1203,10 @@ def request_attributes(
     group = "" if prefix == "api/v1" else prefix.split("/")[1]
     if method == "GET":
         verb = "get" if name else ("watch" if query.get("watch", "").lower() in ("true", "1") else "list")
-        if not name:
+        if not name:  # fields.Selector.RequiresExactMatch("metadata.name"): "=" or "==", never "!="
             for term in query.get("fieldSelector", "").split(","):
                 key, _, value = term.partition("=")
+                value = value.removeprefix("=")
                 if key == "metadata.name" and value and not value.startswith("="):
                     name = value
     else:

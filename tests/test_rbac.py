@@ -20,8 +20,8 @@ import pytest
 from kubernetes_asyncio import client
 
 from kratos_admit.domain import vocabulary as v
-from kratos_controller.controller import ProfilerController, run_when_leading
 from kratos_controller.leader import LeaderElector
+from kratos_controller.manager import Manager, run_when_leading
 from kratos_controller.metrics import ControllerMetrics
 from tests.builders import make_job, make_pod
 from tests.harness import (
@@ -90,7 +90,7 @@ async def everything_kratos_does(kube: KubeDouble, tmp_path: Path) -> None:
                 api, namespace="kratos-system", name="kratos-profiler-controller", identity="a",
                 retry_seconds=0.2,
             )  # fmt: skip
-            controller = ProfilerController(
+            controller = Manager(
                 api, signing_key=TEST_KEY, metrics=ControllerMetrics(), watch_timeout=5, catalog=CATALOG
             )
             leading = asyncio.create_task(run_when_leading(controller, elector))

@@ -1,25 +1,33 @@
-"""Issue 38, without a cluster: the controller's leader renews the webhook's serving certificate.
+"""Issues 38 and 45, without a cluster: the controller's leader renews the webhook's serving certificate.
 
 The PKI (kratos_admit/edge/pki.py) first: a renewal keeps the names, subject, key type and lifetime,
-never outlives the CA, and is checked before it is used. Then the controller against the API
-double, under the install's RBAC (get on the two Secrets by name, update on the serving one): it
-renews when due and only then, says once why it will not where it must not, and a write that fails
-leaves the old pair whole (certificate and key are written in one update) and is retried.
+is valid from a few minutes back and lasts the old lifetime from now, whatever it is (2 minutes to a
+year), renewal after renewal without the lifetime growing or shrinking, never outlives the CA, and
+is checked before it is used. Then the controller against the API double, under the install's RBAC
+(get and watch on the two Secrets by name, update on the serving one): it renews when due and only
+then, judges a certificate replaced in a Secret at once through its watch (with the resync at its
+default, 300 s), keeps renewing through the resync when the watch fails, says once why it will not
+where it must not, and a write that fails leaves the old pair whole (certificate and key are
+written in one update) and is retried.
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import contextlib
 import datetime as dt
 import io
+import json
 import logging
 import subprocess
 import tempfile
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes
@@ -29,32 +37,43 @@ from cryptography.x509.oid import NameOID
 from kratos_admit.cli.main import main
 from kratos_admit.domain.config import Config
 from kratos_admit.edge.pki import (
+    BACKDATE,
     Authority,
     PkiError,
+    alt_names,
     authority_from_pem,
     cert_pem,
     check_pair,
+    issue_serving,
     lifetime,
     load_cert,
     load_key,
+    new_authority,
     renew,
+    renew_ahead,
     renewal_due_at,
     signed_by,
     subject_alt_names,
 )
-from kratos_controller.controller import ProfilerController
+from kratos_admit.webhook.certs import service_dns_names
+from kratos_controller.manager import Manager
+from kratos_controller.renewal import LIFETIME_ANNOTATION, lifetime_record, recorded_lifetime
 from tests.harness import (
     SECRETS,
     api_server,
     controller_running,
     double_in_thread,
     eventually,
+    install_rbac,
     kubeconfig_for,
+    rendered_rbac,
+    token_of,
     webhook_secrets,
 )
 from tests.kube_double import CONTROLLER, KubeDouble
 
-HOUR = dt.timedelta(hours=1)
+SECOND, MINUTE, HOUR = dt.timedelta(seconds=1), dt.timedelta(minutes=1), dt.timedelta(hours=1)
+YEAR = dt.timedelta(days=365)
 
 
 def pem(secret: dict[str, Any], key: str) -> bytes:
@@ -79,7 +98,7 @@ def test_a_renewal_keeps_names_subject_key_type_and_lifetime(rsa_key: bool):
     renewed, renewed_key = load_cert(cert, where="new"), load_key(key, where="new")
     assert signed_by(renewed, authority) and renewed.subject == current.subject
     assert subject_alt_names(renewed, where="new") == subject_alt_names(current, where="old")
-    assert lifetime(renewed) == lifetime(current)
+    assert renewed.not_valid_after_utc - renewed.not_valid_before_utc == lifetime(current) + BACKDATE
     kind = rsa.RSAPrivateKey if rsa_key else ec.EllipticCurvePrivateKey
     assert isinstance(renewed_key, kind) and renewed_key.public_key() == renewed.public_key()
     if not rsa_key:
@@ -155,13 +174,94 @@ def test_renewal_is_due_once_a_third_of_the_lifetime_remains():
     assert renewal_due_at(current, 1 / 3) == current.not_valid_after_utc - lifetime(current) / 3
 
 
+@pytest.mark.parametrize(
+    ("span", "ahead"),
+    [
+        pytest.param(2 * MINUTE, MINUTE, id="2-minutes-half-of-it"),  # a third (40 s) is less than 2 min
+        pytest.param(5 * MINUTE, 2 * MINUTE, id="5-minutes-2-minutes"),  # a third (100 s) is less than 2 min
+        pytest.param(HOUR, 20 * MINUTE, id="1-hour-a-third"),
+        pytest.param(YEAR, YEAR / 3, id="1-year-a-third"),
+    ],
+)
+def test_a_renewal_is_due_a_third_of_the_lifetime_ahead_at_least_2_minutes_at_most_half(span, ahead):
+    """The kubelet takes up to about a minute to bring a renewed Secret into the webhook Pods (68 s
+    measured on the real node): a short certificate is renewed 2 minutes ahead, never more than half
+    its lifetime ahead."""
+    assert renew_ahead(span, 1 / 3) == ahead
+    with pytest.raises(PkiError, match="a certificate lifetime must be more than 0"):
+        renew_ahead(dt.timedelta(0), 1 / 3)
+
+
+def from_ca(
+    authority: Authority, *, span: dt.timedelta, remaining: dt.timedelta, now: dt.datetime
+) -> tuple[bytes, bytes]:
+    """A serving certificate of ``authority`` for the webhook Service's names, not backdated: valid
+    from ``now - (span - remaining)`` to ``now + remaining`` (a validity span of exactly ``span``)."""
+    return issue_serving(
+        authority,
+        subject=x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "kratos-webhook.kratos-system.svc")]),
+        names=alt_names(service_dns_names("kratos-webhook", "kratos-system")),
+        not_after=now + remaining,
+        now=now - (span - remaining) + BACKDATE,
+    )
+
+
+@pytest.mark.parametrize(
+    ("span", "due_again_in"),
+    [
+        pytest.param(2 * MINUTE, MINUTE, id="2-minutes"),
+        pytest.param(5 * MINUTE, 3 * MINUTE, id="5-minutes"),
+        pytest.param(HOUR, 40 * MINUTE, id="1-hour"),
+        pytest.param(YEAR, YEAR * 2 / 3, id="1-year"),
+    ],
+)
+def test_a_renewed_certificate_is_valid_now_and_lasts_the_old_lifetime_from_now(span, due_again_in):
+    """Issue 45: a 5-minute certificate renewed with the lifetime counted from 5 minutes back ended
+    now and was refused; a 10-minute one was due again within 2 minutes. Each renewal here is at its
+    due time, 5 in a row, the lifetime carried by the record the controller keeps with the Secret."""
+    now = dt.datetime.now(dt.UTC).replace(microsecond=0)
+    authority = new_authority("kratos-system", now - HOUR)
+    cert, _ = from_ca(authority, span=span, remaining=renew_ahead(span, 1 / 3) / 2, now=now)
+    current = load_cert(cert, where="first")
+    assert lifetime(current) == span and renewal_due_at(current, 1 / 3) < now, "due"
+    secret: dict[str, Any] = {"metadata": {"annotations": {}}}
+    for _ in range(5):
+        carried = recorded_lifetime(secret, current) or lifetime(current)
+        assert carried == span, "neither grown by the backdate nor shrunk"
+        renewed = load_cert(renew(authority, current, now=now, span=carried)[0], where="renewed")
+        assert renewed.not_valid_before_utc == now - BACKDATE, "valid from a few minutes back"
+        assert renewed.not_valid_after_utc == now + span, "the old lifetime, from now"
+        assert renewed.not_valid_before_utc <= now < renewed.not_valid_after_utc
+        assert renewal_due_at(renewed, 1 / 3, span=span) == now + due_again_in, "not due again soon"
+        assert recorded_lifetime(secret, renewed) is None, "a record of another certificate says nothing"
+        secret["metadata"]["annotations"][LIFETIME_ANNOTATION] = lifetime_record(renewed, span)
+        current, now = renewed, now + due_again_in
+
+
+@pytest.mark.parametrize(
+    "record",
+    ["not json", '{"serial": "0", "seconds": 300}', '{"seconds": 300}', "[]", None],
+    ids=["not-json", "another-serial", "no-serial", "not-an-object", "none"],
+)
+def test_a_lifetime_record_counts_only_for_the_certificate_it_names(record):
+    _, tls_secret = webhook_secrets(lifetime=3 * HOUR, remaining=HOUR)
+    current = load_cert(pem(tls_secret, "tls.crt"), where="tls.crt")
+    tls_secret["metadata"]["annotations"] = {LIFETIME_ANNOTATION: record} if record else {}
+    assert recorded_lifetime(tls_secret, current) is None
+    tls_secret["metadata"]["annotations"] = {LIFETIME_ANNOTATION: lifetime_record(current, 2 * HOUR)}
+    assert recorded_lifetime(tls_secret, current) == 2 * HOUR
+    for seconds in (0, -5, "300", True):
+        tls_secret["metadata"]["annotations"] = {
+            LIFETIME_ANNOTATION: json.dumps({"serial": f"{current.serial_number:x}", "seconds": seconds})
+        }
+        assert recorded_lifetime(tls_secret, current) is None, seconds
+
+
 # --- the controller, against the API double ---------------------------------------------------------
 
 
 @contextlib.asynccontextmanager
-async def controller_with(
-    kube: KubeDouble, resync: float = 300.0, **config: Any
-) -> AsyncIterator[ProfilerController]:
+async def controller_with(kube: KubeDouble, resync: float = 300.0, **config: Any) -> AsyncIterator[Manager]:
     async with (
         api_server(kube) as server,
         controller_running(server, config=Config(**config), resync=resync) as running,
@@ -195,6 +295,7 @@ async def test_the_leader_renews_a_certificate_that_is_due_in_one_update_under_i
             lambda: (s := tls_now(kube)) and s["data"]["tls.crt"] != before["data"]["tls.crt"] and s
         )
         await eventually(lambda: controller.metrics.certificate_renewals.labels("renewed")._value.get() == 1)
+        await eventually(lambda: kube.items("apis/events.k8s.io/v1", "events"))  # told after the count
     authority = authority_of(ca_secret)
     old, new = load_cert(pem(before, "tls.crt"), where="old"), load_cert(pem(after, "tls.crt"), where="new")
     check_pair(
@@ -205,6 +306,7 @@ async def test_the_leader_renews_a_certificate_that_is_due_in_one_update_under_i
         now=dt.datetime.now(dt.UTC),
     )
     assert new.not_valid_after_utc - old.not_valid_after_utc > 2 * HOUR, "a whole lifetime from now"
+    assert after["metadata"]["annotations"][LIFETIME_ANNOTATION] == lifetime_record(new, 3 * HOUR)
     assert after["data"]["ca.crt"] == before["data"]["ca.crt"], "the CA, and so caBundle, unchanged"
     assert kube.get(*SECRETS, "kratos-system", "kratos-webhook-ca") == ca_secret
     [put] = kube.calls("PUT", r"/secrets/kratos-webhook-tls$")
@@ -215,15 +317,170 @@ async def test_the_leader_renews_a_certificate_that_is_due_in_one_update_under_i
         and events[0]["regarding"]["kind"] == "Secret"
         and "renewed from the CA" in events[0]["note"]
     )
-    assert refusals(kube) == [], "get on the two Secrets, update on the serving one: enough"
+    assert refusals(kube) == [], "get and watch on the two Secrets, update on the serving one: enough"
     secret_calls = {
         (d.attributes.verb, d.attributes.name) for d in kube.decisions if d.attributes.resource == "secrets"
     }
     assert secret_calls <= {
         ("get", "kratos-webhook-ca"),
         ("get", "kratos-webhook-tls"),
+        ("watch", "kratos-webhook-ca"),
+        ("watch", "kratos-webhook-tls"),
         ("update", "kratos-webhook-tls"),
     }
+
+
+async def test_a_renewal_carries_the_lifetime_recorded_on_the_secret_not_the_backdated_span():
+    """A certificate KRATOS renewed spans its lifetime plus the 5 minutes it is backdated: the next
+    renewal takes the lifetime recorded for it, so the lifetime stays what it was."""
+    kube = KubeDouble()
+    ca_secret, tls_secret = webhook_secrets(lifetime=HOUR + BACKDATE, remaining=10 * MINUTE)
+    current = load_cert(pem(tls_secret, "tls.crt"), where="tls.crt")
+    tls_secret["metadata"]["annotations"] = {LIFETIME_ANNOTATION: lifetime_record(current, HOUR)}
+    kube.put(*SECRETS, ca_secret)
+    before = kube.put(*SECRETS, tls_secret)
+    async with controller_with(kube):
+        after = await eventually(
+            lambda: (s := tls_now(kube)) and s["data"]["tls.crt"] != before["data"]["tls.crt"] and s
+        )
+    new = load_cert(pem(after, "tls.crt"), where="new")
+    issued_at = new.not_valid_before_utc + BACKDATE
+    assert new.not_valid_after_utc - issued_at == HOUR
+    assert abs(issued_at - dt.datetime.now(dt.UTC)) < MINUTE
+    assert after["metadata"]["annotations"][LIFETIME_ANNOTATION] == lifetime_record(new, HOUR)
+
+
+def replaced(
+    kube: KubeDouble, ca_secret: dict[str, Any], *, span: dt.timedelta, remaining: dt.timedelta
+) -> x509.Certificate:
+    """Put into kratos-webhook-tls a certificate of the CA in ``ca_secret`` (as ``certs rotate`` and
+    ``kubectl apply`` would); the certificate put there."""
+    cert, key = from_ca(authority_of(ca_secret), span=span, remaining=remaining, now=dt.datetime.now(dt.UTC))
+    secret = tls_now(kube)
+    secret["data"].update(
+        {"tls.crt": base64.b64encode(cert).decode(), "tls.key": base64.b64encode(key).decode()}
+    )
+    kube.put(*SECRETS, secret)
+    return load_cert(cert, where="replaced")
+
+
+def watching(kube: KubeDouble, *names: str) -> bool:
+    """A watch of each named Secret has been asked for, by its name."""
+    asked = {c.query.get("fieldSelector") for c in kube.calls("GET", r"/namespaces/kratos-system/secrets$")
+             if c.query.get("watch", "").lower() == "true"}  # fmt: skip
+    return all(f"metadata.name={name}" in asked for name in names)
+
+
+async def test_a_certificate_replaced_in_the_secret_is_judged_at_once_with_the_resync_at_its_default():
+    """Issue 45: after its first look the leader slept until the resync (300 s by default); a
+    certificate replaced in the Secret meanwhile with one due for renewal expired unseen. Its watch
+    of the two Secrets by name sees the change: renewed within seconds."""
+    kube = KubeDouble()
+    ca_secret, _ = seeded(kube, remaining=2 * HOUR + 30 * MINUTE)  # not due for an hour and a half
+    async with controller_with(kube) as controller:
+        assert controller.renewal.resync_seconds == 300
+        await eventually(lambda: controller.metrics.certificate_expiry.labels("serving")._value.get() > 0)
+        await eventually(lambda: watching(kube, "kratos-webhook-ca", "kratos-webhook-tls"))
+        await asyncio.sleep(0.5)  # the first look is done and the loop sleeps on
+        assert kube.calls("PUT", r"/secrets/") == []
+        started = time.monotonic()
+        written = replaced(kube, ca_secret, span=5 * MINUTE, remaining=90 * SECOND)  # due: < 2 min left
+        after = await eventually(
+            lambda: (s := tls_now(kube)) and pem(s, "tls.crt") != cert_pem(written) and s, timeout=5
+        )
+        took = time.monotonic() - started
+    new = load_cert(pem(after, "tls.crt"), where="new")
+    assert took < 5 and signed_by(new, authority_of(ca_secret))
+    assert new.not_valid_after_utc - (new.not_valid_before_utc + BACKDATE) == 5 * MINUTE
+    assert new.not_valid_after_utc > written.not_valid_after_utc
+    assert len(kube.calls("PUT", r"/secrets/kratos-webhook-tls$")) == 1, "its own write is no news"
+    assert refusals(kube) == []
+
+
+async def test_an_expired_watch_is_opened_anew_and_still_sees_a_replaced_certificate(
+    caplog: pytest.LogCaptureFixture,
+):
+    kube = KubeDouble()
+    ca_secret, _ = seeded(kube, remaining=2 * HOUR + 30 * MINUTE)
+    with caplog.at_level(logging.INFO, logger="kratos.controller"):
+        async with controller_with(kube) as controller:
+            await eventually(lambda: watching(kube, "kratos-webhook-ca", "kratos-webhook-tls"))
+            await eventually(lambda: controller.renewal.watched.get("kratos-webhook-tls"))
+            kube.put(*SECRETS, {"metadata": {"name": "unrelated", "namespace": "kratos-system"}})
+            kube.compact()  # the watches end; resumed from their resourceVersion, now compacted: 410 Gone
+            await eventually(lambda: any("watch expired" in r.getMessage() for r in caplog.records))
+            written = replaced(kube, ca_secret, span=HOUR, remaining=10 * MINUTE)
+            await eventually(lambda: pem(tls_now(kube), "tls.crt") != cert_pem(written), timeout=5)
+    assert refusals(kube) == []
+
+
+async def test_a_refused_watch_never_stops_renewal_the_resync_still_looks(caplog: pytest.LogCaptureFixture):
+    """An install whose RBAC predates the watch: the watch is refused (said once per Secret, retried
+    with backoff), and the resync still finds the replaced certificate and renews it."""
+    kube = KubeDouble()
+    install = rendered_rbac()
+    for obj in install:
+        if obj["kind"] == "Role" and obj["metadata"]["name"] == "kratos-controller-certificates":
+            for rule in obj["rules"]:
+                rule["verbs"] = [verb for verb in rule["verbs"] if verb != "watch"]
+    install_rbac(kube, install)
+    ca_secret, _ = seeded(kube, remaining=2 * HOUR + 30 * MINUTE)
+    with caplog.at_level(logging.INFO, logger="kratos.controller"):
+        async with controller_with(kube, resync=1):
+            await eventually(lambda: {a.name for a in refusals(kube) if a.verb == "watch"} == {
+                "kratos-webhook-ca", "kratos-webhook-tls"})  # fmt: skip
+            written = replaced(kube, ca_secret, span=HOUR, remaining=10 * MINUTE)
+            await eventually(lambda: pem(tls_now(kube), "tls.crt") != cert_pem(written), timeout=5)
+            await eventually(lambda: len([a for a in refusals(kube) if a.verb == "watch"]) >= 4)
+    said = [r for r in caplog.records if r.getMessage().startswith("certificate Secret watch failed")]
+    assert sorted(getattr(r, "secret", "") for r in said) == [
+        "kratos-system/kratos-webhook-ca", "kratos-system/kratos-webhook-tls"], "once per Secret"  # fmt: skip
+    assert all("403" in getattr(r, "reason", "") for r in said)
+    assert {(a.verb, a.name) for a in refusals(kube)} == {
+        ("watch", "kratos-webhook-ca"),
+        ("watch", "kratos-webhook-tls"),
+    }
+
+
+@pytest.mark.parametrize(
+    ("field_selector", "allowed"),
+    [
+        pytest.param("metadata.name=kratos-webhook-tls", True, id="named"),
+        pytest.param("metadata.name==kratos-webhook-ca", True, id="named-with-double-equals"),
+        pytest.param(None, False, id="every-secret"),
+        pytest.param("metadata.name=kratos-signing-key", False, id="another-secret"),
+        pytest.param("metadata.name!=kratos-webhook-tls", False, id="all-but-one"),
+    ],
+)
+async def test_the_double_allows_the_controllers_secret_watch_only_by_name_as_the_api_server_does(
+    field_selector: str | None, allowed: bool
+):
+    """RBAC resourceNames authorise a list or watch only where its fieldSelector requires
+    metadata.name to be one of them (requestinfo.go takes that name as the request's)."""
+    kube = KubeDouble()
+    seeded(kube, remaining=HOUR)
+    query = {
+        "watch": "true",
+        "timeoutSeconds": "1",
+        **({"fieldSelector": field_selector} if field_selector else {}),
+    }
+    async with (
+        api_server(kube) as server,
+        aiohttp.ClientSession() as session,
+        session.get(
+            server.make_url("/api/v1/namespaces/kratos-system/secrets"),
+            params=query,
+            headers={"Authorization": f"Bearer {token_of(CONTROLLER)}"},
+        ) as response,
+    ):
+        status, first = response.status, json.loads(await response.content.readline())
+    if allowed:
+        assert status == 200
+        assert first["type"] == "ADDED", "the Secret as it is now, first"
+        assert field_selector and field_selector.endswith(f"={first['object']['metadata']['name']}")
+    else:
+        assert status == 403 and first["reason"] == "Forbidden"
+        assert 'cannot watch resource "secrets"' in first["message"]
 
 
 async def test_a_certificate_not_yet_due_is_left_as_it_is():

@@ -2,6 +2,11 @@
 "Certificates that renew themselves"), with cryptography: the CA, a serving certificate issued from
 it, and a renewal of one (the same names, subject, key type and lifetime), checked before it is used.
 
+A renewed certificate is valid from ``BACKDATE`` before now (clock skew) and lasts the old lifetime
+from now, whatever that lifetime is, so it has its whole lifetime ahead. Its validity span
+(notAfter - notBefore) is then its lifetime plus the backdate, which the certificate cannot say:
+whoever renews again passes the lifetime it recorded (``span=``), or the span stands for it.
+
 Certificates and keys go in and out as PEM bytes: where they are kept (files, a Secret) is the
 caller's business.
 """
@@ -21,6 +26,11 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 CA_DAYS = 3650
 SERVING_DAYS = 365
 BACKDATE = dt.timedelta(minutes=5)  # clock skew between the issuer and the API servers
+# how long a Secret's change takes to be served: the kubelet brings it into the webhook Pods' volume
+# on its periodic sync of the Pod (up to about a minute, 68 s measured on the real node), then the
+# webhook's 2 s look at the files. A renewal is due at least this long before the end (never more
+# than half the lifetime before it, so a short certificate is not renewed over and over).
+REACH = dt.timedelta(minutes=2)
 
 
 class PkiError(ValueError):
@@ -183,19 +193,39 @@ def signed_by(cert: x509.Certificate, authority: Authority) -> bool:
 
 
 def lifetime(cert: x509.Certificate) -> dt.timedelta:
+    """The certificate's validity span, notAfter - notBefore (a renewed one's lifetime plus its backdate)."""
     return cert.not_valid_after_utc - cert.not_valid_before_utc
 
 
-def renewal_due_at(cert: x509.Certificate, renew_before: float) -> dt.datetime:
-    """When less than ``renew_before`` (a share of its lifetime) of the certificate remains."""
-    return cert.not_valid_after_utc - lifetime(cert) * renew_before
+def renew_ahead(span: dt.timedelta, renew_before: float) -> dt.timedelta:
+    """How long before its end a certificate of lifetime ``span`` is renewed: ``renew_before`` of it
+    (a share), and at least ``REACH``, but never more than half of it."""
+    if span <= dt.timedelta(0):
+        raise PkiError(f"a certificate lifetime must be more than 0, not {span}")
+    return max(span * renew_before, min(REACH, span / 2))
 
 
-def renew(authority: Authority, current: x509.Certificate, *, now: dt.datetime) -> tuple[bytes, bytes]:
-    """The renewal of ``current``: a new key of the same kind, the same subject and names, the same
-    lifetime from now (never past the CA's own end), checked before it is handed back."""
+def renewal_due_at(
+    cert: x509.Certificate, renew_before: float, *, span: dt.timedelta | None = None
+) -> dt.datetime:
+    """When less than ``renew_ahead`` of the certificate's lifetime remains: ``span`` where the
+    renewer recorded it, else the certificate's validity span."""
+    return cert.not_valid_after_utc - renew_ahead(span or lifetime(cert), renew_before)
+
+
+def renew(
+    authority: Authority,
+    current: x509.Certificate,
+    *,
+    now: dt.datetime,
+    span: dt.timedelta | None = None,
+) -> tuple[bytes, bytes]:
+    """The renewal of ``current``: a new key of the same kind, the same subject and names, valid from
+    ``BACKDATE`` before ``now`` and for the same lifetime (``span`` where the renewer recorded it, else
+    the validity span of ``current``) from ``now``, never past the CA's own end; checked before it is
+    handed back."""
     names = subject_alt_names(current, where="the serving certificate")
-    not_after = min(now - BACKDATE + lifetime(current), authority.cert.not_valid_after_utc)
+    not_after = min(now + (span or lifetime(current)), authority.cert.not_valid_after_utc)
     public = current.public_key()
     like = public if isinstance(public, ec.EllipticCurvePublicKey | rsa.RSAPublicKey) else None
     cert, key = issue_serving(

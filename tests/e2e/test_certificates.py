@@ -1,14 +1,18 @@
-"""The certificates tier (issue 38): the serving certificate renews itself on the real node.
+"""The certificates tier (issues 38 and 45): the serving certificate renews itself on the real node.
 
 Runs where the real-node tier runs (``KRATOS_E2E_KUBECONFIG``, ``KRATOS_E2E_REAL_NODE``, podman and
 ``CONTAINERD_ADDRESS``). Twice, once installed by the Helm chart (Helm v4's engine) and once by the
-README's kustomize steps (``certs generate --in-cluster``): a serving certificate from the install's
-own CA that ends a few minutes from now is written into ``kratos-webhook-tls`` (as a renewal a year
-on would find it), and a steady stream of opted-in creates runs across its end. Then: no create
-failed; every webhook Pod serves the renewed certificate, read from a new TLS handshake with each Pod
-verified against the CA for the Service's name as the API server verifies it, made after the old
-certificate's end; ``caBundle`` unchanged; the Event and the metric present. For the chart, a ``helm
-upgrade`` afterwards keeps the renewed certificate. Each part uninstalls what it installed.
+README's kustomize steps (``certs generate --in-cluster``), each with its defaults: no test-only
+setting (the resync stays at its 300 s, ``certificateRenewBefore`` at a third). As a new user would
+try it (issue 45): a serving certificate from the install's own CA with 4 minutes left of a 5-minute
+lifetime is written into ``kratos-webhook-tls``, and a steady stream of opted-in creates runs across
+its end. Then: the leader renewed it before its end (its watch of the Secret saw the write; the
+resync alone would have looked only after the end); both webhook Pods served the renewed
+certificate before the old one's end, and again on a new TLS handshake with each Pod after it,
+verified against the CA for the Service's name as the API server verifies it; the renewed
+certificate lasts the old 5 minutes from its renewal; no create failed; ``caBundle`` unchanged; the
+Event and the metric present. For the chart, a ``helm upgrade`` afterwards keeps the renewed
+certificate. Each part uninstalls what it installed.
 """
 
 from __future__ import annotations
@@ -27,7 +31,15 @@ import pytest
 from cryptography import x509
 from cryptography.x509.oid import NameOID
 
-from kratos_admit.edge.pki import alt_names, authority_from_pem, issue_serving, load_cert
+from kratos_admit.edge.pki import (
+    BACKDATE,
+    alt_names,
+    authority_from_pem,
+    issue_serving,
+    load_cert,
+    renewal_due_at,
+    signed_by,
+)
 from kratos_admit.webhook.certs import service_dns_names
 from tests.e2e.real_cluster import kubectl, namespace_gone
 from tests.e2e.real_node import (
@@ -51,11 +63,11 @@ from tests.harness import REPO
 pytestmark = pytest.mark.skipif(why_not() is not None, reason=str(why_not()))
 
 SERVICE_NAME = f"kratos-webhook.{NAMESPACE}.svc"  # what the API server verifies the webhook's certificate for
-ENDS_IN = dt.timedelta(minutes=6)  # the written certificate's end, from when it is written
+LIFETIME = dt.timedelta(minutes=5)  # the written certificate's lifetime (a platform's short-lived policy)
+LEFT = dt.timedelta(minutes=4)  # how much of it is left when it is written
+RENEW_BEFORE = 1 / 3  # the chart's and the controller's default certificateRenewBefore
 RELEASE = "kratos"
-# the controller looks at the certificate each resync (and when a renewal is due): a year-long
-# certificate never notices 5 minutes, but one written to end in 6 does
-RESYNC = 20
+WEBHOOK_PODS = "app.kubernetes.io/name=kratos-webhook"
 
 
 @dataclass
@@ -89,20 +101,22 @@ def ca_bundle() -> bytes:
     return base64.b64decode(config["webhooks"][0]["clientConfig"]["caBundle"])
 
 
-def short_lived() -> x509.Certificate:
-    """A serving certificate from the install's own CA (Secret kratos-webhook-ca) ending ENDS_IN from
-    now, written into kratos-webhook-tls as a renewal a year on finds it; returned as written."""
+def authority() -> Any:
     ca = secret("kratos-webhook-ca")
-    authority = authority_from_pem(
-        data(ca, "ca.crt"), data(ca, "ca.key"), cert_where="ca.crt", key_where="ca.key"
-    )
+    return authority_from_pem(data(ca, "ca.crt"), data(ca, "ca.key"), cert_where="ca.crt", key_where="ca.key")
+
+
+def short_lived() -> x509.Certificate:
+    """A serving certificate from the install's own CA (Secret kratos-webhook-ca) of LIFETIME with
+    LEFT of it left (valid from LIFETIME - LEFT ago, not backdated beyond that), written into
+    kratos-webhook-tls as a person or another tool would; returned as written."""
     now = dt.datetime.now(dt.UTC)
     cert, key = issue_serving(
-        authority,
+        authority(),
         subject=x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, SERVICE_NAME)]),
         names=alt_names(service_dns_names("kratos-webhook", NAMESPACE)),
-        not_after=now + ENDS_IN,
-        now=now,
+        not_after=now + LEFT,
+        now=now - (LIFETIME - LEFT) + BACKDATE,  # issue_serving backdates notBefore by BACKDATE
     )
     tls = secret("kratos-webhook-tls")
     tls["data"].update(
@@ -119,7 +133,7 @@ def served(ca: bytes) -> dict[str, x509.Certificate]:
     the API server verifies it: the certificate each one serves (a failed verification raises)."""
     context = ssl.create_default_context(cadata=ca.decode())
     found = {}
-    for pod in pods(NAMESPACE, "app.kubernetes.io/name=kratos-webhook"):
+    for pod in pods(NAMESPACE, WEBHOOK_PODS):
         if pod["status"].get("phase") != "Running" or not pod["status"].get("podIP"):
             continue
         with (
@@ -142,45 +156,55 @@ def controller_metric(name: str) -> float:
     return total
 
 
-def renews_across_the_end(state: CertTier, install: str) -> None:
-    """The shared body: write a short-lived certificate, keep creating across its end, check."""
+def renews_across_the_end(state: CertTier, install: str) -> x509.Certificate:
+    """The shared body: write a short-lived certificate, keep creating across its end, check; the
+    renewed certificate both Pods served after the end."""
     bundle = ca_bundle()
-    until(
-        lambda: len(pods(NAMESPACE, "app.kubernetes.io/name=kratos-webhook")) == 2,
-        timeout=120,
-        what="two webhook Pods",
-    )
+    until(lambda: len(pods(NAMESPACE, WEBHOOK_PODS)) == 2, timeout=120, what="two webhook Pods")
+    installed = {c.serial_number for c in served(bundle).values()}
     written = short_lived()
-    threshold = written.not_valid_after_utc - (written.not_valid_after_utc - written.not_valid_before_utc) / 3
-    until(lambda: all(c.serial_number == written.serial_number for c in served(bundle).values()),
-          timeout=180, what="both webhook Pods serving the short-lived certificate", every=2)  # fmt: skip
-    renewed_at: float | None = None
+    assert written.not_valid_after_utc - written.not_valid_before_utc == LIFETIME
+    due = renewal_due_at(written, RENEW_BEFORE)  # 2 minutes before its end (pki.renew_ahead)
+    renewed_at: float | None = None  # when both Pods first served a certificate newer than the written one
+    seen_written = False
     with SteadyCreates(f"kratos-{install}-renew") as load:
         while dt.datetime.now(dt.UTC) < written.not_valid_after_utc + dt.timedelta(seconds=30):
             now_served = served(bundle)
+            seen_written = seen_written or any(
+                c.serial_number == written.serial_number for c in now_served.values()
+            )
             if (
                 renewed_at is None
-                and now_served
-                and all(c.serial_number != written.serial_number for c in now_served.values())
+                and len(now_served) == 2
+                and all(
+                    c.serial_number not in installed | {written.serial_number} for c in now_served.values()
+                )
             ):
                 renewed_at = time.time()
             time.sleep(2)
     after_end = served(bundle)  # new connections after the old certificate's end: verified, and the new one
-    assert after_end and all(c.serial_number != written.serial_number for c in after_end.values()), after_end
-    assert all(c.not_valid_after_utc > written.not_valid_after_utc for c in after_end.values())
+    assert len(after_end) == 2, f"both webhook Pods answer after the end: {sorted(after_end)}"
+    assert all(c.serial_number not in installed | {written.serial_number} for c in after_end.values()), (
+        after_end
+    )
+    assert len({c.serial_number for c in after_end.values()}) == 1, (
+        "both Pods serve the same renewed certificate"
+    )
+    assert renewed_at is not None, "both webhook Pods served a renewed certificate"
+    assert renewed_at < written.not_valid_after_utc.timestamp(), "renewed and served before the old one's end"
     assert load.failures == [], load.failures[:3]
     assert ca_bundle() == bundle, "caBundle unchanged"
-    current = load_cert(data(secret("kratos-webhook-tls"), "tls.crt"), where="tls.crt")
-    assert {c.serial_number for c in after_end.values()} == {current.serial_number}
+    renewed = next(iter(after_end.values()))
+    issued_at = renewed.not_valid_before_utc + BACKDATE  # valid from 5 minutes before its renewal
+    assert renewed.not_valid_after_utc - issued_at == LIFETIME, "the old lifetime, from the renewal"
+    assert due - dt.timedelta(seconds=5) <= issued_at < written.not_valid_after_utc, (issued_at, due)
+    assert renewed.not_valid_after_utc > written.not_valid_after_utc
+    assert signed_by(renewed, authority())
     assert (
-        current.subject == written.subject
-        and current.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+        renewed.subject == written.subject
+        and renewed.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
         == written.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
     )
-    assert abs(
-        (current.not_valid_after_utc - current.not_valid_before_utc)
-        - (written.not_valid_after_utc - written.not_valid_before_utc)
-    ) < dt.timedelta(seconds=2)
     events = json.loads(
         kubectl(
             "-n", NAMESPACE, "get", "events", "--field-selector", "reason=CertificateRenewed", "-o", "json"
@@ -188,29 +212,40 @@ def renews_across_the_end(state: CertTier, install: str) -> None:
     )["items"]
     assert events, "the renewal Event"
     assert controller_metric('kratos_certificate_renewals_total{outcome="renewed"}') >= 1
-    assert renewed_at is not None
     state.figures[install] = {
         "creates": load.answered, "failed": len(load.failures),
-        "threshold to the new certificate served by both Pods s": round(renewed_at - threshold.timestamp(), 1),
-        "new certificate ends": current.not_valid_after_utc.isoformat(),
+        "both Pods served the written certificate": seen_written,
+        "due to renewed s": round(issued_at.timestamp() - due.timestamp(), 1),
+        "due to the new certificate served by both Pods s": round(renewed_at - due.timestamp(), 1),
+        "served before the old one's end by s": round(written.not_valid_after_utc.timestamp() - renewed_at, 1),
+        "new certificate ends": renewed.not_valid_after_utc.isoformat(),
     }  # fmt: skip
-    print(f"{install}: {load.answered} creates across the old certificate's end, 0 failed; both Pods served the "
-          f"renewed one {renewed_at - threshold.timestamp():.1f} s after the renewal threshold; caBundle unchanged")  # fmt: skip
+    print(f"{install}: {load.answered} creates across the old certificate's end, 0 failed; renewed "
+          f"{issued_at.timestamp() - due.timestamp():.1f} s after it was due; both Pods served the renewed one "
+          f"{written.not_valid_after_utc.timestamp() - renewed_at:.1f} s before the old one's end; caBundle unchanged")  # fmt: skip
+    return renewed
 
 
 def test_1_installed_by_the_chart_the_certificate_renews_itself_and_an_upgrade_keeps_it(certs: CertTier):
     kubectl("delete", "namespace", NAMESPACE, "--ignore-not-found", "--timeout=180s", check=False)
     namespace_gone(NAMESPACE)
     chart = str(REPO / "webhook-config" / "chart")
-    values = chart_values("0.1.0", config={"resyncSeconds": RESYNC})
+    values = chart_values("0.1.0")  # the chart's defaults
     helm_config().install(chart, RELEASE, values, namespace=NAMESPACE, create_namespace=True,
                           wait="watcher", timeout=300)  # fmt: skip
     try:
-        renews_across_the_end(certs, "chart")
-        renewed = secret("kratos-webhook-tls")["data"]
-        values["config"]["maxGpusPerPod"] = 4
+        renewed = renews_across_the_end(certs, "chart")
+        ca_before = secret("kratos-webhook-ca")["data"]
+        values["config"] = {"maxGpusPerPod": 4}
         helm_config().upgrade(chart, RELEASE, values, namespace=NAMESPACE, wait="watcher", timeout=300)
-        assert secret("kratos-webhook-tls")["data"] == renewed, "the upgrade kept the renewed certificate"
+        # kept: the renewed certificate, or (its 5 minutes run on) the leader's next renewal of it,
+        # never one the chart made anew (a servingDays certificate) nor another CA
+        assert secret("kratos-webhook-ca")["data"] == ca_before, "the upgrade kept the CA"
+        kept = load_cert(data(secret("kratos-webhook-tls"), "tls.crt"), where="tls.crt")
+        assert signed_by(kept, authority()) and kept.not_valid_after_utc >= renewed.not_valid_after_utc
+        assert kept.not_valid_after_utc - kept.not_valid_before_utc < dt.timedelta(hours=1), (
+            "the upgrade kept the renewed certificate"
+        )
     finally:
         helm_config().uninstall(RELEASE, wait="watcher", timeout=300)
         kubectl("delete", "namespace", NAMESPACE, "--ignore-not-found", "--wait=false", check=False)
@@ -223,9 +258,7 @@ def test_2_installed_by_the_readme_the_certificate_renews_itself(certs: CertTier
         sh(
             f"kubectl -n {NAMESPACE} get secret kratos-webhook-ca", certs.tier
         )  # step 2's --in-cluster wrote it
-        sh(f"kubectl -n {NAMESPACE} set env deploy/kratos-controller KRATOS_RESYNC_SECONDS={RESYNC} && "
-           f"kubectl -n {NAMESPACE} rollout status deploy/kratos-controller --timeout=180s", certs.tier, timeout=240)  # fmt: skip
-        renews_across_the_end(certs, "kustomize")
+        renews_across_the_end(certs, "kustomize")  # the README's install as it is: no test-only setting
     finally:
         documented_uninstall(certs.tier)
         namespace_gone(NAMESPACE)
