@@ -11,9 +11,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+import orjson
+
 from kratos_admit.admission import responses
+from kratos_admit.admission.cache import Against, DecisionCache, key_of
 from kratos_admit.admission.patch import diff
 from kratos_admit.admission.request import AdmissionRequest, decode_review
+from kratos_admit.admission.responses import Outcome
 from kratos_admit.decisions.policy import Decision, PolicyContext, mutate, parent_warnings, validate
 from kratos_admit.decisions.stores import CalibrationStore, NodeStore, ProfileStore, StaticCalibrationStore
 from kratos_admit.domain import vocabulary as v
@@ -24,7 +28,6 @@ from kratos_admit.domain.raw import as_mapping
 from kratos_admit.domain.signing import signed_role
 
 Webhook = Literal["mutate", "validate"]
-Outcome = Literal["allowed", "patched", "denied", "error"]
 
 
 @dataclass(slots=True)
@@ -35,7 +38,15 @@ class ReviewResult:
     request: AdmissionRequest
     outcome: Outcome
     decision: Decision
-    patch: list[dict[str, Any]] = field(default_factory=list)
+    ops: list[dict[str, Any]] | None = None  # the patch, or None: decoded from ``ops_json`` when read
+    ops_json: bytes = b""  # the patch as JSON, where the answer came from the decision cache
+
+    @property
+    def patch(self) -> list[dict[str, Any]]:
+        """The RFC 6902 operations of the answer (its ``patch``, decoded)."""
+        if self.ops is None:
+            self.ops = orjson.loads(self.ops_json) if self.ops_json else []
+        return self.ops
 
 
 class RunsUnderWay:
@@ -87,6 +98,8 @@ class AdmissionEngine:
     nodes: NodeStore
     runs: RunsUnderWay = field(default_factory=RunsUnderWay)
     calibration: CalibrationStore = field(default_factory=StaticCalibrationStore)
+    # answers of the online path (``review``, ``review_live``) for objects that differ only by name
+    decisions: DecisionCache = field(default_factory=DecisionCache)
 
 
 def build_engine(
@@ -108,8 +121,11 @@ def build_engine(
 
 
 def review(body: bytes, *, webhook: Webhook, engine: AdmissionEngine) -> ReviewResult:
-    """Answer one AdmissionReview. Raises AdmissionRequestError only for a broken request."""
-    return answer(decode_review(body), webhook=webhook, engine=engine)
+    """Answer one AdmissionReview. Raises AdmissionRequestError only for a broken request.
+
+    Online: an answer may come from ``engine.decisions`` (see ``cache``), and then its
+    ``decision.mutated`` is None; the patch is the answer."""
+    return answer(decode_review(body), webhook=webhook, engine=engine, remember=True)
 
 
 async def review_live(body: bytes, *, webhook: Webhook, engine: AdmissionEngine) -> ReviewResult:
@@ -118,7 +134,7 @@ async def review_live(body: bytes, *, webhook: Webhook, engine: AdmissionEngine)
     key = request.profile_key
     if key is not None and _stale(engine.profiles.get(*key), request):
         await engine.profiles.refresh(*key)
-    return answer(request, webhook=webhook, engine=engine)
+    return answer(request, webhook=webhook, engine=engine, remember=True)
 
 
 def _stale(cached: WorkloadProfile | None, request: AdmissionRequest) -> bool:
@@ -134,13 +150,23 @@ def _stale(cached: WorkloadProfile | None, request: AdmissionRequest) -> bool:
     )
 
 
-def answer(request: AdmissionRequest, *, webhook: Webhook, engine: AdmissionEngine) -> ReviewResult:
+def answer(
+    request: AdmissionRequest, *, webhook: Webhook, engine: AdmissionEngine, remember: bool = False
+) -> ReviewResult:
+    """The answer to a decoded request; ``remember``: from and into ``engine.decisions`` (the
+    offline review, which reads ``decision.mutated``, does not)."""
+    if remember and request.opted_in and engine.decisions.size:
+        return _answer_remembered(request, webhook=webhook, engine=engine)
     decision = Decision(allowed=True)
     if request.opted_in:
         decision = decide(request, webhook=webhook, engine=engine)
     elif request.labelled_parent and webhook == "validate" and request.object is not None:
         assert request.parent_kind is not None
         decision.warnings = parent_warnings(request.object, request.parent_kind)
+    return _result(request, decision)
+
+
+def _result(request: AdmissionRequest, decision: Decision) -> ReviewResult:
     patch: list[dict[str, Any]] = []
     if not decision.allowed:
         response = responses.denied(request.uid, "; ".join(str(e) for e in decision.violations))
@@ -155,8 +181,48 @@ def answer(request: AdmissionRequest, *, webhook: Webhook, engine: AdmissionEngi
         request=request,
         outcome=outcome,
         decision=decision,
-        patch=patch,
+        ops=patch,
     )
+
+
+def _answer_remembered(
+    request: AdmissionRequest, *, webhook: Webhook, engine: AdmissionEngine
+) -> ReviewResult:
+    profile = _profile(request, webhook=webhook, engine=engine)
+    against = Against(
+        profile,
+        engine.calibration.current(),
+        engine.nodes.gpu_products(),
+        engine.nodes.product_nodes(),
+        engine.ctx,
+    )
+    key = key_of(request, webhook, engine.ctx, profile)
+    found = engine.decisions.get(key, against, request) if key is not None else None
+    if found is not None:
+        _note_run(request, found.decision, engine)
+        response = {"uid": request.uid, **found.response}
+        return ReviewResult(
+            body=responses.review_envelope(request.api_version, response),
+            request=request,
+            outcome=found.outcome,
+            decision=found.decision,
+            ops_json=found.patch_json,
+        )
+    result = _result(
+        request, _decide(request, webhook=webhook, engine=engine, profile=profile, against=against)
+    )
+    if key is not None:
+        response = result.body["response"]
+        engine.decisions.remember(
+            key,
+            against,
+            request,
+            decision=result.decision,
+            patch=result.patch,
+            response=response,
+            outcome=result.outcome,
+        )
+    return result
 
 
 def _profile_for(key: tuple[str, str], engine: AdmissionEngine, job: str) -> WorkloadProfile | None:
@@ -175,14 +241,47 @@ def _signed_role(request: AdmissionRequest, engine: AdmissionEngine) -> str | No
     return signed_role(meta, namespace=request.namespace, key=engine.ctx.signing_key)
 
 
-def decide(request: AdmissionRequest, *, webhook: Webhook, engine: AdmissionEngine) -> Decision:
-    """The policy's decision on an opted-in request, with the profile its key names."""
-    assert request.kind is not None and request.object is not None, "only opted-in requests reach here"
+def _profile(
+    request: AdmissionRequest, *, webhook: Webhook, engine: AdmissionEngine
+) -> WorkloadProfile | None:
+    """The profile the request's key names, or the run this process just admitted for it."""
     key = request.profile_key
+    if key is None:
+        return None
     # a user's Job under the name of the run remembered is that Job again; KRATOS's own rewrite of it
     # (reinvoked after another webhook) and the validating call after it are not
     again = webhook == "mutate" and request.kind == "Job" and not _signed_role(request, engine)
-    profile = _profile_for(key, engine, request.name if again else "") if key is not None else None
+    return _profile_for(key, engine, request.name if again else "")
+
+
+def decide(request: AdmissionRequest, *, webhook: Webhook, engine: AdmissionEngine) -> Decision:
+    """The policy's decision on an opted-in request, with the profile its key names."""
+    profile = _profile(request, webhook=webhook, engine=engine)
+    against = Against(
+        profile,
+        engine.calibration.current(),
+        engine.nodes.gpu_products(),
+        engine.nodes.product_nodes(),
+        engine.ctx,
+    )
+    return _decide(request, webhook=webhook, engine=engine, profile=profile, against=against)
+
+
+def _note_run(request: AdmissionRequest, decision: Decision, engine: AdmissionEngine) -> None:
+    """A profiling rewrite admitted for real: later Jobs of the workload follow its run."""
+    if decision.action == "profiling" and request.profile_key is not None and not request.dry_run:
+        engine.runs.note(*request.profile_key, request.name)
+
+
+def _decide(
+    request: AdmissionRequest,
+    *,
+    webhook: Webhook,
+    engine: AdmissionEngine,
+    profile: WorkloadProfile | None,
+    against: Against,
+) -> Decision:
+    assert request.kind is not None and request.object is not None, "only opted-in requests reach here"
     if webhook == "mutate":
         decision = mutate(
             request.object,
@@ -190,13 +289,12 @@ def decide(request: AdmissionRequest, *, webhook: Webhook, engine: AdmissionEngi
             operation=request.operation,
             namespace=request.namespace,
             profile=profile,
-            node_products=engine.nodes.gpu_products(),
+            node_products=against.products,
             ctx=engine.ctx,
-            calibration=engine.calibration.current(),
-            product_nodes=engine.nodes.product_nodes(),
+            calibration=against.calibration,
+            product_nodes=against.product_nodes,
         )
-        if decision.action == "profiling" and key is not None and not request.dry_run:
-            engine.runs.note(*key, request.name)
+        _note_run(request, decision, engine)
         return decision
     return validate(
         request.object,

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import base64
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Literal
 
 import orjson
 
 Response = dict[str, Any]
+Outcome = Literal["allowed", "patched", "denied", "error"]
 
 
 def allowed(uid: str) -> Response:

@@ -48,6 +48,12 @@ def add_webhook_command(commands: Any, defaults: Config) -> None:
     webhook.add_argument(
         "--workers", type=int, default=1, metavar="N", help="serving processes sharing the port"
     )
+    webhook.add_argument(
+        "--event-loop",
+        choices=("asyncio", "uvloop"),
+        default="asyncio",
+        help="the event loop to serve on (uvloop: libuv's; docs/benchmarks.md)",
+    )
 
 
 def add_controller_command(commands: Any) -> None:
@@ -77,18 +83,20 @@ def cmd_webhook(args: argparse.Namespace, stdout: TextIO, stderr: TextIO, stdin:
     if not 1 <= args.workers <= 64:
         raise UsageError("--workers must be between 1 and 64")
     configure_logging(config.log_level, stderr)
-    from kratos_admit.webhook.server import serve_processes  # noqa: PLC0415 (see LAZY_ERRORS)
+    from kratos_admit.webhook.server import run_loop, serve_processes  # noqa: PLC0415 (see LAZY_ERRORS)
 
     if config.source == "files":
         key, warning = signing_key_of(config.signing_key_file, allow_development=True)
         engine = file_engine(config, key)  # loaded once, shared by forks
         if warning:
             print(warning, file=stderr)
-        status = serve_processes(lambda: engine, config=config, workers=args.workers)
+        status = serve_processes(
+            lambda: engine, config=config, workers=args.workers, event_loop=args.event_loop
+        )
         return ExitStatus.OK if status == 0 else ExitStatus.FAILED
     key, _ = signing_key_of(config.signing_key_file, allow_development=False)
     if args.workers == 1:
-        asyncio.run(_serve_cluster(config, key, args.kubeconfig))
+        run_loop(_serve_cluster(config, key, args.kubeconfig), args.event_loop)
         return ExitStatus.OK
     raise UsageError(
         "--workers above 1 serves file stores only; in a cluster, scale the Deployment's replicas"

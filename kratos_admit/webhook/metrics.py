@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, multiprocess, values
 
@@ -50,6 +51,7 @@ class AdmissionMetrics:
         # what /metrics serves: this process's registry, or the sum over all workers
         self.exposition = shared_registry(shared) if shared else self.registry
         self._shared = shared is not None
+        self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
         r = self.registry
         self.requests = Counter(
             "kratos_admission_requests",
@@ -99,6 +101,21 @@ class AdmissionMetrics:
             registry=r,
             multiprocess_mode="livemin",
         )
+
+    def inc(self, counter: Counter, *labels: str) -> None:
+        """``counter.labels(*labels).inc()``, the labelled child looked up once (per request it
+        was a lock, a join and a validation of every label, for each of four metrics)."""
+        self._child(counter, labels).inc()
+
+    def observe(self, histogram: Histogram, label: str, value: float) -> None:
+        self._child(histogram, (label,)).observe(value)
+
+    def _child(self, metric: Counter | Histogram, labels: tuple[str, ...]) -> Any:
+        key = (id(metric), labels)
+        found = self._children.get(key)
+        if found is None:
+            found = self._children[key] = metric.labels(*labels)
+        return found
 
     def watch_profile_count(self, count: Callable[[], int]) -> None:
         if self._shared:  # samples live in files, not in a callback; workers serve file stores,
