@@ -635,3 +635,143 @@ def test_exact_runs_re_fit_the_profiles_own_shares():
     for name, (sm, mem) in SHAPES.items():
         fitted = calibration.workloads[name]
         assert (fitted.sm, fitted.mem) == pytest.approx((sm / 100, mem / 100), abs=0.005), name
+
+
+# --- per unit (issue 43): tensor, FP32, FP64 and memory, each with its own factor ---------------------
+
+H100, A10 = "NVIDIA-H100-80GB-HBM3", "NVIDIA-A10"
+UNIT_PRODUCTS = (H100, A100, L40S, A10)
+# workload: time shares on the H100 (latency the rest)
+UNIT_SHAPES: dict[str, dict[v.Unit, float]] = {
+    "bf16-train": {"tensor": 0.86, "memory": 0.06},
+    "fp16-infer": {"tensor": 0.7, "memory": 0.1},
+    "dgemm": {"fp64": 0.94},
+    "fp64-solver": {"fp64": 0.8, "memory": 0.05},
+    "nbody": {"fp32": 0.9},
+    "pricing": {"fp32": 0.85, "memory": 0.03},
+    "triad": {"memory": 0.9},
+    "decode": {"memory": 0.75, "tensor": 0.1},
+}
+
+
+def units_truth() -> Truth:
+    """Every unit of every product off the catalog: tensor and FP64 by -15 to +14 %."""
+    off: dict[str, tuple[float, float, float, float]] = {  # tensor, fp32, fp64, memory
+        H100: (0.96, 0.95, 0.97, 0.98),
+        A100: (0.86, 1.02, 0.89, 0.91),
+        L40S: (1.14, 0.82, 1.0, 0.94),
+        A10: (0.85, 0.81, 1.0, 0.92),
+    }
+    figures = {}
+    for product, (tensor, fp32, fp64, memory) in off.items():
+        entry = CATALOG.lookup(product)
+        assert entry is not None
+        figures[product] = Figures(
+            entry.sustained_fp32_tflops * fp32,
+            entry.sustained_bandwidth_gbs * memory,
+            entry.sustained_tensor_tflops * tensor,
+            entry.sustained_fp64_tflops * fp64,
+        )
+    return Truth(CATALOG, figures)
+
+
+def unit_samples(truth: Truth, pairs: Mapping[str, tuple[str, ...]], *, runs: int = 5) -> list[Sample]:
+    """Exact runs of each workload (profiled on the H100, its time shares) on each of its products."""
+    found = []
+    for name, products in pairs.items():
+        shares = dict(UNIT_SHAPES[name])
+        shares["latency"] = 1 - sum(shares.values())
+        for product in products:
+            seconds = 1000.0 * truth.relative_time(shares, reference=H100, product=product)
+            pairs_ = tuple((u, x) for u, x in shares.items() if u != "latency")
+            found.append(Sample(name, product, runs, seconds, 0.5, 0.5, H100, pairs_))
+    return found
+
+
+def true_factor(truth: Truth, unit: v.Unit, product: str) -> float:
+    """How much longer ``unit``'s time takes on ``product`` than the catalog says, relative to the H100's."""
+    entry, base = CATALOG.lookup(product), CATALOG.lookup(H100)
+    assert entry is not None and base is not None
+    catalog_ratio = entry.sustained(unit) / base.sustained(unit)  # type: ignore[operator]
+    true_ratio = truth.product(product).sustained(unit) / truth.product(H100).sustained(unit)  # type: ignore[operator]
+    return catalog_ratio / true_ratio
+
+
+def test_the_fit_learns_a_factor_per_unit_from_runs_with_time_shares():
+    """Exact runs of tensor-, FP64-, FP32- and memory-bound workloads on every product: each unit's
+    factor, relative to the H100's, is the truth's; an FP64 factor on the L40S and A10 too (FP64 work
+    there is 47 to 68 times slower, and still clearly FP64-bound)."""
+    truth = units_truth()
+    calibration = fit_calibration(unit_samples(truth, dict.fromkeys(UNIT_SHAPES, UNIT_PRODUCTS)), CATALOG)
+    base = calibration.products[H100]
+    for product in UNIT_PRODUCTS:
+        fitted = calibration.products[product]
+        for unit in ("tensor", "fp32", "fp64", "memory"):
+            support = fitted.support(unit)
+            assert support.qualifies(5), (product, unit, fitted.as_dict())
+            factor = support.factor / base.support(unit).factor
+            assert factor == pytest.approx(true_factor(truth, unit, product), rel=0.01), (product, unit)
+
+
+def test_a_unit_no_run_exercised_keeps_the_catalogs_figure_and_is_not_written():
+    """FP32- and memory-bound runs on the A10 (decode's tensor share is there, but its runs are
+    clearly memory-bound): the A10's tensor and FP64 stay the catalog's."""
+    truth = units_truth()
+    pairs = dict.fromkeys(("nbody", "pricing", "triad", "decode"), (H100, A10))
+    samples = unit_samples(truth, pairs)
+    calibration = fit_calibration(samples, CATALOG)
+    a10 = calibration.products[A10]
+    assert a10.compute.qualifies(5) and a10.memory.qualifies(5)
+    assert (a10.tensor, a10.fp64) == (FactorSupport(), FactorSupport())
+    written = json.loads(calibration.to_json())["products"][A10]
+    assert not any(k.startswith(("tensor", "fp64")) for k in written), written
+    assert written["fp32TimeFactor"] == written["computeTimeFactor"] == a10.compute.factor
+    entry = CATALOG.lookup(A10)
+    assert entry is not None
+    calibrated, changed = calibration.calibrated(entry, 5)
+    assert changed and calibrated.sustained_tensor_tflops == entry.sustained_tensor_tflops
+    assert calibrated.sustained_fp32_tflops == pytest.approx(entry.sustained_fp32_tflops / a10.compute.factor)
+
+
+def test_a_configmap_written_before_the_units_model_still_loads_its_compute_factor_as_fp32():
+    before = {
+        "products": {
+            L4: {"memoryTimeFactor": 1.1357, "computeTimeFactor": 0.7912, "runs": 11, "workloads": 3,
+                 "memoryRuns": 22, "memoryWorkloads": 4, "computeRuns": 11, "computeWorkloads": 3,
+                 "updatedAt": "2026-11-23T10:00:00Z"},
+        },
+        "workloads": {
+            "team-a/stream": {"product": T4, "smThroughput": 0.9, "memoryThroughput": 99.5, "fp32Tflops": 6.67,
+                              "bandwidthGBs": 271.2, "runs": 14, "products": 3, "updatedAt": "t"},
+        },
+    }  # fmt: skip
+    calibration = parse_calibration(json.dumps(before))
+    l4 = calibration.products[L4]
+    assert l4.support("fp32") == FactorSupport(0.7912, 11, 3) == l4.compute
+    assert l4.support("memory") == FactorSupport(1.1357, 22, 4)
+    assert l4.support("tensor") == l4.support("fp64") == FactorSupport()
+    stream = calibration.shares_of("team-a", "stream")
+    assert stream is not None and stream.time_shares == ()
+    assert (stream.sm, stream.mem) == pytest.approx((0.009, 0.995))
+    again = parse_calibration(calibration.to_json())
+    assert again.to_json() == calibration.to_json()
+
+
+def test_re_fitted_time_shares_round_trip_and_the_ranking_reads_them_against_their_figures():
+    truth = units_truth()
+    calibration = fit_calibration(
+        unit_samples(truth, dict.fromkeys(UNIT_SHAPES, UNIT_PRODUCTS)), CATALOG, updated_at="t"
+    )
+    fitted = calibration.workloads["bf16-train"]
+    shares = dict(fitted.time_shares)
+    assert set(shares) == {"tensor", "memory", "latency"} and sum(shares.values()) == pytest.approx(
+        1, abs=1e-4
+    )
+    assert shares["tensor"] == pytest.approx(0.86, abs=0.01), "exact runs keep the profile's shares"
+    assert dict(fitted.figures)["tensor"] > 0 and "fp64" not in dict(fitted.figures)
+    again = parse_calibration(calibration.to_json())
+    assert again.to_json() == calibration.to_json()
+    document = json.loads(calibration.to_json())
+    document["workloads"]["bf16-train"]["timeShares"]["bogus"] = "0.1"
+    with pytest.raises(CalibrationError, match="'bogus' is not a unit"):
+        parse_calibration(json.dumps(document))

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from kratos_admit.domain.catalog import CatalogError, base_product, load_catalog
+from kratos_admit.domain.catalog import FP64_FACTOR, TENSOR_FACTOR, CatalogError, base_product, load_catalog
 from tests.harness import CATALOG
 
 # Every product family DESIGN names, as GPU Feature Discovery writes it.
@@ -74,7 +74,8 @@ def test_catalog_file_overrides_the_built_in(tmp_path: Path):
     path = tmp_path / "catalog.yaml"
     path.write_text(
         "products:\n- {product: X-GPU, architecture: Test, memoryGB: 8, memoryBandwidthGBs: 100, fp32Tflops: 1,"
-        " fp16TensorTflops: 2, smCount: 4, computeCapability: '8.0', relativeCost: 0.1, source: test}\n"
+        " fp16TensorTflops: 2, fp64Tflops: 0.5, smCount: 4, computeCapability: '8.0', relativeCost: 0.1,"
+        " source: test}\n"
     )
     catalog = load_catalog(path)
     assert [p.product for p in catalog.products] == ["X-GPU"]
@@ -86,8 +87,16 @@ def test_catalog_file_overrides_the_built_in(tmp_path: Path):
         ("products: [{product: X}]", "products.0.architecture"),
         ("products: [", "not valid YAML"),
         (
-            "products:\n- {product: X-GPU, architecture: T, memoryGB: 8, memoryBandwidthGBs: 100, fp32Tflops: 1, fp16TensorTflops: 2, smCount: 4, computeCapability: 'eight', relativeCost: 0.1, source: t}",
+            "products:\n- {product: X-GPU, architecture: T, memoryGB: 8, memoryBandwidthGBs: 100, fp32Tflops: 1, fp16TensorTflops: 2, fp64Tflops: 1, smCount: 4, computeCapability: 'eight', relativeCost: 0.1, source: t}",
             "computeCapability",
+        ),
+        (
+            "products:\n- {product: X-GPU, architecture: T, memoryGB: 8, memoryBandwidthGBs: 100, fp32Tflops: 1, fp16TensorTflops: 2, smCount: 4, computeCapability: '8.0', relativeCost: 0.1, source: t}",
+            "products.0.fp64Tflops: Field required",
+        ),
+        (
+            "products:\n- {product: X-GPU, architecture: T, memoryGB: 8, memoryBandwidthGBs: 100, fp32Tflops: 1, fp16TensorTflops: 2, fp64Tflops: 1, measuredFp64Tflops: 0.9, smCount: 4, computeCapability: '8.0', relativeCost: 0.1, source: t}",
+            "a measured figure needs measuredSource",
         ),
     ],
 )
@@ -96,3 +105,110 @@ def test_bad_catalog_file_names_the_field(tmp_path: Path, text, message):
     path.write_text(text)
     with pytest.raises(CatalogError, match=message):
         load_catalog(path)
+
+
+# --- every unit (issue 43): FP64, FP64 tensor cores, sustained tensor and FP64 figures --------------
+
+# the products with FP64 tensor cores (GA100, GH100, GB100 class), as the catalog names them
+FP64_TENSOR = {
+    "NVIDIA-A30",
+    "NVIDIA-A100-PCIE-40GB",
+    "NVIDIA-A100-SXM4-40GB",
+    "NVIDIA-A100-80GB-PCIe",
+    "NVIDIA-A100-SXM4-80GB",
+    "NVIDIA-H100-PCIe",
+    "NVIDIA-H100-80GB-HBM3",
+    "NVIDIA-H100-NVL",
+    "NVIDIA-H200",
+    "NVIDIA-H200-NVL",
+    "NVIDIA-GH200-480GB",
+    "NVIDIA-GH200-144G-HBM3e",
+    "NVIDIA-B200",
+}
+H100 = "NVIDIA-H100-80GB-HBM3"
+
+
+def test_every_product_has_fp64_and_only_fp64_tensor_core_products_have_fp64_tensor_figures():
+    for entry in CATALOG.products:
+        assert entry.fp64_tflops > 0, entry.product
+        for unit in ("tensor", "fp32", "fp64", "memory"):
+            figure = entry.sustained(unit)
+            assert figure is not None and figure > 0, (entry.product, unit)
+        assert entry.sustained("latency") is None
+    assert {p.product for p in CATALOG.products if p.fp64_tensor_tflops is not None} == FP64_TENSOR
+
+
+@pytest.mark.parametrize(
+    ("architecture", "fraction"),
+    [("Ada Lovelace", 1 / 64), ("Ampere GA10x", 1 / 32), ("Turing", 1 / 32), ("Volta", 1 / 2)],
+)
+def test_fp64_on_cuda_core_parts_is_their_architectures_fraction_of_fp32(architecture, fraction):
+    entries = [p for p in CATALOG.products if p.architecture == architecture]
+    assert entries
+    for entry in entries:
+        assert entry.fp64_tflops == pytest.approx(entry.fp32_tflops * fraction, rel=0.03), entry.product
+        assert entry.fp64_tensor_tflops is None
+
+
+def test_fp64_tensor_cores_run_fp64_at_the_fp32_rate_or_twice_the_cuda_cores():
+    for name in FP64_TENSOR:
+        entry = CATALOG.lookup(name)
+        assert entry is not None and entry.fp64_tensor_tflops is not None
+        assert entry.fp64_tensor_tflops >= entry.fp64_tflops
+        assert entry.sustained_fp64_tflops > entry.fp64_tflops * 0.9  # the tensor cores' figure is used
+
+
+def test_the_h100s_measured_figures_are_its_sustained_figures_and_cited():
+    entry = CATALOG.lookup(H100)
+    assert entry is not None and entry.measured_source
+    assert "H100 80GB HBM3" in entry.measured_source and "Nsight Compute 2025.3.1" in entry.measured_source
+    assert (
+        entry.sustained("tensor"),
+        entry.sustained("fp32"),
+        entry.sustained("fp64"),
+        entry.sustained("memory"),
+    ) == (
+        789,
+        56.2,
+        62.1,
+        2767,
+    )
+
+
+def test_unmeasured_figures_are_the_datasheets_times_the_architectures_factor():
+    a10 = CATALOG.lookup("NVIDIA-A10")
+    assert a10 is not None and a10.measured_tensor_tflops is None and a10.measured_fp64_tflops is None
+    assert a10.sustained_tensor_tflops == pytest.approx(125 * TENSOR_FACTOR["Ampere GA10x"])
+    assert a10.sustained_fp64_tflops == pytest.approx(a10.fp64_tflops * FP64_FACTOR["Ampere GA10x"])
+    a100 = CATALOG.lookup("NVIDIA-A100-SXM4-80GB")
+    assert a100 is not None  # FP64 on its tensor cores, not its CUDA cores
+    assert a100.sustained_fp64_tflops == pytest.approx(19.5 * FP64_FACTOR["Ampere"])
+    # the Hopper factors are the H100's measurements over its datasheet
+    assert TENSOR_FACTOR["Hopper"] == pytest.approx(789 / 989, abs=0.01)
+    assert FP64_FACTOR["Hopper"] == pytest.approx(62.1 / 67, abs=0.01)
+
+
+@pytest.mark.parametrize("product", ["NVIDIA-L40S", "NVIDIA-A10", "NVIDIA-L4", "NVIDIA-A100-SXM4-80GB"])
+def test_products_are_keyed_as_gpu_feature_discovery_writes_them(product):
+    """GFD writes the NVML name with its spaces as dashes: "NVIDIA L40S" becomes NVIDIA-L40S."""
+    entry = CATALOG.lookup(product)
+    assert entry is not None and entry.product == product
+
+
+def test_a_mig_slice_gets_its_share_of_every_units_figure():
+    whole = CATALOG.lookup("NVIDIA-A100-SXM4-80GB")
+    part = CATALOG.placement("NVIDIA-A100-SXM4-80GB-MIG-3g.40gb")
+    assert whole is not None and part is not None
+    assert part.sustained_tensor_tflops == pytest.approx(whole.sustained_tensor_tflops * 3 / 7)
+    assert part.sustained_fp64_tflops == pytest.approx(whole.sustained_fp64_tflops * 3 / 7)
+    assert part.fp64_tensor_tflops == pytest.approx(19.5 * 3 / 7)
+    assert part.sustained_bandwidth_gbs == pytest.approx(whole.sustained_bandwidth_gbs * 40 / 80)
+
+
+def test_with_sustained_replaces_only_the_units_named():
+    entry = CATALOG.lookup("NVIDIA-L40S")
+    assert entry is not None
+    changed = entry.with_sustained({"fp64": 2.0, "latency": 9.0})
+    assert changed.sustained_fp64_tflops == 2.0 and changed.sustained("latency") is None
+    assert changed.sustained_tensor_tflops == entry.sustained_tensor_tflops
+    assert changed.sustained_bandwidth_gbs == entry.sustained_bandwidth_gbs

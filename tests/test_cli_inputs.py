@@ -278,7 +278,7 @@ def test_a_bad_input_gets_its_exit_status_and_one_line_naming_the_culprit(
         pytest.param(["review", "-f", "x.yaml", "--bogus"], "usage: kratos-admit review", "unrecognized arguments: --bogus", id="review-unknown-flag"),
         pytest.param(["review"], "usage: kratos-admit review", "the following arguments are required: -f/--filename", id="review-no-file"),
         pytest.param(["review", "-f", "x.yaml", "-o", "xml"], "usage: kratos-admit review", "argument -o/--output: invalid choice: 'xml'", id="review-bad-output"),
-        pytest.param(["placement", "-n", "x"], "usage: kratos-admit placement", "the following arguments are required: -p/--profile", id="placement"),
+        pytest.param(["placement", "-n", "x"], "usage: kratos-admit placement", "one of the arguments -p/--profile --summary is required", id="placement"),
         pytest.param(["certs", "inject"], "usage: kratos-admit certs inject", "the following arguments are required: --ca", id="certs-inject"),
         pytest.param(["test", "a", "b"], "usage: kratos-admit test", "unrecognized arguments: b", id="test-two-dirs"),
         pytest.param(["webhook", "--workers", "two"], "usage: kratos-admit webhook", "argument --workers: invalid int value: 'two'", id="webhook-workers"),

@@ -21,8 +21,8 @@ from aiohttp.test_utils import TestClient, TestServer
 from kratos_admit.admission.review import review_document
 from kratos_admit.decisions.calibration import Calibration, FactorSupport, ProductCalibration, samples_of
 from kratos_admit.decisions.calibration_fit import fit_calibration
+from kratos_admit.decisions.exploration import REACH, exploration, exploring
 from kratos_admit.decisions.hints import ranking_of
-from kratos_admit.decisions.ranking import REACH, exploration, exploring
 from kratos_admit.domain import vocabulary as v
 from kratos_admit.domain.config import Config
 from kratos_admit.domain.profile import WorkloadProfile
@@ -348,22 +348,76 @@ def held_out(seed: int, jobs: int = 480) -> tuple[Trace, list[SimNode], Truth]:
 
 def test_on_a_held_out_mixed_trace_every_exercised_figure_ends_within_ten_percent_at_a_small_cost():
     """Issue 39's acceptance: an A100/H100/GH200/A10/T4 cluster, compute- and memory-bound workloads,
-    480 Jobs, the default share. Without exploration the A10's FP32 is predicted 13 % off at the end
-    (only the compute-bound Jobs that spill there when every better GPU is full measure it); with it,
-    every product's FP32 and bandwidth within 10 %, and mean JCT within 3 % of the run without. This is
-    seed 8 of the six seeds (7 to 12) docs/ranking.md reports: two of the others miss one criterion
-    each (seed 7 costs 3.3 % of mean JCT, seed 9 ends with the A10's FP32 10.9 % off)."""
+    480 Jobs, the default share: every product's FP32 and bandwidth within 10 %, and mean JCT within
+    3 % of the run without exploration. Seed 8 of the seeds docs/ranking.md reports (7 to 10 since
+    the catalog carries the H100's own measurements: every figure within 7.9 % with exploration, mean
+    JCT +3.0, -1.5, +0.1 and -0.8 %). With the H100's measured FP32 (56.2 TFLOP/s, where the catalog
+    had 42.9) compute-bound work spills onto the A10 often enough that its FP32 is learned without
+    exploration too (4.3 to 5.0 % off in those seeds; 13.1 % on seed 8 before), so the run without
+    it is no longer the worse one here; the explored Jobs went to the GH200."""
     trace, nodes, truth = held_out(8)
     config = Config()
     assert config.exploration_share == 0.05
     result = simulate(trace, nodes, truth=truth, config=config, catalog=CATALOG, seed=8,
                       policies=("kratos-no-exploration", "kratos"))  # fmt: skip
-    without = result.without_exploration[A10].figure_errors["fp32"]
-    assert without > 0.10, f"the catalog's A10 FP32 is not learned without exploration ({without:.1%})"
-    assert result.products[A10].explored > 0
+    assert sum(k.explored for k in result.products.values()) > 0
     errors = {(p, f): round(e, 3) for p, k in result.products.items() for f, e in k.figure_errors.items()}
     assert {(p, f) for p, _ in errors for f in ("fp32", "bandwidth")} <= set(errors), errors
     assert {k: e for k, e in errors.items() if e > 0.10} == {}, errors
     cost = result.policies["kratos"].mean_jct / result.policies["kratos-no-exploration"].mean_jct - 1
     assert abs(cost) <= 0.03, f"mean JCT {cost:+.1%} against the run without exploration"
     assert "exploration: mean JCT" in format_results(result)
+
+
+# --- per unit (issue 43): the figure explored is that of the workload's largest unit -----------------
+
+
+def measured(product: str, **shares: str) -> WorkloadProfile:
+    raw = profile("gemm", bound="compute")
+    raw["status"]["metrics"] = {"smThroughput": "90.0", "memoryThroughput": "20.0"}
+    raw["status"]["gpu"] = {"product": product}
+    raw["status"]["timeShares"] = shares
+    return WorkloadProfile.model_validate(raw)
+
+
+def test_a_tensor_bound_workload_explores_the_tensor_figure():
+    """bf16 training measured on the H100 (tensor 0.8): the A100 is 2.8 times slower by the model,
+    within REACH, and its run there is clearly tensor-bound; the reason names the tensor figure."""
+    p = measured(H100, tensor="0.8", memory="0.1", latency="0.1")
+    ranked = ranking_of(p, MIXED, config=make_ctx().config, catalog=CATALOG)
+    [found] = {
+        e.reason: e for k in range(20)
+        if (e := exploration(ranked, p, key=f"team-a/gemm-{k}", share=1.0, calibration=Calibration(),
+                             min_calibration_runs=5, catalog=CATALOG)) is not None
+    }.values()  # fmt: skip
+    assert (found.product.product.product, found.figure) == (A100, "tensor")
+    assert found.reason.startswith(f"the tensor figure of {A100} rests on 0 run(s)")
+    tensor_known = Calibration(
+        {A100: ProductCalibration(A100, FactorSupport(), FactorSupport(), tensor=FactorSupport(1.1, 6, 2))}
+    )
+    assert A100 not in chosen(ranked, p, share=1.0, calibration=tensor_known, count=20), "its tensor is known"
+    fp32_known = Calibration({A100: known(A100, compute_runs=9)})
+    assert set(chosen(ranked, p, share=1.0, calibration=fp32_known, count=20)) == {A100}, (
+        "a known FP32 says nothing of its tensor cores"
+    )
+
+
+def test_an_fp64_bound_workload_explores_the_fp64_figure_and_never_a_gpu_without_fp64_tensor_cores():
+    """A DGEMM measured on an A100: the H100 first, the A100 second (its FP64 explored), the A10 47 to
+    68 times slower, far beyond REACH."""
+    p = measured(A100, fp64="0.9", latency="0.1")
+    ranked = ranking_of(p, (H100, A100, A10), config=make_ctx().config, catalog=CATALOG)
+    assert [r.product.product for r in ranked][:2] == [H100, A100]
+    found = [
+        exploration(ranked, p, key=f"team-a/dgemm-{k}", share=1.0, calibration=Calibration(),
+                    min_calibration_runs=5, catalog=CATALOG)
+        for k in range(20)
+    ]  # fmt: skip
+    assert {(e.product.product.product, e.figure) for e in found if e is not None} == {(A100, "fp64")}
+    assert all("FP64 figure of" in e.reason for e in found if e is not None)
+
+
+def test_a_workload_whose_largest_share_is_latency_does_not_explore():
+    p = measured(H100, tensor="0.2", memory="0.2", latency="0.6")
+    ranked = ranking_of(p, MIXED, config=make_ctx().config, catalog=CATALOG)
+    assert chosen(ranked, p, share=1.0, calibration=Calibration(), count=20) == []

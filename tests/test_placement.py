@@ -11,7 +11,9 @@ import yaml
 
 from kratos_admit.cli.common import ExitStatus
 from kratos_admit.cli.main import main
-from tests.harness import EXAMPLES
+from kratos_runner.parse import parse_report
+from kratos_runner.summary import summarise
+from tests.harness import EXAMPLES, require_fixtures
 
 A100 = "NVIDIA-A100-SXM4-80GB"
 
@@ -107,7 +109,10 @@ def test_the_header_counts_the_observations_actually_used(tmp_path: Path, observ
     header, table = out.split("\n\n", 1)
     lines = header.splitlines()
     assert f"observed runtimes used for {used} of 2 products" in lines[1]
-    assert lines[2] == "source: nsight-compute" and lines[3:] == said
+    assert lines[2].startswith(
+        "time shares: tensor 0%, fp32 0%, fp64 0%, memory 81%, latency 19% (a profile from before"
+    )
+    assert lines[3] == "source: nsight-compute" and lines[4:] == said
     assert table.count(" observed ") == used
 
 
@@ -187,3 +192,135 @@ def test_a_telemetry_profile_the_default_counters_cannot_settle_says_why(tmp_pat
     header = header_of(path)
     [why] = [line for line in header if line.startswith("bound type unknown: ")]
     assert "CUDA-core (FP32/FP64) compute or latency" in why and "extended counters" in why
+
+
+# --- each unit's figure, and a runner summary ranked as the controller's profile (issue 43) ---------
+
+H100 = "NVIDIA-H100-80GB-HBM3"
+
+
+def summary_file(tmp_path: Path, **changes: object) -> Path:
+    """A runner summary as the runner prints it (``python3 -m kratos_runner parse``): a bf16 GEMM
+    measured on an H100, its time on the tensor cores."""
+    summary: dict[str, object] = {
+        "boundType": "balanced",
+        "metrics": {"smThroughput": "93.80", "memoryThroughput": "94.98", "kernelCount": "5"},
+        "gpu": {"product": H100, "computeCapability": "9.0"},
+        "kernels": 5,
+        "exitCode": 0,
+        "ncuVersion": "",
+        "reason": "",
+        "timeShares": {"tensor": "0.94", "fp32": "0.00", "fp64": "0.00", "memory": "0.00", "latency": "0.06"},
+        "timeSharesFrom": "pipes",
+    }
+    summary.update(changes)
+    path = tmp_path / "summary.json"
+    path.write_text(json.dumps(summary))
+    return path
+
+
+def test_each_row_shows_every_units_figure_and_where_it_comes_from(tmp_path: Path):
+    status, out, err = run(
+        "placement", "--summary", str(summary_file(tmp_path)), "--nodes", str(nodes_file(tmp_path, H100, L40S)),
+        "-o", "json",
+    )  # fmt: skip
+    assert status == ExitStatus.OK, err
+    rows = {r["product"]: r for r in json.loads(out)}
+    h100, l40s = rows[H100], rows[L40S]
+    assert (h100["tensor_tflops"], h100["fp32_tflops"], h100["fp64_tflops"], h100["bandwidth_gbs"]) == (
+        789.0,
+        56.2,
+        62.1,
+        2767,
+    )
+    assert {h100[f"{u}_from"] for u in ("tensor", "fp32", "fp64", "bandwidth")} == {"catalog, measured"}
+    assert l40s["tensor_from"] == l40s["fp64_from"] == "catalog, datasheet x factor"
+    assert l40s["fp64_tflops"] < 2  # FP64 at 1/64 of its FP32
+    # 94 % of its H100 time on tensor cores: the L40S's are about a third as fast
+    assert l40s["relative_time"] == pytest.approx(0.94 * 789 / l40s["tensor_tflops"] + 0.06, abs=0.001)
+
+
+def test_a_runner_summary_is_ranked_as_the_profile_the_controller_would_write(tmp_path: Path):
+    path = summary_file(tmp_path)
+    status, out, err = run(
+        "placement", "--summary", str(path), "--nodes", str(nodes_file(tmp_path, H100, L40S))
+    )
+    assert status == ExitStatus.OK, err
+    header, table = out.split("\n\n", 1)
+    lines = header.splitlines()
+    assert lines[0] == f"runner summary {path}, as the controller would write it, phase Ready, bound balanced"
+    assert lines[1].startswith(f"SM 93.8% and memory 95.0% of peak on {H100}")
+    assert (
+        lines[2]
+        == "time shares: tensor 94%, fp32 0%, fp64 0%, memory 0%, latency 6% (the profile's timeShares)"
+    )
+    assert [line.split()[0] for line in table.splitlines()[1:]] == [H100, L40S]
+
+
+def test_a_summary_without_time_shares_is_ranked_from_its_throughputs(tmp_path: Path):
+    path = summary_file(
+        tmp_path, timeShares={}, metrics={"smThroughput": "90.00", "memoryThroughput": "10.00"}
+    )
+    status, out, err = run(
+        "placement", "--summary", str(path), "-o", "json", "--nodes", str(nodes_file(tmp_path, H100, L40S))
+    )
+    assert status == ExitStatus.OK, err
+    # FP32-bound by its throughputs: the L40S's FP32 lanes (40 sustained) against the H100's 56
+    assert {r["product"]: r["relative_time"] for r in json.loads(out)}[L40S] == pytest.approx(
+        1 + 0.9 * (56.2 / 40.3 - 1), abs=0.01
+    )
+    status, text, err = run("placement", "--summary", str(path))
+    assert (
+        "(a profile from before time shares, ranked by the roofline of its SM and memory throughputs)" in text
+    )
+
+
+@pytest.mark.parametrize(
+    ("content", "said"),
+    [
+        pytest.param("{not json", "not JSON", id="not-json"),
+        pytest.param(
+            '{"metrics": {}}', "not a runner summary: boundType: Field required", id="no-bound-type"
+        ),
+        pytest.param(
+            '{"boundType": "unknown", "failure": "no-kernels", "reason": "no kernel ran"}',
+            "boundType unknown (no-kernels): the controller would mark the profile Failed, nothing to rank",
+            id="failed-run",
+        ),
+    ],
+)
+def test_a_summary_that_cannot_be_ranked_is_refused_with_the_reason(tmp_path: Path, content, said):
+    path = tmp_path / "summary.json"
+    path.write_text(content)
+    status, out, err = run("placement", "--summary", str(path))
+    assert status == ExitStatus.UNUSABLE and out == ""
+    assert err.startswith(f"kratos-admit: {path}: ") and said in err
+
+
+def test_a_profile_and_a_summary_are_not_given_together(tmp_path: Path):
+    profile = str(EXAMPLES / "profiles" / "vector-add-profile.yaml")
+    status, _, err = run("placement", "-p", profile, "--summary", str(summary_file(tmp_path)))
+    assert status == ExitStatus.UNUSABLE and "not allowed with argument" in err
+
+
+def test_a_real_h100_bf16_gemm_summary_ranks_by_tensor_cores(tmp_path: Path):
+    """The runner's summary of the real H100 export, through the CLI: the L40S's tensor cores are a
+    third of the H100's (its FP32 lanes, by the old model, would have made it nearly as fast)."""
+    export = require_fixtures() / "ncu" / "h100-ncu2025-torch-bf16-gemm.csv"
+    summary = summarise(parse_report(export.read_text(encoding="utf-8")))
+    path = tmp_path / "bf16.json"
+    path.write_text(json.dumps(summary))
+    status, out, err = run(
+        "placement",
+        "--summary",
+        str(path),
+        "--nodes",
+        str(nodes_file(tmp_path, H100, A100, L40S)),
+        "-o",
+        "json",
+    )
+    assert status == ExitStatus.OK, err
+    times = {r["product"]: r["relative_time"] for r in json.loads(out)}
+    assert times[H100] == 1.0
+    assert 989 / 362 / 1.6 < times[L40S] < 989 / 362 * 1.6
+    assert 989 / 312 / 1.6 < times[A100] < 989 / 312 * 1.6

@@ -4,10 +4,22 @@ from __future__ import annotations
 
 import pytest
 
-from kratos_admit.decisions.ranking import predicted_relative_time, rank_gpu_products
-from kratos_admit.domain.profile import Observation
+from kratos_admit.decisions.ranking import (
+    SCALED_UNITS,
+    _rank,
+    predicted_relative_time,
+    profile_shares,
+    rank_gpu_products,
+    relative_time_by_units,
+    shares_from_throughputs,
+    unit_figures,
+)
+from kratos_admit.domain.profile import Observation, RunnerSummary, TimeShares, WorkloadProfile, ready_status
+from kratos_admit.domain.vocabulary import Unit
+from kratos_runner.parse import parse_report
+from kratos_runner.summary import summarise
 from tests.builders import make_profile
-from tests.harness import CATALOG
+from tests.harness import CATALOG, require_fixtures
 
 A100, L40S = "NVIDIA-A100-SXM4-80GB", "NVIDIA-L40S"
 
@@ -259,3 +271,186 @@ def test_the_catalog_cites_its_measurements():
         assert entry.measured_bandwidth_gbs == bandwidth and entry.measured_fp32_tflops == fp32
         for path in files.split(", "):
             assert path in entry.measured_source, (product, path)
+
+
+# --- the units model (issue 43) -------------------------------------------------------------------
+
+H100 = "NVIDIA-H100-80GB-HBM3"
+A10, L4 = "NVIDIA-A10", "NVIDIA-L4"
+ADA_AND_GA10X = ("Ada Lovelace", "Ampere GA10x")
+
+
+def with_shares(profile: WorkloadProfile, **shares: str) -> WorkloadProfile:
+    """The profile with ``status.timeShares`` set (the units not named are 0)."""
+    assert profile.status is not None
+    status = profile.status.model_copy(update={"time_shares": TimeShares.model_validate(shares)})
+    return profile.model_copy(update={"status": status})
+
+
+def measured_on_h100(**shares: str) -> WorkloadProfile:
+    return with_shares(make_profile(sm="90.0", mem="20.0", bound="compute", product=H100), **shares)
+
+
+def relative(profile: WorkloadProfile, products: tuple[str, ...] = ()) -> dict[str, float]:
+    ranked = rank_gpu_products(
+        profile, products, catalog=CATALOG, strategy="performance", reference_product=A100
+    )
+    return {r.product.product: r.relative_time for r in ranked}
+
+
+def test_relative_time_by_units_sums_each_units_share_scaled_by_its_figure():
+    shares: dict[Unit, float] = {"tensor": 0.5, "memory": 0.25, "latency": 0.25}
+    reference: dict[Unit, float] = {"tensor": 800, "fp32": 50, "fp64": 60, "memory": 3000}
+    product: dict[Unit, float] = {"tensor": 200, "fp32": 50, "fp64": 1, "memory": 1000}
+    assert relative_time_by_units(shares, reference=reference, product=product) == pytest.approx(
+        0.5 * 4 + 0.25 * 3 + 0.25
+    )
+    assert relative_time_by_units(shares, reference=reference, product=reference) == pytest.approx(1.0)
+
+
+def test_unit_figures_are_the_products_sustained_figures():
+    entry = CATALOG.lookup(H100)
+    assert entry is not None
+    assert unit_figures(entry) == {"tensor": 789, "fp32": 56.2, "fp64": 62.1, "memory": 2767}
+    assert set(unit_figures(entry)) == set(SCALED_UNITS) and "latency" not in SCALED_UNITS
+
+
+def test_the_profiles_time_shares_come_first():
+    profile = measured_on_h100(tensor="0.6", memory="0.3", latency="0.1")
+    assert profile_shares(profile) == pytest.approx(
+        {"tensor": 0.6, "fp32": 0.0, "fp64": 0.0, "memory": 0.3, "latency": 0.1}
+    )
+
+
+@pytest.mark.parametrize(
+    ("sm", "mem", "bound", "expected"),
+    [
+        pytest.param("90.0", "15.0", "compute", {"fp32": 0.9, "latency": 0.1}, id="compute"),
+        pytest.param("12.0", "85.0", "memory", {"memory": 0.85, "latency": 0.15}, id="memory"),
+        pytest.param("70.0", "70.0", "balanced", {"fp32": 0.35, "memory": 0.35, "latency": 0.3}, id="tie"),
+        pytest.param(None, None, "compute", {"fp32": 0.8, "latency": 0.2}, id="bound-type-only"),
+    ],
+)
+def test_an_older_profile_shows_the_rooflines_time_split_on_its_own_gpu(sm, mem, bound, expected):
+    """Without time shares, the busier of SM (as FP32) and memory throughput is that unit's share of
+    the time, the rest latency: the old model's own reading of the profile on the GPU it ran on."""
+    assert profile_shares(make_profile(sm=sm, mem=mem, bound=bound)) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("reference", [A100, "NVIDIA-H100-80GB-HBM3", L40S, "Tesla-T4"])
+@pytest.mark.parametrize(
+    ("sm", "mem"), [("90.0", "15.0"), ("12.0", "85.0"), ("60.0", "55.0"), ("75.0", "70.0")]
+)
+def test_an_older_profile_ranks_exactly_as_the_roofline_it_was_measured_for(reference, sm, mem):
+    """A profile from before time shares overlaps its SM and memory throughputs: it is ranked as it
+    always was, max(sm x FP32 ratio, mem x bandwidth ratio) + 1 - max(sm, mem), as calibration fits
+    it and a trace of such Jobs replays it (a sum of shares would put a near-balanced one on an L4 at
+    two thirds of its time)."""
+    profile = make_profile(sm=sm, mem=mem, bound="balanced", product=reference)
+    here = CATALOG.lookup(reference)
+    assert here is not None
+    times = relative(profile)
+    for entry in CATALOG.products:
+        expected = predicted_relative_time(float(sm) / 100, float(mem) / 100, reference=here, product=entry)
+        assert times[entry.product] == pytest.approx(expected), entry.product
+
+
+def test_a_profile_with_neither_shares_nor_figures_ranks_nothing():
+    assert profile_shares(make_profile(sm=None, mem=None, bound="unknown")) is None
+    assert relative(make_profile(sm=None, mem=None, bound="unknown"), (A100,)) == {}
+    assert shares_from_throughputs(0.0, 0.0) == {"latency": 1.0, "fp32": 0.0, "memory": 0.0}
+
+
+def test_an_fp64_gemm_ranks_every_fp64_tensor_core_product_above_every_ada_and_ga10x_one():
+    _, ranked = order(measured_on_h100(fp64="0.95", latency="0.05"), products=())
+    fp64_tensor = [i for i, r in enumerate(ranked) if r.product.fp64_tensor_tflops is not None]
+    consumer_class = [i for i, r in enumerate(ranked) if r.product.architecture in ADA_AND_GA10X]
+    assert fp64_tensor and consumer_class and max(fp64_tensor) < min(consumer_class)
+
+
+def test_an_fp64_gemm_is_predicted_tens_of_times_slower_on_an_l40s_and_an_a10():
+    times = relative(measured_on_h100(fp64="0.95", latency="0.05"), (H100, L40S, A10))
+    assert 47 / 1.6 < times[L40S] < 47 * 1.6  # the L40S runs FP64 at 1/64 of its FP32
+    assert 68 / 1.6 < times[A10] < 68 * 1.6
+
+
+def test_a_tf32_gemm_is_predicted_about_8x_slower_on_an_a10():
+    """PyTorch's TF32 GEMM on the tensor cores: the A10's TF32 is 62.5 dense TFLOP/s, the H100's 494.5."""
+    times = relative(measured_on_h100(tensor="0.9", latency="0.1"), (H100, A10))
+    assert 7.9 / 1.6 < times[A10] < 7.9 * 1.6
+
+
+def test_time_shares_rank_the_same_work_differently_by_the_unit_that_does_it():
+    """The same H100 time as tensor-core work or as FP32 CUDA-core work: the L40S's tensor cores are
+    a third of the H100's, its FP32 lanes rival them (in datasheet terms, above them)."""
+    tensor = relative(measured_on_h100(tensor="1"), (H100, L40S))
+    fp32 = relative(measured_on_h100(fp32="1"), (H100, L40S))
+    assert tensor[L40S] > 2.5 and fp32[L40S] < 1.6
+
+
+def test_the_cached_ranking_is_served_again_for_the_same_time_shares():
+    profile = measured_on_h100(tensor="0.5", memory="0.4", latency="0.1")
+    _rank.cache_clear()
+    first = order(profile)[1]
+    again = order(measured_on_h100(tensor="0.5", memory="0.4", latency="0.1"))[1]
+    assert first == again and _rank.cache_info().hits == 1
+
+
+def test_a_mig_slice_scales_every_units_time_by_its_share():
+    whole, part = A100, f"{A100}-MIG-3g.40gb"
+    times = relative(measured_on_h100(tensor="0.5", fp64="0.5"), (whole, part))
+    assert times[part] == pytest.approx(times[whole] * 7 / 3)
+
+
+# --- acceptance on the real H100 exports (issue 43): each program's summary from the runner's own
+# parser, ranked as the controller's profile, against the datasheet ratio of the unit it ran on ----
+
+REAL_PROGRAMS = [
+    ("h100-ncu2025-compute.csv", "fp32"),
+    ("h100-ncu2025-torch-sgemm.csv", "fp32"),
+    ("h100-ncu2025-torch-bf16-gemm.csv", "tensor"),
+    ("h100-ncu2025-stream.csv", "memory"),
+    ("h100-ncu2025-torch-fp16-decode.csv", "memory"),
+    ("h100-ncu2025-latency.csv", "latency"),
+]
+COMPARED = ("NVIDIA-A100-SXM4-80GB", L40S, A10, L4)
+
+
+def datasheet(product: str, unit: str) -> float:
+    entry = CATALOG.lookup(product)
+    assert entry is not None
+    return {
+        "tensor": entry.fp16_tensor_tflops,
+        "fp32": entry.fp32_tflops,
+        "fp64": entry.fp64_tensor_tflops or entry.fp64_tflops,
+        "memory": entry.memory_bandwidth_gbs,
+    }[unit]
+
+
+def real_profile(name: str) -> WorkloadProfile:
+    """The profile the controller writes from the runner's summary of a real H100 export."""
+    text = (require_fixtures() / "ncu" / name).read_text(encoding="utf-8")
+    summary = RunnerSummary.model_validate(summarise(parse_report(text)))
+    assert summary.time_shares, f"{name}: the runner's summary has no timeShares"
+    status = ready_status(summary, profiled_at="2026-11-27T00:00:00Z", source_job="h100")
+    return WorkloadProfile.model_validate(
+        {"metadata": {"name": "h100-profile"}, "spec": {"workload": "h100"}, "status": status.as_status()}
+    )
+
+
+@pytest.mark.parametrize(
+    ("name", "unit"), REAL_PROGRAMS, ids=[n.removeprefix("h100-ncu2025-") for n, _ in REAL_PROGRAMS]
+)
+def test_a_real_h100_programs_prediction_is_within_1_6x_of_its_units_datasheet_ratio(name, unit):
+    profile = real_profile(name)
+    shares = profile_shares(profile)
+    assert shares is not None and shares[unit] >= 0.8, shares
+    times = relative(profile, (H100, *COMPARED))
+    assert times[H100] == pytest.approx(1.0)
+    for product in COMPARED:
+        entry = CATALOG.lookup(product)
+        assert entry is not None
+        truth = 1.0 if unit == "latency" else datasheet(H100, unit) / datasheet(product, unit)
+        # Ada and GA10x datasheets count dual-issue FP32: the truth lies between the ratio and twice it
+        high = 2 * truth if unit == "fp32" and entry.architecture in ADA_AND_GA10X else truth
+        assert truth / 1.6 <= times[product] <= high * 1.6, (product, times[product], truth)

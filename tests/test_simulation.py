@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import builtins
 import contextlib
+import dataclasses
 import io
 import json
 import runpy
@@ -310,3 +311,115 @@ def test_the_table_compares_each_policy_with_the_default_in_words_that_cannot_be
         line.split()[0]: line.split("  ")[-1].strip() for line in format_results(result).splitlines()[1:4]
     }
     assert rows == {"default": "-", "kratos": "1.50x faster", "oracle": "1.10x slower"}
+
+
+# --- per unit (issue 43): the trace's timeShares, the truth's tensor and FP64 figures ----------------
+
+UNITS = Path(__file__).parent / "data" / "simulation-units"
+H100, A10 = "NVIDIA-H100-80GB-HBM3", "NVIDIA-A10"
+
+
+def test_a_job_with_time_shares_runs_for_its_reference_time_scaled_unit_by_unit():
+    """An FP64 GEMM (fp64 0.9, latency 0.1 on the H100) on an A10 whose FP64 the truth gives: 0.9 x
+    the FP64 ratio + 0.1; its FP32 and bandwidth play no part."""
+    truth = Truth(CATALOG, {H100: Figures(50.0, 3000.0, 700.0, 60.0), A10: Figures(20.0, 600.0, 90.0, 0.5)})
+    job = dataclasses.replace(
+        trace_job("dgemm", sm=90.0, mem=10.0, seconds=100.0, reference=H100),
+        time_shares={"fp64": 0.9, "latency": 0.1},
+    )
+    result = simulate(
+        Trace((job,)), [sim_node("a10", A10)], truth=truth, config=Config(), catalog=CATALOG, noise=0.0
+    )
+    [jct] = result.policies["oracle"].jct
+    assert jct == pytest.approx(100.0 * (0.9 * 60.0 / 0.5 + 0.1))
+    tensor = dataclasses.replace(job, time_shares={"tensor": 1.0})
+    assert truth.relative_time(tensor.runtime_shares, reference=H100, product=A10) == pytest.approx(700 / 90)
+
+
+def test_the_truth_files_tensor_and_fp64_figures_are_optional(tmp_path: Path):
+    truth = tmp_path / "truth.yaml"
+    truth.write_text(
+        "products:\n"
+        f"- {{product: {A10}, sustainedFp32Tflops: 16, sustainedBandwidthGBs: 520, sustainedTensorTflops: 85}}\n"
+        f"- {{product: {A100}, sustainedFp32Tflops: 19, sustainedBandwidthGBs: 1600}}\n"
+    )
+    loaded = load_truth(truth, CATALOG)
+    a10, a100 = loaded.product(A10), loaded.product(A100)
+    catalog_a10, catalog_a100 = CATALOG.lookup(A10), CATALOG.lookup(A100)
+    assert catalog_a10 is not None and catalog_a100 is not None
+    assert (a10.sustained_tensor_tflops, a10.sustained_fp32_tflops) == (85, 16)
+    assert a10.sustained_fp64_tflops == catalog_a10.sustained_fp64_tflops, "the catalog's where absent"
+    assert a100.sustained_tensor_tflops == catalog_a100.sustained_tensor_tflops
+
+
+def test_a_profiling_run_reports_the_time_shares_it_would_measure_where_it_ran():
+    """The shares rescaled to the product's runtime: read from there, the units model predicts the
+    same truth everywhere."""
+    truth = load_truth(UNITS / "truth.yaml", CATALOG)
+    job = dataclasses.replace(
+        trace_job("step", seconds=100.0, reference=H100),
+        time_shares={"tensor": 0.3, "memory": 0.27, "latency": 0.43},
+    )
+    shares = truth.time_shares_on(job, A10)
+    assert shares is not None and sum(shares.values()) == pytest.approx(1.0)
+    for product in (H100, A100, L40S):
+        there = truth.relative_time(shares, reference=A10, product=product)
+        assert there == pytest.approx(
+            truth.relative_time(job.runtime_shares, reference=H100, product=product)
+            / truth.relative_time(job.runtime_shares, reference=H100, product=A10)
+        )
+
+
+@pytest.mark.parametrize(
+    ("shares", "message"),
+    [
+        pytest.param("{tensor: 0.5, warp: 0.5}", "jobs[0].timeShares: 'warp' is not a unit", id="unknown-unit"),
+        pytest.param("{tensor: -0.5, latency: 1}", "jobs[0].timeShares: tensor is -0.5, expected a fraction", id="negative"),
+        pytest.param("{tensor: 0, latency: 0}", "the shares sum to 0", id="nothing"),
+    ],
+)  # fmt: skip
+def test_a_bad_time_share_exits_2_with_one_line_naming_the_field(tmp_path: Path, shares, message):
+    trace = tmp_path / "trace.yaml"
+    trace.write_text(
+        "jobs: [{name: a, workload: a, arrival: 0, gpus: 1, referenceProduct: Tesla-T4, referenceSeconds: 1, "
+        f"metrics: {{smThroughput: 1, memoryThroughput: 1}}, timeShares: {shares}}}]\n"
+    )
+    status, out, err = run_cli(
+        "simulate", "--cluster", str(SIMULATION / "cluster.yaml"), "--trace", str(trace)
+    )
+    assert status == 2 and out == ""
+    assert len(err.strip().splitlines()) == 1 and message in err, err
+
+
+def test_the_units_trace_is_what_its_script_writes():
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), pytest.raises(SystemExit) as done:
+        runpy.run_path(str(UNITS / "make_trace.py"), run_name="__main__")
+    assert done.value.code == 0
+    assert out.getvalue() == (UNITS / "trace.yaml").read_text()
+
+
+def test_on_the_held_out_units_trace_every_product_is_predicted_within_ten_percent_near_the_oracle():
+    """Issue 43's acceptance: tensor-, FP64-, FP32-, memory-bound and mixed workloads (time shares
+    measured on an H100) on a mixed H100/A100/L40S/A10 cluster whose GPUs differ from the catalog in
+    every unit runs exercise (tests/data/simulation-units/truth.yaml, up to 19 % off). After the
+    trace, every product's worst prediction over the ten workloads is within 10 % of the truth (9.0 %
+    at worst: the A100's FP32, the L40S's FP64), and kratos's mean JCT within 10 % of the oracle's or
+    better (2464 s against 2911 s: the oracle is greedy, the truly fastest free GPU for each Job in
+    turn, which is not the best schedule once GPUs are scarce)."""
+    status, out, err = run_cli(
+        "simulate",
+        "--cluster", str(UNITS / "cluster.yaml"),
+        "--trace", str(UNITS / "trace.yaml"),
+        "--truth", str(UNITS / "truth.yaml"),
+        "-o", "json",
+    )  # fmt: skip
+    assert status == 0, err
+    report = json.loads(out)
+    errors = report["predictionError"]
+    assert set(errors) == {H100, A100, L40S, A10}
+    assert {p: e for p, e in errors.items() if e > 0.10} == {}, errors
+    mean = {name: p["meanJctSeconds"] for name, p in report["policies"].items()}
+    assert mean["kratos"] <= 1.10 * mean["oracle"], mean
+    figures = {f for by_figure in report["figureErrors"].values() for f in by_figure}
+    assert {"tensor", "fp64", "fp32", "bandwidth"} <= figures, report["figureErrors"]

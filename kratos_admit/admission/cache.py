@@ -31,8 +31,8 @@ import orjson
 from kratos_admit.admission.request import AdmissionRequest
 from kratos_admit.admission.responses import Outcome
 from kratos_admit.decisions.calibration import Calibration
+from kratos_admit.decisions.exploration import exploring, object_key
 from kratos_admit.decisions.policy import Decision, PolicyContext
-from kratos_admit.decisions.ranking import exploring, object_key
 from kratos_admit.domain.profile import WorkloadProfile
 
 # What the API server writes per object, and no rule reads (tests/test_decision_cache.py shows a change

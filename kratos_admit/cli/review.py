@@ -10,6 +10,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, TextIO
 
+from pydantic import ValidationError
+
 from kratos_admit.admission.review import Batch, as_json, review_batches, review_body_size, review_namespace
 from kratos_admit.cli.common import (
     CONFIG_HELP,
@@ -22,13 +24,14 @@ from kratos_admit.cli.common import (
     file_engine,
     signing_key_of,
 )
+from kratos_admit.cli.placement import format_table, placement_header, placement_rows
 from kratos_admit.cli.suite import find_suites, format_rows, run_suite
 from kratos_admit.decisions.calibration import NO_CALIBRATION
-from kratos_admit.decisions.placement import format_table, placement_header, placement_rows
 from kratos_admit.domain import vocabulary as v
 from kratos_admit.domain.catalog import load_catalog
 from kratos_admit.domain.config import Config
 from kratos_admit.domain.manifests import Document, read_manifests
+from kratos_admit.domain.profile import RunnerSummary, WorkloadProfile, ready_status
 from kratos_admit.edge.files import FileNodeStore, load_calibration, load_profiles
 
 
@@ -78,8 +81,14 @@ def add_placement_command(commands: Any) -> None:
         "placement",
         help="show how a profile ranks the cluster's GPU products, and from what figures",
     )
-    placement.add_argument(
-        "-p", "--profile", type=Path, required=True, metavar="FILE", help="a WorkloadProfile YAML file"
+    given = placement.add_mutually_exclusive_group(required=True)
+    given.add_argument("-p", "--profile", type=Path, metavar="FILE", help="a WorkloadProfile YAML file")
+    given.add_argument(
+        "--summary",
+        type=Path,
+        metavar="FILE",
+        help="a runner summary (JSON, as `python3 -m kratos_runner parse` prints it), ranked as the "
+        "profile the controller would write from it",
     )
     add_path(placement, "--nodes", "FILE", "Node YAML of the cluster (default: all known GPUs)")
     add_path(placement, "--config", "FILE", CONFIG_HELP)
@@ -171,10 +180,13 @@ def cmd_test(args: argparse.Namespace, stdout: TextIO, stderr: TextIO, stdin: Te
 
 def cmd_placement(args: argparse.Namespace, stdout: TextIO, stderr: TextIO, stdin: TextIO) -> ExitStatus:
     config = config_of(args)
-    profiles = load_profiles([args.profile], expected=f"-p expects a file holding one {v.PROFILE_KIND}")
-    if len(profiles) != 1:
-        raise UsageError(f"{args.profile}: must hold exactly one WorkloadProfile, holds {len(profiles)}")
-    [profile] = profiles
+    if args.summary is not None:
+        profile = summary_profile(args.summary)
+    else:
+        profiles = load_profiles([args.profile], expected=f"-p expects a file holding one {v.PROFILE_KIND}")
+        if len(profiles) != 1:
+            raise UsageError(f"{args.profile}: must hold exactly one WorkloadProfile, holds {len(profiles)}")
+        [profile] = profiles
     nodes = FileNodeStore(args.nodes).gpu_products()
     calibration = load_calibration(args.calibration) if args.calibration else NO_CALIBRATION
     rows = placement_rows(
@@ -183,9 +195,41 @@ def cmd_placement(args: argparse.Namespace, stdout: TextIO, stderr: TextIO, stdi
     if args.output == "json":
         stdout.write(as_json([dataclasses.asdict(r) for r in rows]) + "\n")
     else:
-        stdout.write("\n".join(placement_header(profile, config, rows)) + "\n\n")
+        summary = str(args.summary) if args.summary is not None else None
+        stdout.write("\n".join(placement_header(profile, config, rows, summary=summary)) + "\n\n")
         stdout.write(format_table(rows) if rows else "no product to rank: the profile has no figures\n")
     return ExitStatus.OK
+
+
+def summary_profile(path: Path) -> WorkloadProfile:
+    """The WorkloadProfile the controller would write from the runner summary in ``path`` (its Ready
+    status, ``ready_status``), for workload ``summary``; a summary with no bound type (a failed run)
+    or that is not a runner summary is refused, naming why."""
+    try:
+        text = path.read_text("utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UsageError(f"{path}: {getattr(exc, 'strerror', None) or exc}") from None
+    try:
+        summary = RunnerSummary.model_validate_json(text)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        if first["type"] == "json_invalid":
+            raise UsageError(f"{path}: not JSON: {first['msg']}") from None
+        where = ".".join(str(p) for p in first["loc"]) or "summary"
+        raise UsageError(f"{path}: not a runner summary: {where}: {first['msg']}") from None
+    if summary.bound_type == "unknown":
+        why = summary.failure or summary.reason or "no bound type"
+        raise UsageError(
+            f"{path}: boundType unknown ({why}): the controller would mark the profile Failed, nothing to rank"
+        )
+    status = ready_status(summary, profiled_at="", source_job="")
+    return WorkloadProfile.model_validate(
+        {
+            "metadata": {"name": "summary", "namespace": "default"},
+            "spec": {"workload": "summary"},
+            "status": status.as_status(),
+        }
+    )
 
 
 COMMANDS: dict[str, Command] = {"review": cmd_review, "test": cmd_test, "placement": cmd_placement}

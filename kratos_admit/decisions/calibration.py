@@ -1,7 +1,8 @@
 """Calibration (DESIGN "Learning the cluster's GPUs"): per GPU product, by how much the ranking
-model's memory time and compute time must be scaled to match what really ran on this cluster, and
-per workload its re-fitted shares; ``calibration.json`` in and out, and when a new fit is worth
-writing. The fit itself is ``calibration_fit.py``; docs/ranking.md "Calibration" gives the model."""
+model's time on each unit (tensor, FP32, FP64, memory) must be scaled to match what really ran on
+this cluster, and per workload its re-fitted shares; ``calibration.json`` in and out, and when a new
+fit is worth writing. The fit itself is ``calibration_fit.py``; docs/ranking.md "Calibration" gives
+the model."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from typing import Any
 
 from kratos_admit.domain.catalog import Catalog, GpuProduct
 from kratos_admit.domain.profile import WorkloadProfile
+from kratos_admit.domain.vocabulary import Unit
 
 CONFIGMAP_NAME = "kratos-gpu-calibration"
 CONFIGMAP_KEY = "calibration.json"
@@ -26,6 +28,18 @@ DOMINANT = 2.0
 # what a prior is worth, in runs: the profile's shares in the re-fit of a workload's shares, and
 # the model's prediction for a product the workload ran on fewer than minObservedRuns times
 PRIOR_RUNS = 1.0
+# the units a product's figure scales, each with a factor of its own (latency time scales with none)
+FACTOR_UNITS: tuple[Unit, ...] = ("tensor", "fp32", "fp64", "memory")
+# each unit's catalog figure: the GpuProduct field a calibrated figure replaces
+MEASURED_FIELD: dict[Unit, str] = {
+    "tensor": "measured_tensor_tflops",
+    "fp32": "measured_fp32_tflops",
+    "fp64": "measured_fp64_tflops",
+    "memory": "measured_bandwidth_gbs",
+}
+# each unit's key prefix in calibration.json (fp32's factor also goes out under its name from before
+# the units model, "compute", which a webhook of the previous version reads during an upgrade)
+_KEY: dict[Unit, str] = {"tensor": "tensor", "fp32": "fp32", "fp64": "fp64", "memory": "memory"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,6 +53,9 @@ class Sample:
     sm: float  # SM and memory throughput shares on ``profiled``
     mem: float
     profiled: str  # catalog product the profile was measured on
+    # the profile's time shares of the scaled units (tensor, fp32, fp64, memory; latency is the rest),
+    # as (unit, share) pairs; empty for a profile written before the units model, read by ``sm``/``mem``
+    shares: tuple[tuple[Unit, float], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,14 +70,37 @@ class FactorSupport:
 
 @dataclass(frozen=True, slots=True)
 class ProductCalibration:
+    """A product's factor per unit. ``compute`` is the FP32 factor (its name from before the units
+    model, kept for the callers that read it); ``tensor`` and ``fp64`` are measured only by runs that
+    exercised them, and stay at 1 (the catalog's figure) with no runs otherwise."""
+
     product: str
     memory: FactorSupport
     compute: FactorSupport
     updated_at: str = ""
+    tensor: FactorSupport = FactorSupport()
+    fp64: FactorSupport = FactorSupport()
+
+    @property
+    def fp32(self) -> FactorSupport:
+        return self.compute
+
+    def support(self, unit: Unit) -> FactorSupport:
+        """The factor of ``unit`` (tensor, fp32, fp64, memory) with the runs behind it."""
+        if unit == "memory":
+            return self.memory
+        if unit == "fp32":
+            return self.compute
+        if unit == "tensor":
+            return self.tensor
+        if unit == "fp64":
+            return self.fp64
+        raise ValueError(f"no factor scales {unit!r} time")
 
     @property
     def runs(self) -> int:
-        """The runs behind the weaker factor: a product is as well known as its least-known resource."""
+        """The runs behind the weaker of its FP32 and memory factors: a product is as well known as
+        its least-known resource (tensor and FP64 count where the runs exercised them, on their own)."""
         return min(self.memory.runs, self.compute.runs)
 
     @property
@@ -68,21 +108,27 @@ class ProductCalibration:
         return min(self.memory.workloads, self.compute.workloads)
 
     def qualifies(self, min_runs: int) -> bool:
-        """Both factors rest on ``min_runs`` runs from at least two workloads (DESIGN)."""
+        """Its FP32 and memory factors rest on ``min_runs`` runs from at least two workloads (DESIGN)."""
         return self.memory.qualifies(min_runs) and self.compute.qualifies(min_runs)
 
     def as_dict(self) -> dict[str, Any]:
-        return {
-            "memoryTimeFactor": round(self.memory.factor, DIGITS),
+        found: dict[str, Any] = {"runs": self.runs, "workloads": self.workloads, "updatedAt": self.updated_at}
+        for unit in FACTOR_UNITS:
+            support = self.support(unit)
+            if unit in ("tensor", "fp64") and not support.runs and support.factor == 1.0:
+                continue  # a unit no run exercised: the catalog's figure, nothing to say
+            found |= {
+                f"{_KEY[unit]}TimeFactor": round(support.factor, DIGITS),
+                f"{_KEY[unit]}Runs": support.runs,
+                f"{_KEY[unit]}Workloads": support.workloads,
+            }
+        # the FP32 factor under its name from before the units model, for the previous version's readers
+        found |= {
             "computeTimeFactor": round(self.compute.factor, DIGITS),
-            "runs": self.runs,
-            "workloads": self.workloads,
-            "memoryRuns": self.memory.runs,
-            "memoryWorkloads": self.memory.workloads,
             "computeRuns": self.compute.runs,
             "computeWorkloads": self.compute.workloads,
-            "updatedAt": self.updated_at,
         }
+        return found
 
     def same_fit(self, other: ProductCalibration) -> bool:
         return self.as_dict() | {"updatedAt": ""} == other.as_dict() | {"updatedAt": ""}
@@ -90,10 +136,12 @@ class ProductCalibration:
 
 @dataclass(frozen=True, slots=True)
 class WorkloadShares:
-    """A workload's SM and memory shares re-fitted from its runs on two or more products, as fractions
-    of the figures of the product it was profiled on that the fit used (``fp32_tflops``,
-    ``bandwidth_gbs``: the catalog's divided by that product's factors), so a prediction from them
-    no longer rests on the catalog's figures for where the profile happened to be measured."""
+    """A workload's shares re-fitted from its runs on two or more products, as fractions of the
+    figures of the product it was profiled on that the fit used (the catalog's divided by that
+    product's factors), so a prediction from them no longer rests on the catalog's figures for where
+    the profile happened to be measured. A profile with time shares is re-fitted per unit
+    (``time_shares``, ``figures``); one written before the units model by its SM and memory
+    throughputs (``sm``, ``mem``, ``fp32_tflops``, ``bandwidth_gbs``)."""
 
     workload: str  # namespace/name
     profiled: str
@@ -104,18 +152,25 @@ class WorkloadShares:
     runs: int
     products: int
     updated_at: str = ""
+    # by unit, latency included; empty for a workload read by its throughputs
+    time_shares: tuple[tuple[Unit, float], ...] = ()
+    figures: tuple[tuple[Unit, float], ...] = ()  # the profiled product's figure per scaled unit
 
     def as_dict(self) -> dict[str, Any]:
-        return {
-            "product": self.profiled,
-            "smThroughput": round(self.sm * 100, DIGITS),
-            "memoryThroughput": round(self.mem * 100, DIGITS),
-            "fp32Tflops": self.fp32_tflops,
-            "bandwidthGBs": self.bandwidth_gbs,
-            "runs": self.runs,
-            "products": self.products,
-            "updatedAt": self.updated_at,
-        }
+        found: dict[str, Any] = {"product": self.profiled}
+        if self.time_shares:
+            found |= {
+                "timeShares": {unit: f"{share:.{DIGITS + 2}f}" for unit, share in self.time_shares},
+                "figures": dict(self.figures),
+            }
+        else:
+            found |= {
+                "smThroughput": round(self.sm * 100, DIGITS),
+                "memoryThroughput": round(self.mem * 100, DIGITS),
+                "fp32Tflops": self.fp32_tflops,
+                "bandwidthGBs": self.bandwidth_gbs,
+            }
+        return found | {"runs": self.runs, "products": self.products, "updatedAt": self.updated_at}
 
     def same_fit(self, other: WorkloadShares) -> bool:
         return self.as_dict() | {"updatedAt": ""} == other.as_dict() | {"updatedAt": ""}
@@ -138,18 +193,18 @@ class Calibration:
         return self.workloads.get(f"{namespace}/{workload}")
 
     def calibrated(self, entry: GpuProduct, min_runs: int) -> tuple[GpuProduct, bool]:
-        """``entry`` with each sustained figure divided by its factor where that factor qualifies
-        (``minCalibrationRuns`` runs from at least two workloads), and whether any did. A memory
-        factor measured by many memory-bound runs is used even while no compute-bound run has
+        """``entry`` with each sustained figure divided by its unit's factor where that factor
+        qualifies (``minCalibrationRuns`` runs from at least two workloads), and whether any did. A
+        memory factor measured by many memory-bound runs is used even while no compute-bound run has
         reached the product: a figure is as well known as its own runs make it."""
         found = self.products.get(entry.product)
         if found is None:
             return entry, False
-        update = {}
-        if found.memory.qualifies(min_runs):
-            update["measured_bandwidth_gbs"] = entry.sustained_bandwidth_gbs / found.memory.factor
-        if found.compute.qualifies(min_runs):
-            update["measured_fp32_tflops"] = entry.sustained_fp32_tflops / found.compute.factor
+        update = {
+            MEASURED_FIELD[unit]: figure / support.factor
+            for unit in FACTOR_UNITS
+            if (support := found.support(unit)).qualifies(min_runs) and (figure := entry.sustained(unit))
+        }
         if not update:
             return entry, False
         return entry.model_copy(update=update), True
@@ -170,47 +225,100 @@ class CalibrationError(ValueError):
     """A calibration.json that cannot be read; the message says where."""
 
 
+def _support(p: Mapping[str, Any], unit: Unit) -> FactorSupport:
+    """A unit's factor in a product's entry: ``<unit>TimeFactor``, ``<unit>Runs``, ``<unit>Workloads``;
+    FP32's under its name from before the units model (``computeTimeFactor``) where the entry has no
+    ``fp32TimeFactor``; a unit the entry does not name is the catalog's (factor 1, no runs)."""
+    key = _KEY[unit]
+    if unit == "fp32" and "fp32TimeFactor" not in p:
+        key = "compute"
+    if unit in ("tensor", "fp64") and f"{key}TimeFactor" not in p:
+        return FactorSupport()
+    return FactorSupport(
+        float(p[f"{key}TimeFactor"]), int(p.get(f"{key}Runs", 0)), int(p.get(f"{key}Workloads", 0))
+    )
+
+
+def _unit_pairs(raw: Any, *, what: str) -> tuple[tuple[Unit, float], ...]:
+    known = {str(u): u for u in (*FACTOR_UNITS, "latency")}
+    pairs = []
+    for name, value in dict(raw).items():
+        if name not in known:
+            raise ValueError(f"{what}: {name!r} is not a unit (tensor, fp32, fp64, memory, latency)")
+        pairs.append((known[name], float(value)))
+    return tuple(pairs)
+
+
+def _workload(name: str, w: Mapping[str, Any]) -> WorkloadShares:
+    found = WorkloadShares(
+        workload=name,
+        profiled=str(w["product"]),
+        sm=0.0,
+        mem=0.0,
+        fp32_tflops=0.0,
+        bandwidth_gbs=0.0,
+        runs=int(w.get("runs", 0)),
+        products=int(w.get("products", 0)),
+        updated_at=str(w.get("updatedAt", "")),
+    )
+    if "timeShares" in w:
+        figures = _unit_pairs(w["figures"], what="figures")
+        by_unit = dict(figures)
+        return dataclasses.replace(
+            found,
+            fp32_tflops=by_unit.get("fp32", 0.0),
+            bandwidth_gbs=by_unit.get("memory", 0.0),
+            time_shares=_unit_pairs(w["timeShares"], what="timeShares"),
+            figures=figures,
+        )
+    return dataclasses.replace(
+        found,
+        sm=float(w["smThroughput"]) / 100,
+        mem=float(w["memoryThroughput"]) / 100,
+        fp32_tflops=float(w["fp32Tflops"]),
+        bandwidth_gbs=float(w["bandwidthGBs"]),
+    )
+
+
+def _valid_workload(w: WorkloadShares) -> bool:
+    if w.time_shares:
+        shares = dict(w.time_shares)
+        return (
+            all(x >= 0 for x in shares.values())
+            and sum(shares.values()) > 0
+            and all(dict(w.figures).get(u, 0) > 0 for u, x in shares.items() if u != "latency" and x > 0)
+        )
+    return 0 < w.sm <= 1 and 0 < w.mem <= 1 and w.fp32_tflops > 0 and w.bandwidth_gbs > 0
+
+
 def parse_calibration(text: str) -> Calibration:
+    """A ``calibration.json``, as this version writes it or as the previous one did (a factor for
+    FP32, ``computeTimeFactor``, and one for memory; workloads by their throughputs)."""
     try:
         data = json.loads(text)
         products = {}
         for name, p in dict(data["products"]).items():
+            entry = dict(p)
             products[str(name)] = ProductCalibration(
                 product=str(name),
-                memory=FactorSupport(
-                    float(p["memoryTimeFactor"]),
-                    int(p.get("memoryRuns", 0)),
-                    int(p.get("memoryWorkloads", 0)),
-                ),
-                compute=FactorSupport(
-                    float(p["computeTimeFactor"]),
-                    int(p.get("computeRuns", 0)),
-                    int(p.get("computeWorkloads", 0)),
-                ),
-                updated_at=str(p.get("updatedAt", "")),
+                memory=_support(entry, "memory"),
+                compute=_support(entry, "fp32"),
+                updated_at=str(entry.get("updatedAt", "")),
+                tensor=_support(entry, "tensor"),
+                fp64=_support(entry, "fp64"),
             )
-        workloads = {}
-        for name, w in dict(data.get("workloads", {})).items():
-            workloads[str(name)] = WorkloadShares(
-                workload=str(name),
-                profiled=str(w["product"]),
-                sm=float(w["smThroughput"]) / 100,
-                mem=float(w["memoryThroughput"]) / 100,
-                fp32_tflops=float(w["fp32Tflops"]),
-                bandwidth_gbs=float(w["bandwidthGBs"]),
-                runs=int(w.get("runs", 0)),
-                products=int(w.get("products", 0)),
-                updated_at=str(w.get("updatedAt", "")),
-            )
+        workloads = {
+            str(name): _workload(str(name), dict(w)) for name, w in dict(data.get("workloads", {})).items()
+        }
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise CalibrationError(
             f"{CONFIGMAP_KEY}: not a KRATOS calibration ({type(exc).__name__}: {exc})"
         ) from None
     for name, p in products.items():
-        if not (p.memory.factor > 0 and p.compute.factor > 0):
+        if not all(p.support(unit).factor > 0 for unit in FACTOR_UNITS):
             raise CalibrationError(f"{CONFIGMAP_KEY}: products.{name}: factors must be positive")
     for name, w in workloads.items():
-        if not (0 < w.sm <= 1 and 0 < w.mem <= 1 and w.fp32_tflops > 0 and w.bandwidth_gbs > 0):
+        if not _valid_workload(w):
             raise CalibrationError(
                 f"{CONFIGMAP_KEY}: workloads.{name}: shares must be in (0, 100] and figures positive"
             )
@@ -229,8 +337,11 @@ def samples_of(
             continue
         sm, mem = status.metrics.percent("sm_throughput"), status.metrics.percent("memory_throughput")
         profiled = catalog.placement(status.gpu.product or reference_product)
-        if sm is None or mem is None or profiled is None:
+        fractions = status.time_shares.fractions() if status.time_shares is not None else None
+        shares = tuple((u, fractions[u]) for u in FACTOR_UNITS if fractions[u] > 0) if fractions else ()
+        if profiled is None or (not shares and (sm is None or mem is None)):
             continue
+        sm, mem = sm or 0.0, mem or 0.0
         pooled: dict[str, tuple[int, float]] = {}
         for observation in status.observations:
             entry = catalog.placement(observation.product)
@@ -253,6 +364,7 @@ def samples_of(
                     sm=min(max(sm, 0.0), 100.0) / 100,
                     mem=min(max(mem, 0.0), 100.0) / 100,
                     profiled=profiled.product,
+                    shares=shares,
                 )
             )
     return found
@@ -265,7 +377,7 @@ def keep_unchanged_dates(new: Calibration, old: Calibration) -> Calibration:
     for name, p in new.products.items():
         before = old.get(name)
         products[name] = (
-            ProductCalibration(p.product, p.memory, p.compute, before.updated_at)
+            dataclasses.replace(p, updated_at=before.updated_at)
             if before is not None and before.same_fit(p)
             else p
         )
@@ -290,7 +402,7 @@ def moved_beyond_noise(new: Calibration, old: Calibration, min_runs: int) -> boo
     its old and new noise). Counts, dates and re-fitted shares alone wait for the next write."""
     for name, p in new.products.items():
         before = old.get(name) or ProductCalibration(name, FactorSupport(), FactorSupport())
-        for now, was in ((p.memory, before.memory), (p.compute, before.compute)):
+        for now, was in ((p.support(u), before.support(u)) for u in FACTOR_UNITS):
             if now.qualifies(min_runs) != was.qualifies(min_runs):
                 return True
             if now.qualifies(min_runs) and abs(math.log(now.factor / was.factor)) > max(
@@ -298,7 +410,7 @@ def moved_beyond_noise(new: Calibration, old: Calibration, min_runs: int) -> boo
             ):
                 return True
     return any(
-        p.memory.qualifies(min_runs) or p.compute.qualifies(min_runs)
+        any(p.support(u).qualifies(min_runs) for u in FACTOR_UNITS)
         for n, p in old.products.items()
         if n not in new.products
     )

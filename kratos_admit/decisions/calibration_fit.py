@@ -1,20 +1,25 @@
 """The calibration fit (DESIGN "Learning the cluster's GPUs"): per GPU product, by how much the ranking
-model's memory time and compute time must be scaled to match what really ran on this cluster.
+model's time on each unit (tensor, FP32, FP64, memory) must be scaled to match what really ran on
+this cluster.
 
 Pure: ``fit_calibration(samples, catalog) -> Calibration``. docs/ranking.md "Calibration" gives the
 model and the estimator. In short: a product P's calibrated sustained figures are the catalog's
 divided by its factors (``memoryTimeFactor`` 1.25: memory-bound work takes 25 % longer there than
 the catalog says). Each (workload, product) observation is one sample: its mean seconds, its run
-count, and the workload's profile (SM and memory shares on the product it was profiled on). The fit
+count, and the workload's profile (its time shares by unit, or for a profile written before the
+units model its SM and memory shares, on the product it was profiled on). A sample with time shares
+is modelled as the ranking does, the sum over units of share x figure ratio plus the latency share;
+one without them as before, the larger of its FP32 and memory terms plus its idle share. The fit
 alternates two robust steps: each workload's runtime scale is a robust mean (Huber's, in log-time)
-of its samples' observed/modelled times, and each product's factor is the robust mean of what its
-samples imply for the term that bounds them (memory or compute). A run on a throttled node or
+of its samples' observed/modelled times, and each product's factor per unit is the robust mean of
+what its samples imply for the unit that clearly bounds them (its term at least ``DOMINANT`` times
+every other's). A run on a throttled node or
 beside a noisy neighbour inflates one sample's mean; the Huber weights let it move a factor by only
 a few percent, where a least-squares fit would be pulled by its whole share. Observations fix only
 ratios between products, so the factors are anchored to a geometric mean of 1; a factor that
 nothing measured stays at 1, the catalog's figure.
 
-The same pass then re-fits each workload's SM and memory shares from its runs (the profile's
+The same pass then re-fits each workload's shares (per unit, or SM and memory) from its runs (the profile's
 shares the prior; docs/ranking.md "Re-fitted shares"), reading the product it was profiled on with
 the figures its runs elsewhere imply when no run measured that product, so its predictions stop
 resting on the catalog's guess for where its profile happened to be measured. The controller runs
@@ -32,6 +37,7 @@ from dataclasses import dataclass
 from kratos_admit.decisions.calibration import (
     DIGITS,
     DOMINANT,
+    FACTOR_UNITS,
     HUBER_DELTA,
     PRIOR_RUNS,
     Calibration,
@@ -41,6 +47,7 @@ from kratos_admit.decisions.calibration import (
     WorkloadShares,
 )
 from kratos_admit.domain.catalog import Catalog
+from kratos_admit.domain.vocabulary import Unit
 
 ROUNDS = 200
 # re-fitted shares (docs/ranking.md "Re-fitted shares"): the profile's measured shares are a prior
@@ -81,36 +88,76 @@ def huber_location(values: Sequence[float], weights: Sequence[float], *, delta: 
     return centre
 
 
+Shares = dict[Unit, float]  # a workload's shares of the scaled units (latency: the rest)
+Factors = dict[Unit, dict[str, float]]  # by unit, by product
+
+
+def profile_shares_of(s: Sample) -> Shares:
+    """The sample's profile shares: its time shares by unit, or (a profile written before the units
+    model) its SM throughput as FP32's and its memory throughput as memory's."""
+    if s.shares:
+        return dict(s.shares)
+    return {"fp32": s.sm, "memory": s.mem}
+
+
+def _idle(s: Sample, shares: Shares) -> float:
+    """The share of the run no figure scales: the latency share (what the units leave of 1), or for
+    a profile by throughputs 1 less the busier one."""
+    if s.shares:
+        return max(0.0, 1.0 - sum(shares.values()))
+    return 1 - max(shares.values())
+
+
 def _terms(
-    s: Sample,
-    catalog: Catalog,
-    memory: Mapping[str, float],
-    compute: Mapping[str, float],
-    shares: tuple[float, float] | None = None,
-) -> tuple[float, float, float]:
-    """(memory term, compute term, idle share) of the sample's runtime relative to its profiled
-    product, read with the workload's ``shares`` (SM, memory) where they were re-fitted, else its
-    profile's."""
-    sm, mem = shares if shares is not None else (s.sm, s.mem)
-    there_bw, here_bw, there_fp32, here_fp32 = _figures(catalog, s.product, s.profiled)
-    memory_term = mem * there_bw / here_bw * memory[s.product] / memory[s.profiled]
-    compute_term = sm * there_fp32 / here_fp32 * compute[s.product] / compute[s.profiled]
-    return memory_term, compute_term, 1 - max(sm, mem)
+    s: Sample, catalog: Catalog, factors: Factors, shares: Shares | None = None
+) -> tuple[Shares, float]:
+    """Each unit's term of the sample's runtime relative to its profiled product, and the idle share,
+    read with the workload's ``shares`` where they were re-fitted, else its profile's."""
+    shares = shares if shares is not None else profile_shares_of(s)
+    ratios = _ratios(catalog, s.product, s.profiled)
+    terms = {
+        unit: share * ratios[unit] * factors[unit][s.product] / factors[unit][s.profiled]
+        for unit, share in shares.items()
+    }
+    return terms, _idle(s, shares)
+
+
+def _modelled(s: Sample, terms: Shares, idle: float) -> float:
+    """The model's relative time: the sum of the terms (units model), or the larger of the two (a
+    profile by throughputs, the roofline it was measured for), plus the idle share."""
+    return (sum(terms.values()) if s.shares else max(terms.values())) + idle
+
+
+def _bound(terms: Shares) -> Unit:
+    """The unit with the largest term (memory first on a tie, as the two-resource fit had it)."""
+    return max(terms, key=lambda unit: (terms[unit], unit == "memory"))
+
+
+def _clear(s: Sample, terms: Shares, idle: float) -> bool:
+    """Whether one unit clearly bounds the run: its term at least DOMINANT times every other unit's
+    and, for a sample with time shares, the latency share's too (a run mostly spent in latency says
+    little of any figure: a 5 % error in its time would move the figure by half). A profile by
+    throughputs is read as before, by its two terms."""
+    top = _bound(terms)
+    others = [t for unit, t in terms.items() if unit != top]
+    if s.shares:
+        others.append(idle)
+    return all(terms[top] >= DOMINANT * t for t in others)
 
 
 @functools.lru_cache(maxsize=1024)
-def _figures(catalog: Catalog, product: str, profiled: str) -> tuple[float, float, float, float]:
-    """The sustained bandwidth and FP32 of the profiled product and of the run's: fixed per pair, and
+def _ratios(catalog: Catalog, product: str, profiled: str) -> dict[Unit, float]:
+    """Each unit's sustained figure of the profiled product over the run's: fixed per pair, and
     _terms is the fit's inner loop (a refit read them about a million times for 480 runs). A catalog
     is not changed once loaded, and is hashed by identity."""
     here, there = catalog.placement(product), catalog.placement(profiled)
     assert here is not None and there is not None, "samples_of keeps catalog products only"
-    return (
-        there.sustained_bandwidth_gbs,
-        here.sustained_bandwidth_gbs,
-        there.sustained_fp32_tflops,
-        here.sustained_fp32_tflops,
-    )
+    found: dict[Unit, float] = {}
+    for unit in FACTOR_UNITS:
+        a, b = there.sustained(unit), here.sustained(unit)
+        assert a is not None and b is not None
+        found[unit] = a / b
+    return found
 
 
 def _references(votes: Mapping[str, list[tuple[float, Sample]]], used: Sequence[Sample]) -> set[str]:
@@ -132,114 +179,122 @@ def _anchor(factors: dict[str, float], voted: set[str], known: set[str]) -> None
         factors[p] = value / mean if p in known else 1.0
 
 
-def _solve3(a: list[list[float]], b: list[float]) -> list[float] | None:
-    """The solution of a 3x3 linear system (Gaussian elimination, partial pivoting); None if singular."""
+def _solve(a: list[list[float]], b: list[float]) -> list[float] | None:
+    """The solution of a small linear system (Gaussian elimination, partial pivoting); None if singular."""
+    n = len(b)
     m = [[*row, rhs] for row, rhs in zip(a, b, strict=True)]
-    for col in range(3):
-        pivot = max(range(col, 3), key=lambda r: abs(m[r][col]))
+    for col in range(n):
+        pivot = max(range(col, n), key=lambda r: abs(m[r][col]))
         if abs(m[pivot][col]) < 1e-12:
             return None
         m[col], m[pivot] = m[pivot], m[col]
-        for r in range(col + 1, 3):
+        for r in range(col + 1, n):
             f = m[r][col] / m[col][col]
-            for c in range(col, 4):
+            for c in range(col, n + 1):
                 m[r][c] -= f * m[col][c]
-    x = [0.0, 0.0, 0.0]
-    for r in (2, 1, 0):
-        x[r] = (m[r][3] - sum(m[r][c] * x[c] for c in range(r + 1, 3))) / m[r][r]
+    x = [0.0] * n
+    for r in reversed(range(n)):
+        x[r] = (m[r][n] - sum(m[r][c] * x[c] for c in range(r + 1, n))) / m[r][r]
     return x
+
+
+def _gradient(s: Sample, shares: Shares, terms: Shares, modelled: float) -> list[float]:
+    """d log(model) / d log(share) for each of the workload's units, in ``shares``' order. Units
+    model: each term, less the share itself while a latency share remains (it takes that time from
+    latency). By throughputs: the larger term's share moves the roofline, the busier share the idle."""
+    if s.shares:
+        busy = sum(shares.values()) < 1.0
+        return [(terms[u] - (shares[u] if busy else 0.0)) / modelled for u in shares]
+    top, busiest = _bound(terms), max(shares, key=lambda u: (shares[u], u == "memory"))
+    return [
+        ((terms[u] if u == top else 0.0) - (shares[u] if u == busiest else 0.0)) / modelled for u in shares
+    ]
 
 
 def _refit_step(
     group: Sequence[Sample],
     *,
-    prior: tuple[float, float],
-    current: tuple[float, float, float],
+    prior: Shares,
+    current: tuple[float, Shares],
     catalog: Catalog,
-    memory: Mapping[str, float],
-    compute: Mapping[str, float],
+    factors: Factors,
     delta: float,
-    known: set[tuple[str, str]],
-) -> tuple[float, float, float]:
-    """One damped Gauss-Newton step of a workload's (scale, SM share, memory share) towards the
-    runtimes its runs took, in log-time, each sample weighted by its runs (and Huber's weight), the
-    profile's shares a prior worth ``PRIOR_RUNS`` runs (docs/ranking.md "Re-fitted shares")."""
-    scale, sm, mem = current
+    known: set[tuple[str, Unit]],
+) -> tuple[float, Shares]:
+    """One damped Gauss-Newton step of a workload's (scale, shares) towards the runtimes its runs
+    took, in log-time, each sample weighted by its runs (and Huber's weight), the profile's shares a
+    prior worth ``PRIOR_RUNS`` runs (docs/ranking.md "Re-fitted shares")."""
+    scale, shares = current
+    units = list(shares)
     rows: list[tuple[list[float], float, float]] = []  # (gradient of log model, residual, weight)
     for s in group:
-        m, c, idle = _terms(s, catalog, memory, compute, (sm, mem))
-        if s.product != s.profiled and (s.product, "memory" if m >= c else "compute") not in known:
+        terms, idle = _terms(s, catalog, factors, shares)
+        if s.product != s.profiled and (s.product, _bound(terms)) not in known:
             continue  # a run on a product whose figure for what bounds it nothing measured
-        modelled = max(m, c) + idle
+        modelled = _modelled(s, terms, idle)
         if modelled <= 0:
             continue
         residual = math.log(s.seconds / (scale * modelled))
         weight = s.runs * (1.0 if delta == math.inf else min(1.0, delta / max(abs(residual), 1e-12)))
-        d_sm = ((c if c > m else 0.0) - (sm if sm > mem else 0.0)) / modelled
-        d_mem = ((m if m >= c else 0.0) - (mem if mem >= sm else 0.0)) / modelled
-        rows.append(([1.0, d_sm, d_mem], residual, weight))
-    rows.append(([0.0, 1.0, 0.0], math.log(prior[0] / sm), PRIOR_RUNS))
-    rows.append(([0.0, 0.0, 1.0], math.log(prior[1] / mem), PRIOR_RUNS))
+        rows.append(([1.0, *_gradient(s, shares, terms, modelled)], residual, weight))
+    for i, unit in enumerate(units):
+        row = [0.0] * (len(units) + 1)
+        row[i + 1] = 1.0
+        rows.append((row, math.log(prior[unit] / shares[unit]), PRIOR_RUNS))
+    size = len(units) + 1
     normal = [
-        [sum(w * g[i] * g[j] for g, _, w in rows) + (1e-9 if i == j else 0.0) for j in range(3)]
-        for i in range(3)
+        [sum(w * g[i] * g[j] for g, _, w in rows) + (1e-9 if i == j else 0.0) for j in range(size)]
+        for i in range(size)
     ]
-    rhs = [sum(w * g[i] * r for g, r, w in rows) for i in range(3)]
-    step = _solve3(normal, rhs)
+    rhs = [sum(w * g[i] * r for g, r, w in rows) for i in range(size)]
+    step = _solve(normal, rhs)
     if step is None:
         return current
     step = [max(-MAX_STEP, min(MAX_STEP, x)) for x in step]
-    return (
-        scale * math.exp(step[0]),
-        min(MAX_SHARE, max(MIN_SHARE, sm * math.exp(step[1]))),
-        min(MAX_SHARE, max(MIN_SHARE, mem * math.exp(step[2]))),
-    )
+    return scale * math.exp(step[0]), {
+        unit: min(MAX_SHARE, max(MIN_SHARE, shares[unit] * math.exp(x)))
+        for unit, x in zip(units, step[1:], strict=True)
+    }
 
 
-def _bounds(
-    group: Sequence[Sample], shares: tuple[float, float], catalog: Catalog, factors: _Factors
-) -> set[str]:
-    """The resources that clearly bound at least one of a workload's samples (its runs measure that share)."""
-    found = set()
+def _bounds(group: Sequence[Sample], shares: Shares, catalog: Catalog, factors: _Factors) -> set[Unit]:
+    """The units that clearly bound at least one of a workload's samples (its runs measure that share)."""
+    found: set[Unit] = set()
     for s in group:
-        m, c, _ = _terms(s, catalog, factors.memory, factors.compute, shares)
-        if m >= DOMINANT * c:
-            found.add("memory")
-        elif c >= DOMINANT * m:
-            found.add("compute")
+        terms, idle = _terms(s, catalog, factors.by_unit, shares)
+        if _clear(s, terms, idle):
+            found.add(_bound(terms))
     return found
 
 
-Votes = dict[str, dict[str, list[tuple[float, Sample]]]]  # by resource, by product: (factor, sample)
+Votes = dict[Unit, dict[str, list[tuple[float, Sample]]]]  # by unit, by product: (factor, sample)
 
 
 @dataclass
 class _Factors:
-    memory: dict[str, float]
-    compute: dict[str, float]
+    by_unit: Factors
     votes: Votes
-    measured: dict[str, set[str]]  # by resource: the products the last round's votes measured
+    measured: dict[Unit, set[str]]  # by unit: the products the last round's votes measured
 
-    def of(self, kind: str) -> dict[str, float]:
-        return self.memory if kind == "memory" else self.compute
+    def of(self, unit: Unit) -> dict[str, float]:
+        return self.by_unit[unit]
 
 
 def _fit_factors(
     used: Sequence[Sample],
     catalog: Catalog,
-    shares: Mapping[str, tuple[float, float]],
-    fixed: Mapping[str, Mapping[str, float]],
+    shares: Mapping[str, Shares],
+    fixed: Mapping[Unit, Mapping[str, float]],
 ) -> _Factors:
     """Each product's factors from the runs, the workloads read with ``shares``; a factor in
-    ``fixed`` (by resource, by product) is held at that value (known, but not voted on)."""
+    ``fixed`` (by unit, by product) is held at that value (known, but not voted on)."""
     names = {s.product for s in used} | {s.profiled for s in used}
-    memory = dict.fromkeys(names, 1.0)
-    compute = dict.fromkeys(names, 1.0)
-    for kind, factors in (("memory", memory), ("compute", compute)):
-        factors.update(fixed.get(kind, {}))
-    votes: Votes = {"memory": {}, "compute": {}}
+    factors: Factors = {unit: dict.fromkeys(names, 1.0) for unit in FACTOR_UNITS}
+    for unit in FACTOR_UNITS:
+        factors[unit].update(fixed.get(unit, {}))
+    votes: Votes = {unit: {} for unit in FACTOR_UNITS}
     # the factors some round measured (voted on, or the reference of votes): the others stay 1
-    known: dict[str, set[str]] = {kind: set(fixed.get(kind, {})) for kind in ("memory", "compute")}
+    known: dict[Unit, set[str]] = {unit: set(fixed.get(unit, {})) for unit in FACTOR_UNITS}
     by_workload: dict[str, list[Sample]] = {}
     for s in used:
         by_workload.setdefault(s.workload, []).append(s)
@@ -249,57 +304,58 @@ def _fit_factors(
         scale: dict[str, float] = {}
         for workload, group in by_workload.items():
             # the scale comes from the samples the model reads clearly: the run on the profiled
-            # product (which the model predicts exactly), and runs clearly bound by one resource
+            # product (which the model predicts exactly), and runs clearly bound by one unit
             logs, weights = [], []
             for s in group:
-                m, c, idle = _terms(s, catalog, memory, compute, shares[workload])
-                if s.product == s.profiled or max(m, c) >= DOMINANT * min(m, c):
-                    logs.append(math.log(s.seconds / (max(m, c) + idle)))
+                terms, idle = _terms(s, catalog, factors, shares[workload])
+                if s.product == s.profiled or _clear(s, terms, idle):
+                    logs.append(math.log(s.seconds / _modelled(s, terms, idle)))
                     weights.append(s.runs)
             if logs:
                 scale[workload] = math.exp(huber_location(logs, weights, delta=delta))
-        votes = {"memory": {}, "compute": {}}
+        votes = {unit: {} for unit in FACTOR_UNITS}
         for s in used:
             if s.product == s.profiled:
                 continue  # the run on its own profiled product sets the scale, not a ratio
             if s.workload not in scale:
                 continue
-            m, c, idle = _terms(s, catalog, memory, compute, shares[s.workload])
-            busy = s.seconds / scale[s.workload] - idle
-            if busy <= 0 or max(m, c) < DOMINANT * min(m, c):
-                continue  # which resource bounds it is not clear: it could explain either factor
-            kind, term, factors = ("memory", m, memory) if m >= c else ("compute", c, compute)
-            if s.product in fixed.get(kind, {}):
+            terms, idle = _terms(s, catalog, factors, shares[s.workload])
+            unit = _bound(terms)
+            # the units model adds the other units' time; the roofline of a profile by throughputs does not
+            others = sum(t for u, t in terms.items() if u != unit) if s.shares else 0.0
+            busy = s.seconds / scale[s.workload] - idle - others
+            if busy <= 0 or not _clear(s, terms, idle):
+                continue  # which unit bounds it is not clear: it could explain either factor
+            if s.product in fixed.get(unit, {}):
                 continue
-            votes[kind].setdefault(s.product, []).append((factors[s.product] * busy / term, s))
+            votes[unit].setdefault(s.product, []).append((factors[unit][s.product] * busy / terms[unit], s))
         moved = 0.0
-        for kind, factors in (("memory", memory), ("compute", compute)):
-            for product, cast in votes[kind].items():
+        for unit in FACTOR_UNITS:
+            here = factors[unit]
+            for product, cast in votes[unit].items():
                 new = math.exp(
                     huber_location([math.log(f) for f, _ in cast], [s.runs for _, s in cast], delta=delta)
                 )
-                moved = max(moved, abs(math.log(new / factors[product])))
-                factors[product] = new
-            factors.update(fixed.get(kind, {}))
-            known[kind] |= set(votes[kind]) | _references(votes[kind], used)
-            _anchor(factors, set(votes[kind]), known[kind])
+                moved = max(moved, abs(math.log(new / here[product])))
+                here[product] = new
+            here.update(fixed.get(unit, {}))
+            known[unit] |= set(votes[unit]) | _references(votes[unit], used)
+            _anchor(here, set(votes[unit]), known[unit])
         if moved < 1e-7 and delta != math.inf:
             break
     measured = {
-        kind: set(votes[kind]) | _references(votes[kind], used) | set(fixed.get(kind, {}))
-        for kind in ("memory", "compute")
+        unit: set(votes[unit]) | _references(votes[unit], used) | set(fixed.get(unit, {}))
+        for unit in FACTOR_UNITS
     }
-    return _Factors(memory, compute, votes, measured)
+    return _Factors(factors, votes, measured)
 
 
-def _refit_shares(
-    group: Sequence[Sample], prior: tuple[float, float], catalog: Catalog, factors: _Factors
-) -> tuple[float, float]:
-    """A workload's (SM, memory) shares that best explain its runs under the products' factors,
-    by Gauss-Newton in log-time (least squares, then Huber), its profile's shares the prior."""
-    known = {(p, kind) for kind, products in factors.measured.items() for p in products}
-    m, c, idle = _terms(group[0], catalog, factors.memory, factors.compute, prior)
-    current = (group[0].seconds / (max(m, c) + idle), *prior)
+def _refit_shares(group: Sequence[Sample], prior: Shares, catalog: Catalog, factors: _Factors) -> Shares:
+    """A workload's shares that best explain its runs under the products' factors, by Gauss-Newton in
+    log-time (least squares, then Huber), its profile's shares the prior."""
+    known = {(p, unit) for unit, products in factors.measured.items() for p in products}
+    terms, idle = _terms(group[0], catalog, factors.by_unit, prior)
+    current = (group[0].seconds / _modelled(group[0], terms, idle), dict(prior))
     for step in range(2 * REFIT_STEPS):
         delta = math.inf if step < REFIT_STEPS else HUBER_DELTA
         updated = _refit_step(
@@ -307,44 +363,45 @@ def _refit_shares(
             prior=prior,
             current=current,
             catalog=catalog,
-            memory=factors.memory,
-            compute=factors.compute,
+            factors=factors.by_unit,
             delta=delta,
             known=known,
         )
-        moved = max(abs(math.log(a / b)) for a, b in zip(updated, current, strict=True))
+        moved = max(
+            abs(math.log(updated[0] / current[0])),
+            *(abs(math.log(updated[1][u] / current[1][u])) for u in prior),
+        )
         current = updated
         if moved < 1e-9 and delta != math.inf:
             break
-    return current[1], current[2]
+    return current[1]
 
 
 def _profiled_factor(
-    group: Sequence[Sample], shares: tuple[float, float], kind: str, catalog: Catalog, factors: _Factors
+    group: Sequence[Sample], shares: Shares, unit: Unit, catalog: Catalog, factors: _Factors
 ) -> float | None:
-    """The factor for ``kind`` of the product a workload was profiled on, that best explains its runs
+    """The factor for ``unit`` of the product a workload was profiled on, that best explains its runs
     on products whose figures are measured (its profile's shares are of that product's real figures,
     so the ratios between its runs elsewhere say how far the product's figure is off), or None
-    when no such run is clearly bound by ``kind``. A golden-section search in log-factor of the
+    when no such run is clearly bound by ``unit``. A golden-section search in log-factor of the
     Huber loss, the workload's scale the Huber location at each trial."""
     profiled = group[0].profiled
-    known = {(p, k) for k, products in factors.measured.items() for p in products}
+    known = {(p, u) for u, products in factors.measured.items() for p in products}
     clear = []
     for s in group:
-        m, c, _ = _terms(s, catalog, factors.memory, factors.compute, shares)
-        bound = "memory" if m >= c else "compute"
-        if s.product == profiled or (s.product, bound) in known:
+        terms, _ = _terms(s, catalog, factors.by_unit, shares)
+        if s.product == profiled or (s.product, _bound(terms)) in known:
             clear.append(s)
     if not any(s.product != profiled for s in clear):
         return None
-    trial = {"memory": dict(factors.memory), "compute": dict(factors.compute)}
+    trial: Factors = {u: dict(f) for u, f in factors.by_unit.items()}
 
     def loss(log_factor: float) -> float:
-        trial[kind][profiled] = math.exp(log_factor)
+        trial[unit][profiled] = math.exp(log_factor)
         logs, weights = [], []
         for s in clear:
-            m, c, idle = _terms(s, catalog, trial["memory"], trial["compute"], shares)
-            logs.append(math.log(s.seconds / (max(m, c) + idle)))
+            terms, idle = _terms(s, catalog, trial, shares)
+            logs.append(math.log(s.seconds / _modelled(s, terms, idle)))
             weights.append(float(s.runs))
         centre = huber_location(logs, weights)
         return sum(w * _huber(x - centre) for x, w in zip(logs, weights, strict=True))
@@ -370,16 +427,16 @@ def _huber(x: float, delta: float = HUBER_DELTA) -> float:
 
 
 def fit_calibration(samples: Sequence[Sample], catalog: Catalog, *, updated_at: str = "") -> Calibration:
-    """The factors per product, and the shares per workload, that best explain the samples (module
-    docstring, docs/ranking.md "Re-fitted shares"). Only workloads seen on at least two products
-    say anything about products' ratios; the others are left out.
+    """The factors per product and unit, and the shares per workload, that best explain the samples
+    (module docstring, docs/ranking.md "Re-fitted shares"). Only workloads seen on at least two
+    products say anything about products' ratios; the others are left out.
 
     1. the factors, each workload read with its profile's shares;
     2. each workload's shares re-fitted from its runs under those factors (the profile the prior);
-    3. a product that no run measured (workloads were only profiled there): its factor for a
-       resource is the robust mean of what each workload profiled there says, the factor that best
-       explains its runs on measured products (its profile measured shares of that product's real
-       figures); with those held, 1 and 2 again.
+    3. a product that no run measured (workloads were only profiled there): its factor for a unit
+       is the robust mean of what each workload profiled there says, the factor that best explains
+       its runs on measured products (its profile measured shares of that product's real figures);
+       with those held, 2 again.
     """
     products_of: dict[str, set[str]] = {}
     for s in samples:
@@ -389,41 +446,40 @@ def fit_calibration(samples: Sequence[Sample], catalog: Catalog, *, updated_at: 
     for s in used:
         by_workload.setdefault(s.workload, []).append(s)
     prior = {
-        w: (min(MAX_SHARE, max(MIN_SHARE, g[0].sm)), min(MAX_SHARE, max(MIN_SHARE, g[0].mem)))
+        w: {u: min(MAX_SHARE, max(MIN_SHARE, x)) for u, x in profile_shares_of(g[0]).items()}
         for w, g in by_workload.items()
     }
     factors = _fit_factors(used, catalog, prior, {})
     shares = {w: _refit_shares(g, prior[w], catalog, factors) for w, g in by_workload.items()}
-    profile_votes: Votes = {"memory": {}, "compute": {}}
+    profile_votes: Votes = {unit: {} for unit in FACTOR_UNITS}
     for workload, group in by_workload.items():
         profiled = group[0].profiled
         elsewhere = sum(s.runs for s in group if s.product != profiled)
-        for kind in _bounds(group, prior[workload], catalog, factors):
-            if profiled in factors.measured[kind]:
+        for unit in sorted(_bounds(group, prior[workload], catalog, factors)):
+            if profiled in factors.measured[unit]:
                 continue
-            value = _profiled_factor(group, prior[workload], kind, catalog, factors)
+            value = _profiled_factor(group, prior[workload], unit, catalog, factors)
             if value is not None:
                 weight = dataclasses.replace(group[0], product=profiled, runs=elsewhere)
-                profile_votes[kind].setdefault(profiled, []).append((value, weight))
+                profile_votes[unit].setdefault(profiled, []).append((value, weight))
     reference = factors
     fixed = {
-        kind: {
+        unit: {
             product: math.exp(huber_location([math.log(f) for f, _ in cast], [s.runs for _, s in cast]))
             for product, cast in by_product.items()
             if len({s.workload for _, s in cast}) >= 2  # one workload's idle share is too little to go on
         }
-        for kind, by_product in profile_votes.items()
+        for unit, by_product in profile_votes.items()
     }
     if any(fixed.values()):
         # the products' factors stay those of step 1: a held factor rests on the idle shares of a
         # few workloads (ill-conditioned), so it reads only those workloads' own shares
         held = _Factors(
-            {**factors.memory, **fixed["memory"]},
-            {**factors.compute, **fixed["compute"]},
+            {unit: {**factors.by_unit[unit], **fixed[unit]} for unit in FACTOR_UNITS},
             factors.votes,
-            {k: factors.measured[k] | set(fixed[k]) for k in factors.measured},
+            {u: factors.measured[u] | set(fixed[u]) for u in FACTOR_UNITS},
         )
-        held_products = set(fixed["memory"]) | set(fixed["compute"])
+        held_products = {p for by_product in fixed.values() for p in by_product}
         shares = {
             w: _refit_shares(g, prior[w], catalog, held) if g[0].profiled in held_products else shares[w]
             for w, g in by_workload.items()
@@ -437,36 +493,60 @@ def fit_calibration(samples: Sequence[Sample], catalog: Catalog, *, updated_at: 
         # rests on no run on its product: it never qualifies the product, it only reads the shares
         # of the workloads profiled there (docs/ranking.md "Re-fitted shares")
         here = {s.workload: s for s in used if s.product == product}
-        support = {}
-        for kind in ("memory", "compute"):
-            mine = [s for _, s in factors.votes[kind].get(product, [])]
+        support: dict[Unit, FactorSupport] = {}
+        for unit in FACTOR_UNITS:
+            mine = [s for _, s in factors.votes[unit].get(product, [])]
             anchored = {
                 s.workload
-                for voted in factors.votes[kind].values()
+                for voted in factors.votes[unit].values()
                 for _, s in voted
                 if s.profiled == product and s.workload in here
             }
             runs = sum(s.runs for s in mine) + sum(here[w].runs for w in anchored)
-            support[kind] = FactorSupport(
-                round(factors.of(kind)[product], DIGITS), runs, len({s.workload for s in mine} | anchored)
+            support[unit] = FactorSupport(
+                round(factors.of(unit)[product], DIGITS), runs, len({s.workload for s in mine} | anchored)
             )
         result[product] = ProductCalibration(
-            product=product, memory=support["memory"], compute=support["compute"], updated_at=updated_at
+            product=product,
+            memory=support["memory"],
+            compute=support["fp32"],
+            updated_at=updated_at,
+            tensor=support["tensor"],
+            fp64=support["fp64"],
         )
     workloads: dict[str, WorkloadShares] = {}
     for workload, group in sorted(by_workload.items()):
         entry = catalog.placement(group[0].profiled)
         assert entry is not None, "samples_of keeps catalog products only"
-        sm, mem = shares[workload]
-        workloads[workload] = WorkloadShares(
+        fitted = shares[workload]
+        figures: dict[Unit, float] = {}
+        for unit in FACTOR_UNITS:
+            figure = entry.sustained(unit)
+            assert figure is not None
+            figures[unit] = round(figure / reference.by_unit[unit][entry.product], DIGITS)
+        fitted_shares = WorkloadShares(
             workload=workload,
             profiled=entry.product,
-            sm=round(sm, DIGITS + 2),
-            mem=round(mem, DIGITS + 2),
-            fp32_tflops=round(entry.sustained_fp32_tflops / reference.compute[entry.product], DIGITS),
-            bandwidth_gbs=round(entry.sustained_bandwidth_gbs / reference.memory[entry.product], DIGITS),
+            sm=round(fitted.get("fp32", 0.0), DIGITS + 2),
+            mem=round(fitted.get("memory", 0.0), DIGITS + 2),
+            fp32_tflops=figures["fp32"],
+            bandwidth_gbs=figures["memory"],
             runs=sum(s.runs for s in group),
             products=len(group),
             updated_at=updated_at,
         )
+        if group[0].shares:  # per unit, of the figures of the units it has
+            rounded = {u: round(x, DIGITS + 2) for u, x in fitted.items()}
+            latency: tuple[Unit, float] = (
+                "latency",
+                round(max(0.0, 1.0 - sum(rounded.values())), DIGITS + 2),
+            )
+            fitted_shares = dataclasses.replace(
+                fitted_shares,
+                sm=0.0,
+                mem=0.0,
+                time_shares=(*rounded.items(), latency),
+                figures=tuple((u, figures[u]) for u in rounded),
+            )
+        workloads[workload] = fitted_shares
     return Calibration(result, workloads)

@@ -15,18 +15,15 @@ from decimal import Decimal
 from typing import Any
 
 from kratos_admit.decisions.calibration import NO_CALIBRATION, Calibration
-from kratos_admit.decisions.ranking import (
+from kratos_admit.decisions.exploration import (
     Exploration,
-    RankedProduct,
-    RankingSource,
     allowed_products,
     exploration,
     explored_first,
     object_key,
     one_gpu,
-    rank_gpu_products,
-    ranking_source,
 )
+from kratos_admit.decisions.ranking import RankedProduct, RankingSource, rank_gpu_products, ranking_source
 from kratos_admit.domain import vocabulary as v
 from kratos_admit.domain.catalog import Catalog
 from kratos_admit.domain.config import Config

@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from typing import Any, Literal
 
 from kratos_admit.decisions.calibration import NO_CALIBRATION, Calibration
+from kratos_admit.decisions.exploration import object_key
 from kratos_admit.decisions.hints import (
     add_profile_gate,
     hints_record,
@@ -17,7 +18,7 @@ from kratos_admit.decisions.hints import (
     pod_parts,
     ranked_hint,
 )
-from kratos_admit.decisions.ranking import RankedProduct, object_key
+from kratos_admit.decisions.ranking import RankedProduct
 from kratos_admit.domain import vocabulary as v
 from kratos_admit.domain.catalog import Catalog
 from kratos_admit.domain.config import Config

@@ -1,13 +1,13 @@
-"""Rank GPU products by how this workload's measured bottleneck fits each one (docs/ranking.md).
+"""Rank GPU products by how this workload's time, unit by unit, fits each one (docs/ranking.md).
 
-The model predicts the workload's runtime on product P relative to the GPU it was profiled on (R):
+The model predicts the workload's runtime on product P relative to the GPU it was measured on (M):
 
-    time(P) / time(R) = max(sm * FP32(R) / FP32(P), mem * BW(R) / BW(P)) + (1 - max(sm, mem))
+    time(P) / time(M) = sum over units u of share[u] * figure_u(M) / figure_u(P)  +  share[latency]
 
-``sm`` and ``mem`` are the SM and memory throughputs the profile measured, as fractions of R's peak;
-FP32 and BW are the *sustained* figures (published measurements, else datasheet x a documented
-factor), and a MIG slice counts as its share of the GPU. The busy share scales with the product's
-figure in the resource that bounds it (roofline); the idle share (latency, launch gaps) does not.
+The shares are where its GPU time went, by the unit that bound each kernel (``profile_shares``);
+each figure is a *sustained* one (a cited measurement, else datasheet x a documented factor): dense
+FP16/BF16 tensor, FP32, FP64 (on FP64 tensor cores where P has them) and DRAM bandwidth; a MIG
+slice counts as its share of the GPU. Latency time scales with none of them.
 
 Calibration (``calibration.py``) replaces a product's catalog figures with the cluster's own once it
 rests on ``minCalibrationRuns`` runs from at least two workloads, and a workload that ran on two
@@ -22,21 +22,22 @@ log-time), so a run the model's figures disagree with pulls the prediction towar
 
 from __future__ import annotations
 
-import dataclasses
 import functools
-import hashlib
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
-from kratos_admit.decisions.calibration import DOMINANT, NO_CALIBRATION, PRIOR_RUNS, Calibration
+from kratos_admit.decisions.calibration import (
+    NO_CALIBRATION,
+    PRIOR_RUNS,
+    Calibration,
+    WorkloadShares,
+)
 from kratos_admit.domain import vocabulary as v
-from kratos_admit.domain.catalog import Catalog, GpuProduct, mig_profile_of
+from kratos_admit.domain.catalog import Catalog, GpuProduct
 from kratos_admit.domain.profile import WorkloadProfile
-from kratos_admit.domain.quantity import parse_positive_integer
-from kratos_admit.domain.raw import as_list, as_mapping, string_map
-from kratos_admit.domain.vocabulary import Strategy
+from kratos_admit.domain.vocabulary import Strategy, Unit
 
 # When a profile has a bound type but no throughputs (an older runner), assume typical shares.
 _SHARES_BY_BOUND: dict[str, tuple[float, float]] = {
@@ -111,10 +112,79 @@ def throughput_shares(profile: WorkloadProfile) -> tuple[float, float] | None:
     return _SHARES_BY_BOUND.get(status.bound_type)
 
 
+SCALED_UNITS: tuple[Unit, ...] = ("tensor", "fp32", "fp64", "memory")  # latency time stays as it is
+
+
+def unit_figures(product: GpuProduct) -> dict[Unit, float]:
+    """The product's sustained figure for each scaled unit (TFLOP/s; GB/s for memory)."""
+    return {unit: figure for unit in SCALED_UNITS if (figure := product.sustained(unit)) is not None}
+
+
+def relative_time_by_units(
+    shares: Mapping[Unit, float], *, reference: Mapping[Unit, float], product: Mapping[Unit, float]
+) -> float:
+    """Time on ``product`` relative to ``reference`` (where the shares were measured): each scaled
+    unit's share times the reference's figure over the product's, plus the latency share."""
+    scaled = sum(shares.get(u, 0.0) * reference[u] / product[u] for u in SCALED_UNITS if shares.get(u))
+    return scaled + shares.get("latency", 0.0)
+
+
+def roofline_relative_time(
+    throughputs: Mapping[Unit, float], *, reference: Mapping[Unit, float], product: Mapping[Unit, float]
+) -> float:
+    """The model of a profile from before time shares, whose throughputs overlap: the largest of the
+    scaled terms plus the idle share, ``max(sm x FP32 ratio, mem x bandwidth ratio) + 1 - max(sm, mem)``."""
+    terms = [share * reference[u] / product[u] for u, share in throughputs.items()]
+    return max(terms, default=0.0) + 1 - max(throughputs.values(), default=0.0)
+
+
 def predicted_relative_time(sm: float, mem: float, *, reference: GpuProduct, product: GpuProduct) -> float:
-    compute = sm * reference.sustained_fp32_tflops / product.sustained_fp32_tflops
-    memory = mem * reference.sustained_bandwidth_gbs / product.sustained_bandwidth_gbs
-    return max(compute, memory) + (1 - max(sm, mem))
+    """``roofline_relative_time`` of SM (as FP32) and memory throughputs between two products."""
+    return roofline_relative_time(
+        dict(_overlapping(sm, mem)), reference=unit_figures(reference), product=unit_figures(product)
+    )
+
+
+def shares_from_throughputs(sm: float, mem: float) -> dict[Unit, float]:
+    """The time split on its own GPU of a profile from before time shares, as the roofline reads it:
+    the busier of SM (standing for FP32) and memory throughput is that unit's share (a tie split
+    between them), the rest latency. The ranking reads such a profile by ``roofline_relative_time``."""
+    busy = max(sm, mem)
+    found: dict[Unit, float] = {"latency": 1 - busy}
+    if sm >= mem:
+        found["fp32"] = busy if sm > mem else busy / 2
+    if mem >= sm:
+        found["memory"] = busy if mem > sm else busy / 2
+    return found
+
+
+def profile_shares(profile: WorkloadProfile) -> dict[Unit, float] | None:
+    """The status's ``timeShares``; for a profile without them, ``shares_from_throughputs`` of its
+    throughputs or bound type; None when it gives nothing to rank by."""
+    status = profile.status
+    found = status.time_shares.fractions() if status is not None and status.time_shares else None
+    throughputs = throughput_shares(profile) if found is None else None
+    return shares_from_throughputs(*throughputs) if throughputs is not None else found
+
+
+def _reading(profile: WorkloadProfile) -> tuple[tuple[tuple[Unit, float], ...], bool] | None:
+    """What the ranking reads a profile by, hashable: its time shares, or (True: by the roofline) its
+    SM and memory throughputs as the fp32 and memory shares; None when it gives nothing to rank by."""
+    status = profile.status
+    found = status.time_shares.fractions() if status is not None and status.time_shares else None
+    if found is not None:
+        return _key(found), False
+    throughputs = throughput_shares(profile)
+    return (_overlapping(*throughputs), True) if throughputs is not None else None
+
+
+def _overlapping(sm: float, mem: float) -> tuple[tuple[Unit, float], ...]:
+    return (("fp32", sm), ("memory", mem))
+
+
+def _key(shares: Mapping[Unit, float]) -> tuple[tuple[Unit, float], ...]:
+    """The shares as a hashable tuple in the units' order (the cached ranking's key)."""
+    return tuple((unit, shares[unit]) for unit in v.UNITS if shares.get(unit, 0.0) > 0)
 
 
 def _score(relative_time: float, product: GpuProduct, strategy: Strategy) -> float:
@@ -143,27 +213,37 @@ def rank_gpu_products(
     The ranking depends only on the profile's figures, the cluster's products and the config, so
     it is computed once per distinct input and served from a bounded cache after that.
     """
-    shares = throughput_shares(profile)
-    if shares is None:
+    reading = _reading(profile)
+    if reading is None:
         return []
+    shares, roofline = reading
     profiled = profile.status.gpu.product if profile.status else None
     fitted = calibration.shares_of(profile.metadata.namespace, profile.spec.workload)
-    figures: tuple[float, float] | None = None
+    figures: tuple[tuple[Unit, float], ...] | None = None
     measured_on = catalog.placement(profiled) if profiled else None
     own = calibration.get(measured_on.product) if measured_on is not None else None
+    refitted: tuple[tuple[Unit, float], ...] = ()
+    if fitted is not None:
+        refitted = (
+            _key(dict(fitted.time_shares)) if fitted.time_shares else _overlapping(fitted.sm, fitted.mem)
+        )
     if (
         fitted is not None
         and fitted.runs >= min_calibration_runs
         and measured_on is not None
-        and not (own and own.qualifies(min_calibration_runs))
+        and not (own and all(own.support(u).qualifies(min_calibration_runs) for u in _fitted_units(fitted)))
     ):
-        # the shares re-fitted from its runs, of the figures the fit gave its profiled product
-        shares, profiled = (fitted.sm, fitted.mem), fitted.profiled
-        figures = (fitted.fp32_tflops, fitted.bandwidth_gbs)
+        # the shares re-fitted from its runs (per unit, or by its throughputs), of the figures the fit
+        # gave its profiled product; until that product is calibrated in every unit they use
+        shares, roofline, profiled = refitted, not fitted.time_shares, fitted.profiled
+        figures = fitted.figures if fitted.time_shares else (
+            ("fp32", fitted.fp32_tflops), ("memory", fitted.bandwidth_gbs)
+        )  # fmt: skip
     return list(
         _rank(
             catalog,
             shares=shares,
+            roofline=roofline,
             profiled=profiled,
             reference_figures=figures,
             node_products=frozenset(node_products),
@@ -179,13 +259,22 @@ def rank_gpu_products(
     )
 
 
+def _fitted_units(fitted: WorkloadShares) -> tuple[Unit, ...]:
+    """The units whose figures a workload's re-fitted shares read: those of its time shares, or FP32
+    and memory for one re-fitted by its throughputs."""
+    if fitted.time_shares:
+        return tuple(u for u, share in fitted.time_shares if u != "latency" and share > 0)
+    return ("fp32", "memory")
+
+
 @functools.lru_cache(maxsize=4096)
 def _rank(
     catalog: Catalog,
     *,
-    shares: tuple[float, float],
+    shares: tuple[tuple[Unit, float], ...],
+    roofline: bool,
     profiled: str | None,
-    reference_figures: tuple[float, float] | None,
+    reference_figures: tuple[tuple[Unit, float], ...] | None,
     node_products: frozenset[str],
     strategy: Strategy,
     reference_product: str,
@@ -201,12 +290,7 @@ def _rank(
         return ()
     if reference_figures is not None:
         reference_calibrated = True
-        reference = reference.model_copy(
-            update={
-                "measured_fp32_tflops": reference_figures[0],
-                "measured_bandwidth_gbs": reference_figures[1],
-            }
-        )
+        reference = reference.with_sustained(dict(reference_figures))
     else:
         reference, reference_calibrated = calibration.calibrated(reference, min_calibration_runs)
     labels_by_product: dict[str, tuple[GpuProduct, list[str]]] = {}
@@ -229,9 +313,10 @@ def _rank(
         labels_by_product.setdefault(entry.product, (entry, []))[1].append(label)
     if not labels_by_product:
         return ()
-    sm, mem = shares
+    by_unit, figures = dict(shares), unit_figures(reference)
+    model = roofline_relative_time if roofline else relative_time_by_units
     modelled = {
-        name: predicted_relative_time(sm, mem, reference=reference, product=entry)
+        name: model(by_unit, reference=figures, product=unit_figures(entry))
         for name, (entry, _) in labels_by_product.items()
     }
     measured = _observed_by_product(
@@ -319,146 +404,3 @@ def _meets(entry: GpuProduct, min_cc: tuple[int, int] | None, min_memory_mib: in
             return False
     # GPU Feature Discovery reports about 1024 MiB per datasheet GB (A100 80GB: 81920, L4: 23034).
     return min_memory_mib is None or entry.memory_gb * 1024 >= min_memory_mib * 0.95
-
-
-# --- exploration (DESIGN "Exploration: learning every figure that matters") --------------------------
-
-Figure = Literal["compute", "memory"]
-
-
-@dataclass(frozen=True, slots=True)
-class Exploration:
-    """A Job sent to a product to measure a figure the ranking has no trustworthy observations of."""
-
-    product: RankedProduct
-    figure: Figure
-    reason: str
-
-
-def explored_figure(profile: WorkloadProfile) -> Figure | None:
-    """The figure a workload's runs measure: FP32 (and tensor) throughput for a compute-bound one,
-    bandwidth for a memory-bound one; none for a latency-bound or balanced one, whose runs the fit
-    cannot pin on either (calibration's DOMINANT)."""
-    bound = profile.status.bound_type if profile.status else "unknown"
-    return "compute" if bound == "compute" else "memory" if bound == "memory" else None
-
-
-def exploring(key: str, share: float) -> bool:
-    """Whether the Job ``key`` (namespace/name) is one of the ``share`` that explore: a hash, not a
-    random draw, so the same Job decides the same way on every call (reinvocation, a replay, a test)."""
-    if share <= 0 or not key:
-        return False
-    return int(hashlib.sha256(key.encode()).hexdigest()[:8], 16) / 0x1_0000_0000 < share
-
-
-def exploration(
-    ranked: Sequence[RankedProduct],
-    profile: WorkloadProfile,
-    *,
-    key: str,
-    share: float,
-    calibration: Calibration,
-    min_calibration_runs: int,
-    allowed: frozenset[str] | None = None,
-    catalog: Catalog | None = None,
-) -> Exploration | None:
-    """For ``share`` of a workload's Jobs: the best-ranked product after the first choice (which the
-    other Jobs measure) whose figure for the workload's bound type has too few observations to trust
-    (fewer than ``minCalibrationRuns`` runs from two workloads, telemetry runs counted as any other). Only
-    among the ranked products (present in the cluster, within the Job's GPU minimums), never a MIG
-    slice (its figures are a share of the whole GPU's), and within ``allowed`` (the product labels a
-    Job's own required affinity or nodeSelector admits) when it names any."""
-    figure = explored_figure(profile)
-    if figure is None or not ranked or not exploring(key, share):
-        return None
-    shares = throughput_shares(profile)
-    profiled = catalog.placement(profile.status.gpu.product or "") if catalog and profile.status else None
-    for candidate in ranked[1:]:  # the first choice is measured by the Jobs that are not exploring
-        if candidate.relative_time > REACH * ranked[0].relative_time:
-            break  # this and every further product is beyond the workload's reach: no run is worth it
-        if any(mig_profile_of(label) for label in candidate.labels):
-            continue
-        if (
-            shares is not None
-            and profiled is not None
-            and not _bounded_by(figure, shares, profiled, candidate.product)
-        ):
-            continue  # its run there would not clearly measure the figure (DOMINANT)
-        if allowed is not None and not set(candidate.labels) & allowed:
-            continue
-        known = calibration.get(candidate.product.product)
-        support = getattr(known, figure) if known is not None else None
-        if support is not None and support.qualifies(min_calibration_runs):
-            continue
-        runs = support.runs if support is not None else 0
-        workloads = support.workloads if support is not None else 0
-        name = "FP32" if figure == "compute" else "bandwidth"
-        return Exploration(
-            candidate,
-            figure,
-            f"the {name} figure of {candidate.product.product} rests on {runs} run(s) from {workloads} workload(s), "
-            f"fewer than {min_calibration_runs} from 2 (explorationShare {share:g})",
-        )
-    return None
-
-
-# a product whose predicted time is more than this many times the first choice's is beyond the
-# workload's reach: a Job lands there only when every better product is full, and a run spent there
-# to learn its figure costs more than the figure is worth to its ranking (docs/ranking.md "Exploration")
-REACH = 3.0
-
-
-def _bounded_by(figure: Figure, shares: tuple[float, float], profiled: GpuProduct, there: GpuProduct) -> bool:
-    """Whether a run on ``there`` is clearly bound by ``figure`` by the model (the catalog's figures):
-    only such a run tells the calibration that figure."""
-    sm, mem = shares
-    compute = sm * profiled.sustained_fp32_tflops / there.sustained_fp32_tflops
-    memory = mem * profiled.sustained_bandwidth_gbs / there.sustained_bandwidth_gbs
-    return compute >= DOMINANT * memory if figure == "compute" else memory >= DOMINANT * compute
-
-
-def explored_first(ranked: Sequence[RankedProduct], chosen: RankedProduct) -> list[RankedProduct]:
-    """The explored product first at weight 100, the rest after it in their order at half their
-    weight, so the scheduler tries it first and falls back as before when it is full."""
-    rest = [dataclasses.replace(r, weight=max(1, r.weight // 2)) for r in ranked if r is not chosen]
-    return [dataclasses.replace(chosen, weight=100), *rest]
-
-
-def allowed_products(pod_spec: Mapping[str, Any]) -> frozenset[str] | None:
-    """The GPU products a pod can run on by its own nodeSelector or required node affinity on
-    ``nvidia.com/gpu.product`` (None: it names none). Exploration never sends a Job elsewhere."""
-    found: set[str] | None = None
-    selected = string_map(pod_spec.get("nodeSelector")).get(v.GPU_PRODUCT_LABEL)
-    if selected is not None:
-        found = {selected}
-    required = as_mapping(as_mapping(as_mapping(pod_spec.get("affinity")).get("nodeAffinity")).get(
-        "requiredDuringSchedulingIgnoredDuringExecution"
-    ))  # fmt: skip
-    terms = [as_mapping(t) for t in as_list(required.get("nodeSelectorTerms"))]
-    named = [
-        {str(x) for x in as_list(as_mapping(e).get("values"))}
-        for t in terms
-        for e in as_list(t.get("matchExpressions"))
-        if as_mapping(e).get("key") == v.GPU_PRODUCT_LABEL and as_mapping(e).get("operator") == "In"
-    ]
-    if terms and len(named) == len(terms):  # every ORed term names its products
-        union = set().union(*named)
-        found = union if found is None else found & union
-    return frozenset(found) if found is not None else None
-
-
-def one_gpu(pod_spec: Mapping[str, Any]) -> bool:
-    """Whether the pod asks for one whole GPU: only such Jobs explore. One GPU measures a product's
-    figure as well as eight, at an eighth of the GPU-hours, and waits for less room on a smaller product."""
-    asked = 0
-    for container in as_list(pod_spec.get("containers")):
-        limits = as_mapping(as_mapping(as_mapping(container).get("resources")).get("limits"))
-        asked += parse_positive_integer(limits.get(v.GPU_RESOURCE)) or 0  # as validation reads it
-    return asked == 1
-
-
-def object_key(metadata: Mapping[str, Any], namespace: str) -> str:
-    """namespace/name: what a Job's exploration is decided by ("" for a generateName-only object,
-    whose name comes after admission: it never explores)."""
-    name = metadata.get("name")
-    return f"{namespace}/{name}" if isinstance(name, str) and name else ""

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from functools import cached_property
 from importlib import resources
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from kratos_admit.domain.manifests import ManifestError, parse_yaml
+from kratos_admit.domain.vocabulary import Unit
 
 _CC = r"^[0-9]+\.[0-9]+$"
 # GFD appends "-SHARED" under time-slicing/MPS and "-MIG-<profile>" under the MIG single strategy.
@@ -31,17 +33,53 @@ FP32_FACTOR: dict[str, float] = {
     "Ampere": 0.98,  # GA100: A100-SXM4-40GB 19.19 of 19.5
     "Ampere GA10x": 0.63,  # A40 23.61 of 37.4
     "Ada Lovelace": 0.44,  # L40 39.73 of 90.5 (at the 1740 MHz it held under load)
-    "Hopper": 0.64,  # H200 42.56 of 67
+    # H200 42.56 of 67; an FP32 FMA loop measured for kratos on an H100 80GB HBM3 reached 56.2 of 67
+    # (0.84): that product carries its own measurement, the others keep the gpu-roofline share
+    "Hopper": 0.64,
     "Blackwell": 0.64,  # not measured here: 128 FP32 lanes per SM, as Hopper
 }
 BANDWIDTH_FACTOR: dict[str, float] = {
     "GDDR6": 0.94,  # A40 663 of 696, L40 803 of 864
     "HBM2": 0.88,  # A100-SXM4-40GB 1375 of 1555
     "HBM2e": 0.89,  # A100-SXM4-80GB 1759 of 2039, H100-PCIe 1832 of 2000
-    "HBM3": 0.89,  # not measured here: taken as HBM2e
+    "HBM3": 0.83,  # H100 80GB HBM3: STREAM triad 2767 of 3350 (measured for kratos)
     "HBM3e": 0.74,  # H200 3534 of 4800
 }
+# Dense FP16/BF16 tensor-core throughput: one measurement, the H100's bf16 GEMM (789 of its 989
+# TFLOP/s, measured on an H100 80GB HBM3, PyTorch 8192^3 bf16 matmul, without Nsight Compute); its
+# TF32 GEMM reached the same share of its TF32 peak (422 of 494.5, 0.85). Every other architecture is
+# assumed to reach the same share: cuBLAS GEMMs keep the tensor cores as busy on each of them, but no
+# measurement of another one is cited here.
+TENSOR_FACTOR: dict[str, float] = {
+    "Turing": 0.80,  # assumed as Hopper
+    "Volta": 0.80,  # assumed as Hopper
+    "Ampere": 0.80,  # assumed as Hopper
+    "Ampere GA10x": 0.80,  # assumed as Hopper
+    "Ada Lovelace": 0.80,  # assumed as Hopper
+    "Hopper": 0.80,  # H100 80GB HBM3: bf16 GEMM 789 of 989
+    "Blackwell": 0.80,  # assumed as Hopper
+}
+# FP64 (on the FP64 tensor cores where a product has them, else on its FP64 CUDA cores): one
+# measurement, the H100's FP64 GEMM (62.1 of its 67 FP64 tensor TFLOP/s, PyTorch float64 matmul).
+# A DGEMM keeps the FP64 pipe as busy wherever it runs, so every architecture is assumed to reach
+# the same share; on Ada, GA10x and Turing, with 2 FP64 units per SM, any FP64 work is bound by them.
+FP64_FACTOR: dict[str, float] = {
+    "Turing": 0.93,  # assumed as Hopper
+    "Volta": 0.93,  # assumed as Hopper
+    "Ampere": 0.93,  # assumed as Hopper (FP64 tensor cores, as the H100's)
+    "Ampere GA10x": 0.93,  # assumed as Hopper
+    "Ada Lovelace": 0.93,  # assumed as Hopper
+    "Hopper": 0.93,  # H100 80GB HBM3: FP64 GEMM 62.1 of 67
+    "Blackwell": 0.93,  # assumed as Hopper
+}
 DEFAULT_FACTOR = 0.85  # an architecture or memory type this table does not know
+# the field that holds each unit's measured (or calibrated) sustained figure
+MEASURED_FIELD: dict[Unit, str] = {
+    "tensor": "measured_tensor_tflops",
+    "fp32": "measured_fp32_tflops",
+    "fp64": "measured_fp64_tflops",
+    "memory": "measured_bandwidth_gbs",
+}
 
 
 class GpuProduct(BaseModel):
@@ -60,10 +98,28 @@ class GpuProduct(BaseModel):
     mig_profiles: tuple[str, ...] = Field(default=(), alias="migProfiles")
     source: str
     memory_type: str = Field(default="", alias="memoryType")
+    # FP64 on the CUDA cores (the datasheet's, or its stated fraction of FP32 where it prints none)
+    fp64_tflops: float = Field(alias="fp64Tflops", gt=0)
+    # FP64 on the tensor cores: only the products that have them (GA100, GH100, GB100 class)
+    fp64_tensor_tflops: float | None = Field(default=None, alias="fp64TensorTflops", gt=0)
     # published microbenchmark measurements, where they exist (each with its source)
     measured_fp32_tflops: float | None = Field(default=None, alias="measuredFp32Tflops", gt=0)
     measured_bandwidth_gbs: float | None = Field(default=None, alias="measuredBandwidthGBs", gt=0)
+    measured_tensor_tflops: float | None = Field(default=None, alias="measuredTensorTflops", gt=0)
+    measured_fp64_tflops: float | None = Field(default=None, alias="measuredFp64Tflops", gt=0)
     measured_source: str | None = Field(default=None, alias="measuredSource")
+
+    @model_validator(mode="after")
+    def _measurements_cited(self) -> GpuProduct:
+        measured = (
+            self.measured_fp32_tflops,
+            self.measured_bandwidth_gbs,
+            self.measured_tensor_tflops,
+            self.measured_fp64_tflops,
+        )
+        if any(m is not None for m in measured) and not self.measured_source:
+            raise ValueError("a measured figure needs measuredSource: where it was measured")
+        return self
 
     @property
     def sustained_fp32_tflops(self) -> float:
@@ -77,6 +133,43 @@ class GpuProduct(BaseModel):
         if self.measured_bandwidth_gbs is not None:
             return self.measured_bandwidth_gbs
         return self.memory_bandwidth_gbs * BANDWIDTH_FACTOR.get(self.memory_type, DEFAULT_FACTOR)
+
+    @property
+    def sustained_tensor_tflops(self) -> float:
+        """Dense FP16/BF16 tensor-core throughput kernels reach: the measurement, else the datasheet
+        times its architecture's factor."""
+        if self.measured_tensor_tflops is not None:
+            return self.measured_tensor_tflops
+        return self.fp16_tensor_tflops * TENSOR_FACTOR.get(self.architecture, DEFAULT_FACTOR)
+
+    @property
+    def sustained_fp64_tflops(self) -> float:
+        """FP64 throughput kernels reach: on the FP64 tensor cores where the product has them, else on
+        its FP64 CUDA cores; the measurement, else the datasheet times its architecture's factor."""
+        if self.measured_fp64_tflops is not None:
+            return self.measured_fp64_tflops
+        peak = self.fp64_tensor_tflops if self.fp64_tensor_tflops is not None else self.fp64_tflops
+        return peak * FP64_FACTOR.get(self.architecture, DEFAULT_FACTOR)
+
+    def sustained(self, unit: Unit) -> float | None:
+        """The sustained figure that scales ``unit``'s time: TFLOP/s for tensor, fp32 and fp64, GB/s
+        for memory; None for latency, whose time no figure scales."""
+        if unit == "tensor":
+            return self.sustained_tensor_tflops
+        if unit == "fp32":
+            return self.sustained_fp32_tflops
+        if unit == "fp64":
+            return self.sustained_fp64_tflops
+        if unit == "memory":
+            return self.sustained_bandwidth_gbs
+        return None
+
+    def with_sustained(self, figures: Mapping[Unit, float]) -> GpuProduct:
+        """This product with these sustained figures in place of its own (a calibration's, a re-fit's);
+        the units not named keep theirs, and latency has none."""
+        return self.model_copy(
+            update={MEASURED_FIELD[unit]: value for unit, value in figures.items() if unit in MEASURED_FIELD}
+        )
 
     def mig_slice(self, profile: str) -> GpuProduct | None:
         """The share of this GPU a MIG instance of ``profile`` gets: ``<g>g`` of its compute slices and
@@ -95,9 +188,15 @@ class GpuProduct(BaseModel):
                 "memory_gb": float(match["m"]),
                 "fp32_tflops": self.fp32_tflops * compute,
                 "fp16_tensor_tflops": self.fp16_tensor_tflops * compute,
+                "fp64_tflops": self.fp64_tflops * compute,
+                "fp64_tensor_tflops": None
+                if self.fp64_tensor_tflops is None
+                else self.fp64_tensor_tflops * compute,
                 "memory_bandwidth_gbs": self.memory_bandwidth_gbs * memory,
                 "measured_fp32_tflops": self.sustained_fp32_tflops * compute,
                 "measured_bandwidth_gbs": self.sustained_bandwidth_gbs * memory,
+                "measured_tensor_tflops": self.sustained_tensor_tflops * compute,
+                "measured_fp64_tflops": self.sustained_fp64_tflops * compute,
                 "sm_count": max(1, round(self.sm_count * compute)),
                 "mig_profiles": (),
             }

@@ -59,6 +59,35 @@ class _TraceJob(_Strict):
                 raise ValueError(f"{key} is {value}, expected a percentage from 0 to 100")
         return metrics
 
+    time_shares: dict[str, str | float] | None = Field(default=None, alias="timeShares")
+
+    @field_validator("time_shares")
+    @classmethod
+    def _units(cls, shares: dict[str, str | float] | None) -> dict[str, str | float] | None:
+        if shares is None:
+            return None
+        total = 0.0
+        for key, raw in shares.items():
+            if key not in v.UNITS:
+                raise ValueError(f"{key!r} is not a unit (expected {', '.join(v.UNITS)})")
+            try:
+                value = float(raw)
+            except ValueError:
+                raise ValueError(f"{key} is {raw!r}, not a number") from None
+            if not value >= 0:
+                raise ValueError(f"{key} is {value}, expected a fraction of the time, 0 or more")
+            total += value
+        if total <= 0:
+            raise ValueError("the shares sum to 0; expected fractions of the GPU time summing to 1")
+        return shares
+
+    def unit_shares(self) -> dict[v.Unit, float] | None:
+        """The time shares by unit, normalised to sum 1 (None: the trace gives only metrics)."""
+        if self.time_shares is None:
+            return None
+        total = sum(float(x) for x in self.time_shares.values())
+        return {u: float(self.time_shares.get(u, 0.0)) / total for u in v.UNITS}
+
 
 class _Trace(_Strict):
     jobs: list[_TraceJob] = Field(min_length=1)
@@ -69,6 +98,9 @@ class _TruthProduct(_Strict):
     product: str
     sustained_fp32_tflops: float = Field(alias="sustainedFp32Tflops", gt=0)
     sustained_bandwidth_gbs: float = Field(alias="sustainedBandwidthGBs", gt=0)
+    # optional: the catalog's sustained figure where absent
+    sustained_tensor_tflops: float | None = Field(default=None, alias="sustainedTensorTflops", gt=0)
+    sustained_fp64_tflops: float | None = Field(default=None, alias="sustainedFp64Tflops", gt=0)
 
 
 class _Truth(_Strict):
@@ -109,6 +141,7 @@ def load_trace(path: Path, catalog: Catalog) -> Trace:
                 reference_product=job.reference_product,
                 reference_seconds=job.reference_seconds,
                 metrics={k: str(val) for k, val in job.metrics.items()},
+                time_shares=job.unit_shares(),
             )
         )
     return Trace(
@@ -173,5 +206,10 @@ def load_truth(path: Path | None, catalog: Catalog) -> Truth:
         known = catalog.lookup(entry.product)
         if known is None:
             raise SimFileError(f"{path}: products[{i}].product: {entry.product!r} is not in the GPU catalog")
-        figures[known.product] = Figures(entry.sustained_fp32_tflops, entry.sustained_bandwidth_gbs)
+        figures[known.product] = Figures(
+            entry.sustained_fp32_tflops,
+            entry.sustained_bandwidth_gbs,
+            entry.sustained_tensor_tflops,
+            entry.sustained_fp64_tflops,
+        )
     return Truth(catalog, figures)

@@ -1,6 +1,6 @@
 """What ``kratos`` knew after the trace (DESIGN "Simulation"): per GPU product, the worst error of
-the runtimes it would now predict there, over all workloads and by the figure their bound type
-exercises (FP32 for compute-bound, bandwidth for memory-bound), its runs, whether its figures are
+the runtimes it would now predict there, over all workloads and by the figure their runs exercise
+(their largest unit's; by throughputs, FP32 for compute-bound and bandwidth for memory-bound), its runs, whether its figures are
 calibrated, and the Jobs sent there to explore; and what it knew them from (``Learned``: its profiles,
 its calibration)."""
 
@@ -27,6 +27,7 @@ from kratos_admit.simulation.trace import (
     TraceJob,
     Truth,
     figure_of,
+    time_shares_status,
 )
 
 
@@ -122,6 +123,7 @@ def worst_errors(
         if profile is None or not profile.ready:
             status = ProfileStatus.model_validate(
                 {"phase": "Ready", "metrics": dict(job.metrics), "gpu": {"product": job.reference_product}}
+                | ({"timeShares": time_shares_status(job.time_shares)} if job.time_shares is not None else {})
             )
             profile = WorkloadProfile(
                 metadata=ObjectMeta(name=v.profile_name(workload), namespace=NAMESPACE),
@@ -134,7 +136,9 @@ def worst_errors(
         )
 
         def true_seconds(label: str, job: TraceJob = job, seconds: float = seconds) -> float:
-            return seconds * truth.relative_time(job.shares, reference=job.reference_product, product=label)
+            return seconds * truth.relative_time(
+                job.runtime_shares, reference=job.reference_product, product=label
+            )
 
         observed: dict[str, float] = {}
         for o in profile.status.observations:
@@ -150,7 +154,7 @@ def worst_errors(
             unit = math.exp(sum(units) / len(units))
         else:
             unit = true_seconds(profile.status.gpu.product or job.reference_product)
-        figure = figure_of(job.shares)
+        figure = figure_of(job)
         for ranked in ranked_now:
             error = abs(ranked.relative_time * unit / true_seconds(ranked.labels[0]) - 1)
             name = ranked.product.product

@@ -14,9 +14,10 @@
   "Exploration"); left out when the share is 0 (it would be the same run).
 - ``oracle``: every Job on the free GPU product that truly runs it fastest.
 
-A Job's true runtime on product P is its reference runtime scaled by the ranking's roofline model
-evaluated with the truth figures of P and of the reference product, times a factor drawn within
-``1 +- noise`` (one draw per Job, the same under every policy).
+A Job's true runtime on product P is its reference runtime scaled by the ranking's units model
+evaluated with the truth figures of P and of the reference product (for a Job with only throughputs,
+the roofline the ranking used before the units model), times a factor drawn within ``1 +- noise``
+(one draw per Job, the same under every policy).
 """
 
 from __future__ import annotations
@@ -56,6 +57,7 @@ from kratos_admit.simulation.trace import (
     Truth,
     bound_type,
     job_manifest,
+    time_shares_status,
 )
 
 
@@ -189,7 +191,7 @@ class PolicyRun:
             return None
         times = {
             n.product: self.truth.relative_time(
-                entry.job.shares, reference=entry.job.reference_product, product=n.product
+                entry.job.runtime_shares, reference=entry.job.reference_product, product=n.product
             )
             for n in free
         }
@@ -219,7 +221,7 @@ class PolicyRun:
             seconds = (
                 entry.job.reference_seconds
                 * self.truth.relative_time(
-                    entry.job.shares, reference=entry.job.reference_product, product=product
+                    entry.job.runtime_shares, reference=entry.job.reference_product, product=product
                 )
                 * self.noise[entry.job.name]
             )
@@ -230,7 +232,7 @@ class PolicyRun:
         """The oracle's preference as node-affinity weights: 100 for the truly fastest product,
         the others in proportion to their speed."""
         times = {
-            p: self.truth.relative_time(job.shares, reference=job.reference_product, product=p)
+            p: self.truth.relative_time(job.runtime_shares, reference=job.reference_product, product=p)
             for p in self.products
         }
         best = min(times.values())
@@ -255,6 +257,7 @@ class PolicyRun:
         """What the controller does when a profiling run ends: publish the profile, create the
         execution Job (admitted again, now with hints), release the Jobs held meanwhile."""
         metrics = self.truth.measured_on(job, node.product)
+        shares = self.truth.time_shares_on(job, node.product)
         status = ProfileStatus.model_validate(
             {
                 "phase": "Ready",
@@ -263,6 +266,7 @@ class PolicyRun:
                 "gpu": {"product": node.product},
                 "sourceJob": job.name,
             }
+            | ({"timeShares": time_shares_status(shares)} if shares is not None else {})
         )
         profile = self.profiles.put(job.workload, status)
         self.admit(job, now, name=f"{job.name}-execution"[: v.DNS1123_LABEL_MAX])

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from kratos_admit.simulation.replay import SimulationResult
+from kratos_admit.simulation.trace import FIGURES
 
 Plotter = Callable[[SimulationResult, Path], None]
 
@@ -62,11 +63,19 @@ def format_results(result: SimulationResult) -> str:
             "what kratos knew after the trace (prediction error: worst |predicted/true - 1| over the workloads;"
         )
         without = result.without_exploration
+        # FP32 and bandwidth always (what a trace by throughputs exercises); tensor and FP64 where a
+        # workload's largest unit is theirs
+        shown = [
+            f
+            for f in FIGURES
+            if f in ("fp32", "bandwidth") or any(f in k.figure_errors for k in result.products.values())
+        ]
         lines.append(
-            "FP32: over the compute-bound ones, BANDWIDTH: over the memory-bound ones"
+            "each figure: over the workloads whose largest unit it is, FP32 the compute-bound ones and "
+            "BANDWIDTH the memory-bound ones by throughputs"
             + ("; in brackets, kratos-no-exploration's):" if without else "):")
         )
-        table = [["PRODUCT", "RUNS", "EXPLORED", "FIGURES", "PREDICTION ERROR", "FP32", "BANDWIDTH"]]
+        table = [["PRODUCT", "RUNS", "EXPLORED", "FIGURES", "PREDICTION ERROR", *(f.upper() for f in shown)]]
         for p, k in sorted(result.products.items()):
             unexplored = without.get(p)
             table.append(
@@ -83,7 +92,7 @@ def format_results(result: SimulationResult) -> str:
                             if unexplored is not None
                             else ""
                         )
-                        for f in ("fp32", "bandwidth")
+                        for f in shown
                     ),
                 ]
             )

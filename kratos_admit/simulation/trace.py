@@ -8,15 +8,18 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from kratos_admit.decisions.ranking import predicted_relative_time
+from kratos_admit.decisions.ranking import SCALED_UNITS, relative_time_by_units, unit_figures
 from kratos_admit.domain import vocabulary as v
 from kratos_admit.domain.catalog import Catalog, GpuProduct
+from kratos_admit.domain.vocabulary import Unit
 
 Policy = Literal["default", "kratos-static", "kratos-no-exploration", "kratos", "oracle"]
 POLICIES: tuple[Policy, ...] = ("default", "kratos-static", "kratos-no-exploration", "kratos", "oracle")
 # the policies that learn as the trace runs (observations, calibration); kratos also explores
 LEARNING: frozenset[Policy] = frozenset({"kratos", "kratos-no-exploration"})
-Figure = Literal["fp32", "bandwidth"]
+# the figure a workload's runs exercise: that of its largest unit (bandwidth: memory's)
+Figure = Literal["tensor", "fp32", "fp64", "bandwidth"]
+FIGURES: tuple[Figure, ...] = ("tensor", "fp32", "fp64", "bandwidth")
 NAMESPACE = "simulation"
 DEFAULT_PROFILING_SECONDS = 60.0
 
@@ -30,11 +33,20 @@ class TraceJob:
     reference_product: str
     reference_seconds: float
     metrics: Mapping[str, str]  # as in a WorkloadProfile's status, measured on reference_product
+    # where its GPU time goes on reference_product, by unit (normalised to sum 1), as a profile's
+    # status.timeShares; None for a trace written before the units model (``metrics`` alone)
+    time_shares: Mapping[Unit, float] | None = None
 
     @property
     def shares(self) -> tuple[float, float]:
         """(SM, memory) throughput as fractions of peak on the reference product."""
         return float(self.metrics["smThroughput"]) / 100, float(self.metrics["memoryThroughput"]) / 100
+
+    @property
+    def runtime_shares(self) -> Shares:
+        """What its true runtime is modelled from: its time shares by unit, or (a trace written before
+        the units model) its SM and memory throughputs."""
+        return self.time_shares if self.time_shares is not None else self.shares
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,10 +57,17 @@ class Trace:
 
 @dataclass(frozen=True, slots=True)
 class Figures:
-    """A product's sustained FP32 throughput and memory bandwidth."""
+    """A product's sustained FP32 throughput and memory bandwidth, and its tensor and FP64 throughput
+    where the truth gives them (None: the catalog's)."""
 
     fp32_tflops: float
     bandwidth_gbs: float
+    tensor_tflops: float | None = None
+    fp64_tflops: float | None = None
+
+
+# a Job's shares: by unit (the units model), or (SM, memory) throughputs (a trace from before it)
+Shares = Mapping[Unit, float] | tuple[float, float]
 
 
 class Truth:
@@ -68,20 +87,31 @@ class Truth:
                 raise KeyError(label)
             figures = self._figures.get(entry.product)
             if figures is not None:
-                entry = entry.model_copy(
-                    update={
-                        "measured_fp32_tflops": figures.fp32_tflops,
-                        "measured_bandwidth_gbs": figures.bandwidth_gbs,
-                    }
-                )
+                update = {
+                    "measured_fp32_tflops": figures.fp32_tflops,
+                    "measured_bandwidth_gbs": figures.bandwidth_gbs,
+                    "measured_tensor_tflops": figures.tensor_tflops,
+                    "measured_fp64_tflops": figures.fp64_tflops,
+                }
+                entry = entry.model_copy(update={k: x for k, x in update.items() if x is not None})
             found = self._products[label] = entry
         return found
 
-    def relative_time(self, shares: tuple[float, float], *, reference: str, product: str) -> float:
-        """Runtime on ``product`` over runtime on ``reference`` (the ranking's roofline model)."""
-        sm, mem = shares
-        return predicted_relative_time(
-            sm, mem, reference=self.product(reference), product=self.product(product)
+    def relative_time(self, shares: Shares, *, reference: str, product: str) -> float:
+        """Runtime on ``product`` over runtime on ``reference``: the ranking's units model (each unit's
+        share times the reference's figure over the product's, plus latency) for shares by unit; the
+        roofline the ranking used before it (the larger of the FP32 and bandwidth terms, plus the
+        idle share) for (SM, memory) throughputs, so a trace written then keeps its runtimes."""
+        if isinstance(shares, tuple):
+            sm, mem = shares
+            there, here = self.product(reference), self.product(product)
+            compute = sm * there.sustained_fp32_tflops / here.sustained_fp32_tflops
+            memory = mem * there.sustained_bandwidth_gbs / here.sustained_bandwidth_gbs
+            return max(compute, memory) + (1 - max(sm, mem))
+        return relative_time_by_units(
+            shares,
+            reference=unit_figures(self.product(reference)),
+            product=unit_figures(self.product(product)),
         )
 
     def measured_on(self, job: TraceJob, product: str) -> dict[str, str]:
@@ -89,13 +119,29 @@ class Truth:
         rescaled to that product's runtime, so the model read from there predicts the same truth."""
         sm, mem = job.shares
         reference, here = self.product(job.reference_product), self.product(product)
-        relative = self.relative_time(job.shares, reference=job.reference_product, product=product)
+        relative = self.relative_time(job.runtime_shares, reference=job.reference_product, product=product)
         sm_here = sm * reference.sustained_fp32_tflops / here.sustained_fp32_tflops / relative
         mem_here = mem * reference.sustained_bandwidth_gbs / here.sustained_bandwidth_gbs / relative
         metrics = dict(job.metrics)
         metrics["smThroughput"] = f"{min(sm_here, 1.0) * 100:.2f}"
         metrics["memoryThroughput"] = f"{min(mem_here, 1.0) * 100:.2f}"
         return metrics
+
+    def time_shares_on(self, job: TraceJob, product: str) -> dict[Unit, float] | None:
+        """The time shares a profiling run of ``job`` on ``product`` reports (None for a Job without
+        them): each unit's time there over the whole run's there, so the units model read from there
+        predicts the same truth."""
+        if job.time_shares is None:
+            return None
+        relative = self.relative_time(job.time_shares, reference=job.reference_product, product=product)
+        there = unit_figures(self.product(job.reference_product))
+        here = unit_figures(self.product(product))
+        shares: dict[Unit, float] = {
+            unit: job.time_shares.get(unit, 0.0) * there[unit] / here[unit] / relative
+            for unit in SCALED_UNITS
+        }
+        shares["latency"] = job.time_shares.get("latency", 0.0) / relative
+        return shares
 
 
 def bound_type(sm_percent: float, mem_percent: float) -> v.BoundType:
@@ -141,8 +187,9 @@ class ProductKnowledge:
     runs: int
     calibrated: bool
     prediction_error: float | None
-    # the worst error over the compute-bound workloads (fp32) and the memory-bound ones (bandwidth):
-    # how well the figure each kind exercises is known there; absent where no such workload ranks it
+    # the worst error over the workloads whose runs exercise each figure (their largest unit; by
+    # throughputs, compute-bound ones FP32 and memory-bound ones bandwidth): how well that figure is
+    # known there; absent where no such workload ranks it
     figure_errors: Mapping[Figure, float] = field(default_factory=dict)
     explored: int = 0  # Jobs kratos sent here to explore a figure
 
@@ -154,11 +201,21 @@ class ProductKnowledge:
         return {f: round(e, 4) for f, e in sorted(self.figure_errors.items())}
 
 
-def figure_of(shares: tuple[float, float]) -> Figure | None:
-    """The figure a workload's runs exercise, by its bound type on the reference product (as the
-    ranking's exploration reads a profile's): FP32 for compute-bound, bandwidth for memory-bound."""
-    bound = bound_type(shares[0] * 100, shares[1] * 100)
+def figure_of(job: TraceJob) -> Figure | None:
+    """The figure a workload's runs exercise, as the ranking's exploration reads its profile: that of
+    its largest unit by time share (bandwidth for memory; none when latency is the largest); for a
+    Job without time shares, by its bound type on the reference product: FP32 for compute-bound,
+    bandwidth for memory-bound."""
+    if job.time_shares is not None:
+        unit = max(v.UNITS, key=lambda u: job.time_shares.get(u, 0.0) if job.time_shares else 0.0)
+        return None if unit == "latency" else "bandwidth" if unit == "memory" else unit
+    bound = bound_type(job.shares[0] * 100, job.shares[1] * 100)
     return "fp32" if bound == "compute" else "bandwidth" if bound == "memory" else None
+
+
+def time_shares_status(shares: Mapping[Unit, float]) -> dict[str, str]:
+    """Time shares as a profile's ``status.timeShares`` writes them: fractions as strings."""
+    return {unit: f"{shares.get(unit, 0.0):.4f}" for unit in v.UNITS}
 
 
 def job_manifest(job: TraceJob, name: str | None = None) -> dict[str, Any]:

@@ -11,11 +11,18 @@ from dataclasses import asdict, dataclass
 
 from kratos_admit.decisions.calibration import NO_CALIBRATION, Calibration, FactorSupport
 from kratos_admit.decisions.hints import ranking_of
-from kratos_admit.decisions.ranking import throughput_shares
+from kratos_admit.decisions.ranking import (
+    SCALED_UNITS,
+    RankedProduct,
+    profile_shares,
+    throughput_shares,
+    unit_figures,
+)
 from kratos_admit.decisions.telemetry import derive, nsight_compute_figures
-from kratos_admit.domain.catalog import Catalog, mig_profile_of
+from kratos_admit.domain.catalog import MEASURED_FIELD, Catalog, GpuProduct, mig_profile_of
 from kratos_admit.domain.config import Config
 from kratos_admit.domain.profile import WorkloadProfile
+from kratos_admit.domain.vocabulary import UNITS, Unit
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,10 +30,14 @@ class PlacementRow:
     product: str
     labels: str
     share: str  # "whole GPU", or the MIG slice's share of compute and memory
+    # each unit's sustained figure and where it comes from: "calibrated (...)", "catalog, measured",
+    # "catalog, datasheet x factor", "share of <GPU>" (a MIG slice), or "re-fitted with ..."
+    tensor_tflops: float
+    tensor_from: str
     fp32_tflops: float
-    fp32_from: (
-        str  # "calibrated (...)", "catalog, measured", "catalog, datasheet x factor", or "MIG share of ..."
-    )
+    fp32_from: str
+    fp64_tflops: float
+    fp64_from: str
     bandwidth_gbs: float
     bandwidth_from: str
     relative_time: float
@@ -40,8 +51,48 @@ def _calibrated_source(support: FactorSupport) -> str:
     return f"calibrated (/{support.factor:g}, {support.runs} runs, {support.workloads} workloads)"
 
 
-def _figure_source(measured: float | None) -> str:
-    return "measured" if measured is not None else "datasheet x factor"
+def _measured(entry: GpuProduct, unit: Unit) -> bool:
+    """Whether the catalog holds a measurement of this unit's figure (else datasheet x factor)."""
+    return getattr(entry, MEASURED_FIELD[unit]) is not None
+
+
+def _sources(
+    r: RankedProduct,
+    catalog: Catalog,
+    *,
+    profile: WorkloadProfile,
+    calibration: Calibration,
+    minimum: int,
+) -> tuple[str, dict[Unit, str]]:
+    """The row's share of the GPU, and where each unit's figure comes from."""
+    entry = r.product
+    mig = mig_profile_of(entry.product)
+    base = catalog.lookup(entry.product)
+    sources: dict[Unit, str] = {}
+    if mig is not None and base is not None:
+        share = (
+            f"MIG {mig}: {entry.sustained_fp32_tflops / base.sustained_fp32_tflops:.0%} of compute, "
+            f"{entry.sustained_bandwidth_gbs / base.sustained_bandwidth_gbs:.0%} of bandwidth"
+        )
+        sources = dict.fromkeys(SCALED_UNITS, f"share of {base.product}")
+    else:
+        share = "whole GPU"
+        original = base or entry
+        sources = {
+            unit: "catalog, measured" if _measured(original, unit) else "catalog, datasheet x factor"
+            for unit in SCALED_UNITS
+        }
+    own = calibration.get(entry.product)
+    fitted = calibration.shares_of(profile.metadata.namespace, profile.spec.workload)
+    for unit in SCALED_UNITS:
+        if own is not None and own.support(unit).qualifies(minimum):
+            sources[unit] = _calibrated_source(own.support(unit))
+    if r.calibrated and fitted is not None and fitted.profiled == entry.product:
+        # the figures the re-fit gave the product it was profiled on: per unit, or FP32 and bandwidth
+        refitted: set[Unit] = {u for u, _ in fitted.figures} if fitted.time_shares else {"fp32", "memory"}
+        for unit in refitted:
+            sources[unit] = f"re-fitted with the workload's shares ({fitted.runs} runs)"
+    return share, sources
 
 
 def placement_rows(
@@ -57,41 +108,23 @@ def placement_rows(
     rows = []
     for r in ranked:
         entry = r.product
-        mig = mig_profile_of(entry.product)
-        base = catalog.lookup(entry.product)
-        if mig is not None and base is not None:
-            share = (
-                f"MIG {mig}: {entry.sustained_fp32_tflops / base.sustained_fp32_tflops:.0%} of compute, "
-                f"{entry.sustained_bandwidth_gbs / base.sustained_bandwidth_gbs:.0%} of bandwidth"
-            )
-            fp32_from = bandwidth_from = f"share of {base.product}"
-        else:
-            share = "whole GPU"
-            fp32_from = _figure_source(entry.measured_fp32_tflops)
-            bandwidth_from = _figure_source(entry.measured_bandwidth_gbs)
-        own = calibration.get(entry.product)
-        fitted = calibration.shares_of(profile.metadata.namespace, profile.spec.workload)
-        if r.calibrated and fitted is not None and fitted.profiled == entry.product:
-            fp32_from = bandwidth_from = f"re-fitted with the workload's shares ({fitted.runs} runs)"
-        else:
-            minimum = config.min_calibration_runs
-            if own is not None and own.compute.qualifies(minimum):
-                fp32_from = _calibrated_source(own.compute)
-            elif mig is None:
-                fp32_from = f"catalog, {fp32_from}"
-            if own is not None and own.memory.qualifies(minimum):
-                bandwidth_from = _calibrated_source(own.memory)
-            elif mig is None:
-                bandwidth_from = f"catalog, {bandwidth_from}"
+        share, sources = _sources(
+            r, catalog, profile=profile, calibration=calibration, minimum=config.min_calibration_runs
+        )
+        figures = unit_figures(entry)
         rows.append(
             PlacementRow(
                 product=entry.product,
                 labels=",".join(r.labels),
                 share=share,
-                fp32_tflops=round(entry.sustained_fp32_tflops, 1),
-                fp32_from=fp32_from,
-                bandwidth_gbs=round(entry.sustained_bandwidth_gbs),
-                bandwidth_from=bandwidth_from,
+                tensor_tflops=round(figures["tensor"], 1),
+                tensor_from=sources["tensor"],
+                fp32_tflops=round(figures["fp32"], 1),
+                fp32_from=sources["fp32"],
+                fp64_tflops=round(figures["fp64"], 2),
+                fp64_from=sources["fp64"],
+                bandwidth_gbs=round(figures["memory"]),
+                bandwidth_from=sources["memory"],
                 relative_time=round(r.relative_time, 3),
                 time_from=f"{r.source} + {r.weighed_runs} run{'s' if r.weighed_runs > 1 else ''}"
                 if r.weighed_runs
@@ -102,14 +135,21 @@ def placement_rows(
     return rows
 
 
-def placement_header(profile: WorkloadProfile, config: Config, rows: list[PlacementRow]) -> list[str]:
-    """What the rows rest on: the profile's figures, the reference GPU, the strategy, and which
-    observations were used (a product's runs count once there are ``minObservedRuns`` of them)."""
+def placement_header(
+    profile: WorkloadProfile, config: Config, rows: list[PlacementRow], *, summary: str | None = None
+) -> list[str]:
+    """What the rows rest on: the profile's figures (``summary``: the runner summary file it was read
+    from, as the controller would write it), its time shares by unit, the reference GPU, the strategy,
+    and which observations were used (a product's runs count once there are ``minObservedRuns``)."""
     status = profile.status
     shares = throughput_shares(profile)
+    what = (
+        f"runner summary {summary}, as the controller would write it"
+        if summary is not None
+        else f"profile {profile.metadata.namespace}/{profile.metadata.name} (workload {profile.spec.workload})"
+    )
     lines = [
-        f"profile {profile.metadata.namespace}/{profile.metadata.name} (workload {profile.spec.workload}), "
-        f"phase {status.phase if status else 'none'}, bound {status.bound_type if status else 'unknown'}",
+        f"{what}, phase {status.phase if status else 'none'}, bound {status.bound_type if status else 'unknown'}",
     ]
     used = {label for r in rows if r.time_from == "observed" for label in r.labels.split(",")}
     weighed = {label for r in rows if " + " in r.time_from for label in r.labels.split(",")}
@@ -123,6 +163,7 @@ def placement_header(profile: WorkloadProfile, config: Config, rows: list[Placem
             f"model once 2 products have {config.min_observed_runs} successful runs each; fewer runs on "
             f"a product are weighed with the model's figure there, which counts as one run)"
         )
+    lines += _shares_lines(profile)
     lines += _source_lines(profile)
     for o in status.observations if status else []:
         why = (
@@ -134,6 +175,23 @@ def placement_header(profile: WorkloadProfile, config: Config, rows: list[Placem
         )  # fmt: skip
         lines.append(f"observed on {o.product}: {o.runs} runs, mean {o.mean_seconds} s ({why})")
     return lines
+
+
+def _shares_lines(profile: WorkloadProfile) -> list[str]:
+    """The time shares the model scales, by unit, and whether the profile carried them or they were
+    derived from an older profile's throughputs (docs/ranking.md "The units model")."""
+    status = profile.status
+    shares = profile_shares(profile)
+    if status is None or shares is None:
+        return []
+    carried = status.time_shares is not None and status.time_shares.fractions() is not None
+    said = ", ".join(f"{unit} {shares.get(unit, 0.0):.0%}" for unit in UNITS)
+    origin = (
+        "the profile's timeShares"
+        if carried
+        else "a profile from before time shares, ranked by the roofline of its SM and memory throughputs"
+    )
+    return [f"time shares: {said} ({origin})"]
 
 
 def _source_lines(profile: WorkloadProfile) -> list[str]:
