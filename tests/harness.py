@@ -13,6 +13,7 @@ import contextlib
 import copy
 import datetime as dt
 import functools
+import glob
 import json
 import os
 import re
@@ -1195,3 +1196,17 @@ async def real_prometheus(
             process.terminate()
             await process.wait()
         log.close()
+
+
+def python38() -> str:
+    """A working Python 3.8 (the oldest python3 the Nsight Compute image may have), or skip."""
+    found = shutil.which("python3.8")
+    candidates = [found] if found else []
+    candidates += sorted(glob.glob(os.path.expanduser("~/.pyenv/versions/3.8*/bin/python3.8")))
+    for candidate in candidates:
+        done = subprocess.run([candidate, "--version"], capture_output=True, text=True, check=False)
+        if done.returncode == 0 and "Python 3.8" in done.stdout + done.stderr:
+            return candidate
+    pytest.skip(
+        "no working python3.8 on this machine to run the runner as the oldest Nsight Compute image would"
+    )

@@ -3,11 +3,9 @@ the project's own --page raw CSV, and the real one from ../shared/fixtures when 
 
 from __future__ import annotations
 
-import glob
 import io
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -24,6 +22,7 @@ from tests.harness import (
     T4_REPORT,
     executable,
     program_missing_a_library,
+    python38,
     require_fixtures,
 )
 
@@ -414,20 +413,6 @@ ENVIRONMENTS = [
 @pytest.mark.parametrize(("environ", "frozen", "expected"), ENVIRONMENTS)
 def test_ncu_and_the_workload_get_the_users_environment_not_the_bootloaders(environ, frozen, expected):
     assert child_environment(environ, frozen) == expected
-
-
-def python38() -> str:
-    """A working Python 3.8 (the oldest python3 the Nsight Compute image may have), or skip."""
-    found = shutil.which("python3.8")
-    candidates = [found] if found else []
-    candidates += sorted(glob.glob(os.path.expanduser("~/.pyenv/versions/3.8*/bin/python3.8")))
-    for candidate in candidates:
-        done = subprocess.run([candidate, "--version"], capture_output=True, text=True, check=False)
-        if done.returncode == 0 and "Python 3.8" in done.stdout + done.stderr:
-            return candidate
-    pytest.skip(
-        "no working python3.8 on this machine to run the runner as the oldest Nsight Compute image would"
-    )
 
 
 def test_the_runner_runs_on_python_3_8_as_the_staged_form_does(bench: Path, monkeypatch: pytest.MonkeyPatch):

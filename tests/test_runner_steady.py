@@ -282,7 +282,7 @@ def test_bad_steady_state_bounds_are_refused_naming_the_flag(argv: list[str], sa
 
 
 def test_the_two_passes_run_on_python_3_8_as_the_staged_form_does(bench: Path):
-    from tests.test_runner_cli import python38
+    from tests.harness import python38
 
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent / "runner")}
     ran = subprocess.run(
