@@ -364,6 +364,12 @@ def replaced(
     return load_cert(cert, where="replaced")
 
 
+def ca_secret_of(kube: KubeDouble) -> dict[str, Any]:
+    found = kube.get(*SECRETS, "kratos-system", "kratos-webhook-ca")
+    assert found is not None
+    return found
+
+
 def watching(kube: KubeDouble, *names: str) -> bool:
     """A watch of each named Secret has been asked for, by its name."""
     asked = {c.query.get("fieldSelector") for c in kube.calls("GET", r"/namespaces/kratos-system/secrets$")
@@ -395,6 +401,39 @@ async def test_a_certificate_replaced_in_the_secret_is_judged_at_once_with_the_r
     assert new.not_valid_after_utc > written.not_valid_after_utc
     assert len(kube.calls("PUT", r"/secrets/kratos-webhook-tls$")) == 1, "its own write is no news"
     assert refusals(kube) == []
+
+
+async def test_the_renewals_own_write_seen_by_the_watch_before_it_answers_is_no_news(
+    caplog: pytest.LogCaptureFixture,
+):
+    """Seen on the real node: the watch delivered the renewal's own write before the write's answer,
+    so the leader logged "certificate Secret changed" for its own renewal and looked again. The
+    write's answer is awaited here until the watch has seen the new version, every time."""
+    kube = KubeDouble()
+    seeded(kube, remaining=2 * HOUR + 30 * MINUTE)
+    with caplog.at_level(logging.INFO, logger="kratos.controller"):
+        async with controller_with(kube) as controller:
+            renewal = controller.renewal
+            await eventually(lambda: renewal.watched.get("kratos-webhook-tls"))
+            replace = renewal.core.replace_namespaced_secret
+
+            async def answered_after_the_watch(*args: Any, **kwargs: Any) -> Any:
+                before = renewal.watched.get("kratos-webhook-tls")
+                written = await replace(*args, **kwargs)
+                await eventually(lambda: renewal.watched.get("kratos-webhook-tls") != before)
+                return written
+
+            renewal.core.replace_namespaced_secret = answered_after_the_watch  # type: ignore[method-assign]
+            reads = len(kube.calls("GET", r"/secrets/kratos-webhook-tls$"))
+            replaced(kube, ca_secret_of(kube), span=5 * MINUTE, remaining=90 * SECOND)
+            await eventually(
+                lambda: controller.metrics.certificate_renewals.labels("renewed")._value.get() == 1
+            )
+            await asyncio.sleep(0.5)
+            looks = len(kube.calls("GET", r"/secrets/kratos-webhook-tls$")) - reads
+    changed = [r for r in caplog.records if "certificate Secret changed" in r.getMessage()]
+    assert len(changed) == 1, "the replacement is news, the renewal's own write is not"
+    assert looks == 1, "one look, at the replaced certificate"
 
 
 async def test_an_expired_watch_is_opened_anew_and_still_sees_a_replaced_certificate(

@@ -132,6 +132,10 @@ class CertificateRenewal:
         self.judged: dict[str, str] = {}
         self.watched: dict[str, str] = {}  # the last resourceVersion each watch saw, to resume from
         self.watch_said: dict[str, str] = {}  # why each watch fails, said once until it changes
+        # while a renewal's write is in flight its resourceVersion is not known yet: the serving
+        # Secret's watch keeps what it sees here and the write judges it once it answers
+        self.writing = False
+        self.seen_while_writing = ""
 
     async def _secret(self, name: str) -> Obj | None:
         try:
@@ -253,10 +257,16 @@ class CertificateRenewal:
                 "tls.key": base64.b64encode(key).decode(),
             },
         }
-        written = await self.core.replace_namespaced_secret(
-            TLS_SECRET, self.namespace, body, field_manager=FIELD_MANAGER
-        )
-        self.judged[TLS_SECRET] = str(getattr(written.metadata, "resource_version", "") or "")
+        self.writing, self.seen_while_writing = True, ""
+        try:
+            written = await self.core.replace_namespaced_secret(
+                TLS_SECRET, self.namespace, body, field_manager=FIELD_MANAGER
+            )
+            self.judged[TLS_SECRET] = str(getattr(written.metadata, "resource_version", "") or "")
+        finally:
+            self.writing = False
+            if self.seen_while_writing not in ("", self.judged.get(TLS_SECRET)):
+                self.changed.set()  # someone else's change seen meanwhile: look again at once
         return Renewed(current, new)
 
     async def run(self) -> None:
@@ -344,6 +354,9 @@ class CertificateRenewal:
                     self.watched[name] = version
                 self._watch_works(name)
                 if event["type"] in ("ADDED", "MODIFIED", "DELETED") and version != self.judged.get(name):
+                    if name == TLS_SECRET and self.writing:  # the write judges it when it answers
+                        self.seen_while_writing = version
+                        continue
                     log.info(
                         "certificate Secret changed, looking at it now",
                         extra={"secret": f"{self.namespace}/{name}", "event": event["type"]},
