@@ -12,7 +12,6 @@ says so once and looks again each resync, and the rest of the controller runs as
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import datetime as dt
 import logging
 from collections.abc import Awaitable, Callable
@@ -22,6 +21,7 @@ from kratos_admit.decisions.holds import admission_check_state
 from kratos_admit.domain.raw import as_mapping
 from kratos_admit.edge.kube import Backoff, Informer, one_line
 from kratos_admit.edge.kueue import KueueApi, active, check_states, ours, owner_job
+from kratos_controller.runtime import run_together
 
 log = logging.getLogger("kratos.controller")
 Obj = dict[str, Any]
@@ -211,17 +211,6 @@ class AdmissionCheckController:
     async def run(self) -> None:
         await self._wait_until_served()
         self.served.set()
-        tasks = [
-            asyncio.create_task(self.check_informer.run()),
-            asyncio.create_task(self.workload_informer.run()),
-            asyncio.create_task(self._worker()),
-            asyncio.create_task(self._resync()),
-        ]
-        try:
-            await asyncio.gather(*tasks)
-        finally:
-            for task in tasks:
-                task.cancel()
-            for task in tasks:
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+        await run_together(
+            [self.check_informer.run(), self.workload_informer.run(), self._worker(), self._resync()]
+        )

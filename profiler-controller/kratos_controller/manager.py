@@ -40,7 +40,7 @@ from kratos_controller.observation import ObservationController
 from kratos_controller.profiling import ProfilingController
 from kratos_controller.release import ReleaseController
 from kratos_controller.renewal import CertificateRenewal
-from kratos_controller.runtime import Cache, Obj, Shared, meta_of
+from kratos_controller.runtime import Cache, Obj, Shared, meta_of, run_together
 from kratos_controller.telemetry import TelemetryController
 
 log = logging.getLogger("kratos.controller")
@@ -185,15 +185,9 @@ class Manager:
         if self.admission_checks is not None:
             runs.append(self.admission_checks.run())
         runs.append(self.renewal.run())
-        tasks = [asyncio.create_task(run) for run in runs]
         try:
-            await asyncio.gather(*tasks)
+            await run_together(runs)
         finally:
-            for task in tasks:
-                task.cancel()
-            for task in tasks:
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
             if self.telemetry is not None:
                 await self.telemetry.close()
 

@@ -5,9 +5,10 @@ controller's own (``WorkQueue``)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime as dt
 import logging
-from collections.abc import Awaitable, Callable, Hashable
+from collections.abc import Awaitable, Callable, Coroutine, Hashable
 from typing import Any, Generic, Literal, TypeVar
 
 from kratos_admit.domain import vocabulary as v
@@ -158,3 +159,17 @@ def reconcile_failed(
 
 def reconcile_backoff() -> Backoff:
     return Backoff(base=1.0, cap=60.0)
+
+
+async def run_together(runs: list[Coroutine[Any, Any, None]]) -> None:
+    """Runs each coroutine as a task until the first fails or this is cancelled, then cancels the
+    rest and waits until each has ended, so none outlives the component that started it."""
+    tasks = [asyncio.create_task(run) for run in runs]
+    try:
+        await asyncio.gather(*tasks)
+    finally:
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
