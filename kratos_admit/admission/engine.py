@@ -185,17 +185,21 @@ def _result(request: AdmissionRequest, decision: Decision) -> ReviewResult:
     )
 
 
+def _against(
+    request: AdmissionRequest, *, webhook: Webhook, engine: AdmissionEngine
+) -> tuple[WorkloadProfile | None, Against]:
+    """The profile the request's key names, and everything its decision is made against."""
+    profile = _profile(request, webhook=webhook, engine=engine)
+    nodes = engine.nodes
+    return profile, Against(
+        profile, engine.calibration.current(), nodes.gpu_products(), nodes.product_nodes(), engine.ctx
+    )
+
+
 def _answer_remembered(
     request: AdmissionRequest, *, webhook: Webhook, engine: AdmissionEngine
 ) -> ReviewResult:
-    profile = _profile(request, webhook=webhook, engine=engine)
-    against = Against(
-        profile,
-        engine.calibration.current(),
-        engine.nodes.gpu_products(),
-        engine.nodes.product_nodes(),
-        engine.ctx,
-    )
+    profile, against = _against(request, webhook=webhook, engine=engine)
     key = key_of(request, webhook, engine.ctx, profile)
     found = engine.decisions.get(key, against, request) if key is not None else None
     if found is not None:
@@ -256,14 +260,7 @@ def _profile(
 
 def decide(request: AdmissionRequest, *, webhook: Webhook, engine: AdmissionEngine) -> Decision:
     """The policy's decision on an opted-in request, with the profile its key names."""
-    profile = _profile(request, webhook=webhook, engine=engine)
-    against = Against(
-        profile,
-        engine.calibration.current(),
-        engine.nodes.gpu_products(),
-        engine.nodes.product_nodes(),
-        engine.ctx,
-    )
+    profile, against = _against(request, webhook=webhook, engine=engine)
     return _decide(request, webhook=webhook, engine=engine, profile=profile, against=against)
 
 
