@@ -17,6 +17,8 @@ which without a GPU fails in its own words (``no-gpu``), so followers are releas
 
 from __future__ import annotations
 
+import base64
+import contextlib
 import copy
 import difflib
 import json
@@ -32,8 +34,10 @@ import pytest
 import yaml
 
 from kratos_admit.domain import vocabulary as v
+from kratos_admit.webhook.certs import generate
 from tests.e2e.real_cluster import kubectl
 from tests.e2e.real_node import (
+    ADMIT_IMAGE,
     Obj,
     Tier,
     build_images,
@@ -50,6 +54,7 @@ from tests.e2e.real_node import (
     why_not,
     working_copy,
 )
+from tests.harness import REPO
 
 USERS = "team-q"
 FLAVOR = "kratos-e2e-gpu"
@@ -530,18 +535,111 @@ def dry_run_suspended() -> bool:
     return bool(done.strip()) and json.loads(done)["spec"].get("suspend") is True
 
 
-def test_7_both_webhooks_latency_over_the_same_creates(kueue: KueueTier):
+FLOOR = "kratos-e2e-floor"  # namespace, Service, Deployment and MutatingWebhookConfiguration
+FLOOR_HOOK = "floor.kratos-e2e.io"
+
+
+def floor_objects(ca: str) -> list[Obj]:
+    """The floor (``python -m kratos_admit.webhook.floor``: parse, echo the uid, allow) as a webhook
+    in Pods: KRATOS's image, Deployment shape (2 replicas, its requests and limits, HTTPS readiness),
+    Service and webhook registration (rules, selectors, timeout, failurePolicy), so that what the API
+    server measures for it is what any aiohttp webhook in a Pod on this node costs."""
+    labels = {"app": FLOOR}
+    deployment = yaml.safe_load((REPO / "webhook-config" / "webhook-deployment.yaml").read_text())
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    pod: Obj = {
+        "containers": [{
+            "name": "floor", "image": ADMIT_IMAGE, "imagePullPolicy": "Never",
+            "command": ["python", "-m", "kratos_admit.webhook.floor"],
+            "args": ["--listen", "0.0.0.0:8443", "--tls-cert", "/tls/tls.crt", "--tls-key", "/tls/tls.key"],
+            "ports": [{"containerPort": 8443, "name": "https"}],
+            "readinessProbe": {"httpGet": {"path": "/readyz", "port": 8443, "scheme": "HTTPS"}, "periodSeconds": 2},
+            "resources": container["resources"],
+            "securityContext": container["securityContext"],
+            "volumeMounts": [{"name": "tls", "mountPath": "/tls", "readOnly": True}],
+        }],
+        "volumes": [{"name": "tls", "secret": {"secretName": FLOOR}}],
+    }  # fmt: skip
+    kratos_hook = next(
+        hook
+        for doc in yaml.safe_load_all((REPO / "webhook-config" / "webhooks.yaml").read_text())
+        if doc["kind"] == "MutatingWebhookConfiguration"
+        for hook in doc["webhooks"]
+        if hook["name"] == "mutate.gpu.scheduler.io"
+    )
+    hook = {
+        **copy.deepcopy(kratos_hook), "name": FLOOR_HOOK, "reinvocationPolicy": "Never",
+        "clientConfig": {"caBundle": ca, "service": {"name": FLOOR, "namespace": FLOOR, "path": "/mutate", "port": 443}},
+    }  # fmt: skip
+    return [
+        {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": FLOOR, "namespace": FLOOR},
+         "spec": {"replicas": deployment["spec"]["replicas"], "selector": {"matchLabels": labels},
+                  "template": {"metadata": {"labels": labels}, "spec": pod}}},
+        {"apiVersion": "v1", "kind": "Service", "metadata": {"name": FLOOR, "namespace": FLOOR},
+         "spec": {"selector": labels, "ports": [{"port": 443, "targetPort": 8443}]}},
+        {"apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingWebhookConfiguration",
+         "metadata": {"name": FLOOR}, "webhooks": [hook]},
+    ]  # fmt: skip
+
+
+def floor_answers() -> bool:
+    """A server dry-run create that the floor's webhook selects goes through (failurePolicy Fail:
+    until its endpoints are ready, the API server fails the create)."""
+    probe = yaml.safe_dump(queued_job("floor-probe"))
+    done = kubectl("create", "--dry-run=server", "-o", "name", "-f", "-", stdin=probe, check=False)
+    return bool(done.strip())
+
+
+@contextlib.contextmanager
+def floor_webhook(tier: Tier) -> Iterator[None]:
+    """The floor installed for the block: its certificate from ``kratos-admit certs``' own code,
+    rolled out and answering the API server before the block starts; all of it deleted after."""
+    certs = generate(service=FLOOR, namespace=FLOOR, out=tier.work / "floor-certs")
+    kubectl("create", "namespace", FLOOR)
+    try:
+        kubectl(
+            "-n", FLOOR, "create", "secret", "tls", FLOOR,
+            f"--cert={certs.directory / 'tls.crt'}", f"--key={certs.directory / 'tls.key'}",
+        )  # fmt: skip
+        ca = base64.b64encode((certs.directory / "ca.crt").read_bytes()).decode()
+        kubectl("apply", "-f", "-", stdin=yaml.safe_dump_all(floor_objects(ca)))
+        kubectl("-n", FLOOR, "rollout", "status", f"deployment/{FLOOR}", "--timeout=180s")
+        until(floor_answers, timeout=90, what="the API server reaches the floor through its Service")
+        yield
+    finally:
+        kubectl("delete", "mutatingwebhookconfiguration", FLOOR, "--ignore-not-found", check=False)
+        kubectl("delete", "namespace", FLOOR, "--ignore-not-found", "--timeout=180s", check=False)
+
+
+def test_7_three_webhooks_latency_over_the_same_creates(kueue: KueueTier):
+    """Issue 44 item 4: the API server's own histogram over the same creates, for KRATOS's mutating
+    webhook, Kueue's ``mjob.kb.io`` and the floor in Pods beside them. Recorded, not asserted: a
+    figure of speed on a shared machine is a benchmark's (docs/benchmarks.md), not a test's."""
     make_ready("latency")
     job = queued_job("latency-1")
-    before = {hook: metric_histogram(hook) for hook in ("mutate.gpu.scheduler.io", "mjob.kb.io")}
+    hooks = ("mutate.gpu.scheduler.io", "mjob.kb.io", FLOOR_HOOK)
     text = yaml.safe_dump(job)
-    sh(
-        f"for i in $(seq 200); do kubectl create --dry-run=server -o name -f - <<'YAML' >/dev/null\n{text}YAML\ndone",
-        kueue.tier,
-        timeout=600,
-    )
-    means = {hook: mean_seconds(before[hook], metric_histogram(hook)) * 1000 for hook in before}
-    kueue.figures["mean webhook ms over 200 creates"] = {k: round(m, 2) for k, m in means.items()}
-    print(f"latency over 200 server dry-run creates: KRATOS mutate {means['mutate.gpu.scheduler.io']:.2f} ms, "
-          f"Kueue mjob.kb.io {means['mjob.kb.io']:.2f} ms (means, the API server's histogram)")  # fmt: skip
-    assert not any(math.isnan(m) for m in means.values()), "both webhooks were called"
+    with floor_webhook(kueue.tier):
+        before = {hook: metric_histogram(hook) for hook in hooks}
+        sh(
+            f"for i in $(seq {LATENCY_CREATES}); do kubectl create --dry-run=server -o name -f - <<'YAML' >/dev/null\n{text}YAML\ndone",
+            kueue.tier,
+            timeout=900,
+        )
+        after = {hook: metric_histogram(hook) for hook in hooks}
+    means = {hook: mean_seconds(before[hook], after[hook]) * 1000 for hook in hooks}
+    calls = {hook: after[hook].get(float("inf"), 0.0) - before[hook].get(float("inf"), 0.0) for hook in hooks}
+    kratos, kueue_ms, floor = (means[hook] for hook in hooks)
+    kueue.figures[f"mean webhook ms over {LATENCY_CREATES} creates"] = {
+        k: round(m, 2) for k, m in means.items()
+    }
+    kueue.figures["calls"] = calls
+    print(f"latency over {LATENCY_CREATES} server dry-run creates (means, the API server's histogram): "
+          f"KRATOS mutate {kratos:.2f} ms, Kueue mjob.kb.io {kueue_ms:.2f} ms, floor {floor:.2f} ms; "
+          f"KRATOS/floor {kratos / floor:.2f}x, KRATOS/Kueue {kratos / kueue_ms:.2f}x; calls {calls}")  # fmt: skip
+    assert not any(math.isnan(m) for m in means.values()), f"all three webhooks were called: {calls}"
+    assert calls[FLOOR_HOOK] == LATENCY_CREATES, "the floor saw every create once"
+    assert calls["mutate.gpu.scheduler.io"] >= LATENCY_CREATES, "KRATOS saw every create"
+
+
+LATENCY_CREATES = 300
