@@ -32,6 +32,7 @@ from kratos_admit.webhook.metrics import (
     shared_registry,
     worker_gone,
 )
+from kratos_admit.webhook.requestlog import RequestLog
 from kratos_admit.webhook.tls import ServingCertificate
 
 log = logging.getLogger("kratos.webhook")
@@ -68,6 +69,7 @@ class WebhookState:
     probes: Probes
     metrics: AdmissionMetrics
     max_body_bytes: int
+    request_log: RequestLog
 
 
 PROBES = web.AppKey("probes", Probes)
@@ -134,32 +136,7 @@ def _handler(webhook: Webhook) -> Callable[[web.Request], Awaitable[web.Response
                 m.inc(m.hints, result.decision.ranking_source)
             if result.decision.explored and not asked.dry_run:
                 m.inc(m.explorations, result.decision.explored)
-        # Denials, profiling rewrites and warnings at INFO; plain allows and hints at DEBUG (a hinted
-        # object carries the decision in its gpu.scheduler.io/hints annotation already).
-        notable = (
-            result.outcome == "denied"
-            or result.decision.action == "profiling"
-            or bool(result.decision.warnings)
-        )
-        level = logging.INFO if notable else logging.DEBUG
-        if not log.isEnabledFor(level):  # skip building the record's fields on the hot path
-            return _json(200, result.body)
-        log.log(
-            level,
-            "admission",
-            extra={
-                "uid": asked.uid,
-                "webhook": webhook,
-                "kind": asked.kind_name,
-                "namespace": asked.namespace,
-                "objectName": asked.name,
-                "operation": asked.operation,
-                "outcome": result.outcome,
-                "action": result.decision.action,
-                "violations": [str(e) for e in result.decision.violations],
-                "durationMs": round(elapsed * 1000, 3),
-            },
-        )
+        state.request_log.write(webhook, result, elapsed)
         return _json(200, result.body)
 
     return handle
@@ -194,7 +171,7 @@ def create_app(
 ) -> web.Application:
     app = web.Application(client_max_size=max_body_bytes)
     app[PROBES] = Probes(metrics.exposition, ready)
-    app[STATE] = WebhookState(engine, app[PROBES], metrics, max_body_bytes)
+    app[STATE] = WebhookState(engine, app[PROBES], metrics, max_body_bytes, RequestLog(log))
     app.router.add_post("/mutate", _handler("mutate"))
     app.router.add_post("/validate", _handler("validate"))
     app.router.add_get("/healthz", healthz)
@@ -297,6 +274,7 @@ async def serve(engine: AdmissionEngine, *, config: Config, reuse_port: bool = F
                 )
             )
         watcher = asyncio.create_task(certificate.watch())
+        request_log = asyncio.create_task(app[STATE].request_log.run())
         stores = [
             asyncio.create_task(engine.profiles.run()),
             asyncio.create_task(engine.nodes.run()),
@@ -318,6 +296,8 @@ async def serve(engine: AdmissionEngine, *, config: Config, reuse_port: bool = F
         finally:
             for task in (watcher, *stores):
                 task.cancel()
+            request_log.cancel()
+    app[STATE].request_log.flush(everything=True)  # after the drain: the counts not yet written
     log.info("stopped")
 
 
