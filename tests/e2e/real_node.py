@@ -219,6 +219,17 @@ def metric_histogram(webhook: str = "mutate.gpu.scheduler.io") -> dict[float, fl
     return buckets
 
 
+def pod_metric(namespace: str, selector: str, prefix: str) -> float:
+    """The samples of the Pods' own ``/metrics`` (port 9090, read from inside each Pod, as a scraper
+    on the Pod network reads it) whose line starts with ``prefix``, summed over the Pods."""
+    total = 0.0
+    script = "import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:9090/metrics').read().decode())"
+    for pod in pods(namespace, selector):
+        text = kubectl("-n", namespace, "exec", pod["metadata"]["name"], "--", "python3", "-c", script)
+        total += sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(prefix))
+    return total
+
+
 def quantiles(before: dict[float, float], after: dict[float, float]) -> tuple[float, float]:
     """p50 and p99 (the upper bound of the bucket that holds them) of the calls between two reads."""
     diff = sorted((bound, after[bound] - before.get(bound, 0.0)) for bound in after if bound >= 0)

@@ -51,6 +51,7 @@ from tests.e2e.real_node import (
     chart_values,
     documented_uninstall,
     helm_config,
+    pod_metric,
     pods,
     readme_install,
     sh,
@@ -148,12 +149,7 @@ def served(ca: bytes) -> dict[str, x509.Certificate]:
 
 def controller_metric(name: str) -> float:
     """The sum of a controller metric over both replicas (only the leader renews)."""
-    total = 0.0
-    script = "import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:9090/metrics').read().decode())"
-    for pod in pods(NAMESPACE, "app.kubernetes.io/name=kratos-controller"):
-        text = kubectl("-n", NAMESPACE, "exec", pod["metadata"]["name"], "--", "python3", "-c", script)
-        total += sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name))
-    return total
+    return pod_metric(NAMESPACE, "app.kubernetes.io/name=kratos-controller", name)
 
 
 def renews_across_the_end(state: CertTier, install: str) -> x509.Certificate:
