@@ -166,3 +166,54 @@ async def test_readiness_waits_for_the_first_sync():
             kube.down = False
             await eventually(lambda: profiles.ready() and nodes.ready())
             assert (await http.get("/readyz")).status == 200
+
+
+async def test_the_webhooks_copy_leaves_out_the_uids_the_controller_counted():
+    """countedRuns and countedTelemetry (up to 256 Pod uids each) are the controller's, never read by
+    admission: the webhook's cached profile holds neither, from the list, a watch event and a GET,
+    and its decisions are those of the whole profile."""
+    from kratos_admit.admission.engine import answer
+    from kratos_admit.admission.request import parse_review
+    from kratos_admit.decisions.stores import StaticNodeStore, StaticProfileStore
+    from kratos_admit.domain.profile import WorkloadProfile
+
+    def mature(workload: str) -> dict[str, object]:
+        obj = profile(workload)
+        obj["status"] |= {
+            "observations": [{"product": "NVIDIA-A100-SXM4-80GB", "runs": 3, "meanSeconds": "41.5"}],
+            "countedRuns": [f"pod-uid-{i}" for i in range(256)],
+            "countedTelemetry": [f"pod-uid-{i}" for i in range(256)],
+            "observedRuns": 256,
+        }
+        return obj
+
+    kube = KubeDouble()
+    kube.put(*PROFILES, mature("listed"))
+    kube.put(*NODES, node("gpu-a", "NVIDIA-A100-SXM4-80GB"))
+    async with stores_running(kube) as (profiles, nodes):
+        await eventually(lambda: profiles.ready() and nodes.ready())
+        kube.put(*PROFILES, mature("watched"))
+        await eventually(lambda: profiles.get("team-a", "watched") is not None)
+        kube.put(*PROFILES, mature("fetched"))
+        await profiles.refresh("team-a", "fetched")  # before the watch delivers it, or after: the same
+        for workload in ("listed", "watched", "fetched"):
+            cached = profiles.get("team-a", workload)
+            assert cached is not None and cached.status is not None
+            assert cached.status.counted_runs == [] and cached.status.counted_telemetry == []
+            assert cached.status.observed_runs == 256 and len(cached.status.observations) == 1
+            stored = kube.get(*PROFILES, "team-a", f"{workload}-profile")  # as the API server has it
+            whole = WorkloadProfile.model_validate(stored)
+            assert len(whole.status.counted_runs) == 256  # type: ignore[union-attr]
+            job = make_job("train", "team-a").label("gpu.scheduler.io/workload", workload).obj()
+            decisions = [
+                answer(
+                    parse_review(review_of(job)),
+                    webhook="mutate",
+                    engine=AdmissionEngine(
+                        ctx=make_ctx(), profiles=store, nodes=StaticNodeStore(nodes.gpu_products())
+                    ),
+                )
+                for store in (profiles, StaticProfileStore([whole]))
+            ]
+            assert decisions[0].decision.action == "hints"
+            assert decisions[0].body == decisions[1].body and decisions[0].patch == decisions[1].patch

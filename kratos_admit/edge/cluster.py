@@ -36,7 +36,16 @@ log = logging.getLogger("kratos.stores")
 Obj = dict[str, Any]
 
 
+# What the controller keeps in a profile's status and admission never reads: the Pod uids counted
+# into its observations and telemetry (up to 256 each), three quarters of a mature profile's memory
+# in the webhook's cache (docs/benchmarks.md, "Memory"). The webhook's copy leaves them out.
+CONTROLLER_ONLY = frozenset({"countedRuns", "countedTelemetry"})
+
+
 def _profile(obj: Obj) -> WorkloadProfile | None:
+    status = obj.get("status")
+    if isinstance(status, dict) and not CONTROLLER_ONLY.isdisjoint(status):
+        obj = {**obj, "status": {k: val for k, val in status.items() if k not in CONTROLLER_ONLY}}
     try:
         return WorkloadProfile.model_validate(obj)
     except ValidationError as exc:
