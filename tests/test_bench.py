@@ -116,3 +116,15 @@ def test_flame_summary_counts_each_sample_once_in_the_first_group_that_claims_it
     assert shares["metrics (prometheus_client)"] == 0.1
     assert sum(shares.values()) == 1.0
     assert summary.own[0] == ("loads (orjson)", 0.6)
+
+
+def test_the_paced_pause_is_the_cycle_the_rate_needs_less_the_time_a_request_takes_in_the_loop():
+    bench = importlib.import_module("bench.admission_bench")
+    # 64 connections at 4,000 req/s: a 16 ms cycle; the probe (pause 16 ms) got 3,765 req/s, a
+    # 17 ms cycle, so a request spends 1 ms in the loop and the pause asked for is 15 ms
+    probe = bench.LoadResult("floor", "hints", 64, 0, 0.0, 0, 3764.7, 0, 0, 0, 0, 0)
+    assert bench.paced_pause(64, 4000.0, probe) == pytest.approx(15.0, abs=0.01)
+    fast = bench.LoadResult("floor", "hints", 64, 0, 0.0, 0, 4100.0, 0, 0, 0, 0, 0)  # over the rate
+    assert bench.paced_pause(64, 4000.0, fast) == pytest.approx(16.0)
+    stalled = bench.LoadResult("floor", "hints", 64, 0, 0.0, 0, 100.0, 0, 0, 0, 0, 0)
+    assert bench.paced_pause(64, 4000.0, stalled) == 0.0
