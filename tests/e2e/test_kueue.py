@@ -34,7 +34,7 @@ import pytest
 import yaml
 
 from kratos_admit.domain import vocabulary as v
-from kratos_admit.webhook.certs import generate
+from kratos_admit.webhook.certs import generate, service_dns_names
 from tests.e2e.real_cluster import kubectl
 from tests.e2e.real_node import (
     ADMIT_IMAGE,
@@ -537,23 +537,35 @@ def dry_run_suspended() -> bool:
     return bool(done.strip()) and json.loads(done)["spec"].get("suspend") is True
 
 
-FLOOR = "kratos-e2e-floor"  # namespace, Service, Deployment and MutatingWebhookConfiguration
+KRATOS_HOOK = "mutate.gpu.scheduler.io"
+FLOOR = (
+    "kratos-e2e-floor"  # namespace; Service, Deployment and MutatingWebhookConfiguration of the plain floor
+)
 FLOOR_HOOK = "floor.kratos-e2e.io"
+PATCHING = "kratos-e2e-floor-patch"  # the patching floor's Service and Deployment
+PATCHING_HOOK = "patch.floor.kratos-e2e.io"
+# mutating webhooks are called in the order of their configurations' names: the patching floor's
+# sorts before kratos-admit, so its change never makes the API server call KRATOS again
+PATCHING_CONFIGURATION = "a-kratos-e2e-floor-patch"
+FLOORS = {FLOOR: (FLOOR_HOOK, FLOOR, []), PATCHING: (PATCHING_HOOK, PATCHING_CONFIGURATION,
+          ["--patch-annotation", "kratos-e2e.io/floor=patched"])}  # fmt: skip
 
 
-def floor_objects(ca: str) -> list[Obj]:
-    """The floor (``python -m kratos_admit.webhook.floor``: parse, echo the uid, allow) as a webhook
-    in Pods: KRATOS's image, Deployment shape (2 replicas, its requests and limits, HTTPS readiness),
-    Service and webhook registration (rules, selectors, timeout, failurePolicy), so that what the API
-    server measures for it is what any aiohttp webhook in a Pod on this node costs."""
-    labels = {"app": FLOOR}
+def floor_objects(name: str, ca: str) -> list[Obj]:
+    """A floor (``python -m kratos_admit.webhook.floor``: parse, echo the uid, allow; the patching
+    one also sets one annotation) as a webhook in Pods: KRATOS's image, Deployment shape (2
+    replicas, its requests and limits, HTTPS readiness), Service and webhook registration (rules,
+    selectors, timeout, failurePolicy), so that what the API server measures for it is what any
+    aiohttp webhook in a Pod on this node costs, and with a patch, any webhook that changes the object."""
+    hook_name, configuration, more = FLOORS[name]
+    labels = {"app": name}
     deployment = yaml.safe_load((REPO / "webhook-config" / "webhook-deployment.yaml").read_text())
     container = deployment["spec"]["template"]["spec"]["containers"][0]
     pod: Obj = {
         "containers": [{
             "name": "floor", "image": ADMIT_IMAGE, "imagePullPolicy": "Never",
             "command": ["python", "-m", "kratos_admit.webhook.floor"],
-            "args": ["--listen", "0.0.0.0:8443", "--tls-cert", "/tls/tls.crt", "--tls-key", "/tls/tls.key"],
+            "args": ["--listen", "0.0.0.0:8443", "--tls-cert", "/tls/tls.crt", "--tls-key", "/tls/tls.key", *more],
             "ports": [{"containerPort": 8443, "name": "https"}],
             "readinessProbe": {"httpGet": {"path": "/readyz", "port": 8443, "scheme": "HTTPS"}, "periodSeconds": 2},
             "resources": container["resources"],
@@ -567,36 +579,42 @@ def floor_objects(ca: str) -> list[Obj]:
         for doc in yaml.safe_load_all((REPO / "webhook-config" / "webhooks.yaml").read_text())
         if doc["kind"] == "MutatingWebhookConfiguration"
         for hook in doc["webhooks"]
-        if hook["name"] == "mutate.gpu.scheduler.io"
+        if hook["name"] == KRATOS_HOOK
     )
     hook = {
-        **copy.deepcopy(kratos_hook), "name": FLOOR_HOOK, "reinvocationPolicy": "Never",
-        "clientConfig": {"caBundle": ca, "service": {"name": FLOOR, "namespace": FLOOR, "path": "/mutate", "port": 443}},
+        **copy.deepcopy(kratos_hook), "name": hook_name, "reinvocationPolicy": "Never",
+        "clientConfig": {"caBundle": ca, "service": {"name": name, "namespace": FLOOR, "path": "/mutate", "port": 443}},
     }  # fmt: skip
     return [
-        {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": FLOOR, "namespace": FLOOR},
+        {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name, "namespace": FLOOR},
          "spec": {"replicas": deployment["spec"]["replicas"], "selector": {"matchLabels": labels},
                   "template": {"metadata": {"labels": labels}, "spec": pod}}},
-        {"apiVersion": "v1", "kind": "Service", "metadata": {"name": FLOOR, "namespace": FLOOR},
+        {"apiVersion": "v1", "kind": "Service", "metadata": {"name": name, "namespace": FLOOR},
          "spec": {"selector": labels, "ports": [{"port": 443, "targetPort": 8443}]}},
         {"apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingWebhookConfiguration",
-         "metadata": {"name": FLOOR}, "webhooks": [hook]},
+         "metadata": {"name": configuration}, "webhooks": [hook]},
     ]  # fmt: skip
 
 
-def floor_answers() -> bool:
-    """A server dry-run create that the floor's webhook selects goes through (failurePolicy Fail:
-    until its endpoints are ready, the API server fails the create)."""
+def floors_answer() -> bool:
+    """A server dry-run create that the floors select goes through with the patching floor's
+    annotation (failurePolicy Fail: until their endpoints are ready, the API server fails it)."""
     probe = yaml.safe_dump(queued_job("floor-probe"))
-    done = kubectl("create", "--dry-run=server", "-o", "name", "-f", "-", stdin=probe, check=False)
-    return bool(done.strip())
+    done = kubectl("create", "--dry-run=server", "-o", "json", "-f", "-", stdin=probe, check=False)
+    annotations = json.loads(done)["metadata"].get("annotations", {}) if done.strip() else {}
+    return annotations.get("kratos-e2e.io/floor") == "patched"
 
 
 @contextlib.contextmanager
-def floor_webhook(tier: Tier) -> Iterator[None]:
-    """The floor installed for the block: its certificate from ``kratos-admit certs``' own code,
+def floor_webhooks(tier: Tier) -> Iterator[None]:
+    """Both floors installed for the block: their certificate from ``kratos-admit certs``' own code,
     rolled out and answering the API server before the block starts; all of it deleted after."""
-    certs = generate(service=FLOOR, namespace=FLOOR, out=tier.work / "floor-certs")
+    certs = generate(
+        service=FLOOR,
+        namespace=FLOOR,
+        out=tier.work / "floor-certs",
+        extra_names=service_dns_names(PATCHING, FLOOR),
+    )
     kubectl("create", "namespace", FLOOR)
     try:
         kubectl(
@@ -604,17 +622,21 @@ def floor_webhook(tier: Tier) -> Iterator[None]:
             f"--cert={certs.directory / 'tls.crt'}", f"--key={certs.directory / 'tls.key'}",
         )  # fmt: skip
         ca = base64.b64encode((certs.directory / "ca.crt").read_bytes()).decode()
-        kubectl("apply", "-f", "-", stdin=yaml.safe_dump_all(floor_objects(ca)))
-        kubectl("-n", FLOOR, "rollout", "status", f"deployment/{FLOOR}", "--timeout=180s")
-        until(floor_answers, timeout=90, what="the API server reaches the floor through its Service")
+        for name in FLOORS:
+            kubectl("apply", "-f", "-", stdin=yaml.safe_dump_all(floor_objects(name, ca)))
+        for name in FLOORS:
+            kubectl("-n", FLOOR, "rollout", "status", f"deployment/{name}", "--timeout=180s")
+        until(floors_answer, timeout=90, what="the API server reaches both floors through their Services")
         yield
     finally:
-        kubectl("delete", "mutatingwebhookconfiguration", FLOOR, "--ignore-not-found", check=False)
+        for _, configuration, _ in FLOORS.values():
+            kubectl(
+                "delete", "mutatingwebhookconfiguration", configuration, "--ignore-not-found", check=False
+            )
         kubectl("delete", "namespace", FLOOR, "--ignore-not-found", "--timeout=180s", check=False)
 
 
-KRATOS_HOOK = "mutate.gpu.scheduler.io"
-HOOKS = (KRATOS_HOOK, "mjob.kb.io", FLOOR_HOOK)
+HOOKS = (KRATOS_HOOK, "mjob.kb.io", FLOOR_HOOK, PATCHING_HOOK)
 IN_PROCESS = 'kratos_admission_duration_seconds_{}{{webhook="mutate"}}'  # KRATOS's own: body read to answer
 
 
@@ -650,14 +672,16 @@ def latency_over_creates(tier: Tier, job: Obj) -> dict[str, Any]:
         if answered
         else float("nan"),
         "KRATOS / floor": round(means[KRATOS_HOOK] / means[FLOOR_HOOK], 2),
+        "KRATOS / patching floor": round(means[KRATOS_HOOK] / means[PATCHING_HOOK], 2),
         "KRATOS / Kueue": round(means[KRATOS_HOOK] / means["mjob.kb.io"], 2),
     }
 
 
-def test_7_three_webhooks_latency_over_the_same_creates(kueue: KueueTier):
+def test_7_the_webhooks_latency_over_the_same_creates(kueue: KueueTier):
     """Issue 44 item 4: the API server's own histogram over the same creates, for KRATOS's mutating
-    webhook, Kueue's ``mjob.kb.io`` and the floor in Pods beside them, and KRATOS's own histogram
-    (what of it is KRATOS's work), for two Jobs of a Ready profile (hints):
+    webhook, Kueue's ``mjob.kb.io`` and two floors in Pods beside them (the plain one; one that sets an
+    annotation: what the API server spends applying any patch), and KRATOS's own histogram (what of
+    it is KRATOS's work), for two Jobs of a Ready profile (hints):
     - queued (Kueue's label): Kueue suspends it after KRATOS hinted it, so the API server calls
       KRATOS again (``reinvocationPolicy: IfNeeded``), and the second answer changes nothing;
     - not queued: Kueue changes nothing, and KRATOS is called once per create, with its patch.
@@ -666,7 +690,7 @@ def test_7_three_webhooks_latency_over_the_same_creates(kueue: KueueTier):
     make_ready("latency")
     queued = queued_job("latency-1")
     plain = user_job("latency-2")
-    with floor_webhook(kueue.tier):
+    with floor_webhooks(kueue.tier):
         figures = {
             "queued": latency_over_creates(kueue.tier, queued),
             "not queued": latency_over_creates(kueue.tier, plain),
@@ -675,13 +699,15 @@ def test_7_three_webhooks_latency_over_the_same_creates(kueue: KueueTier):
     for what, got in figures.items():
         print(f"latency over {LATENCY_CREATES} server dry-run creates, {what} (means, the API server's histogram): "
               f"KRATOS mutate {got['means ms'][KRATOS_HOOK]:.2f} ms, Kueue mjob.kb.io {got['means ms']['mjob.kb.io']:.2f} ms, "
-              f"floor {got['means ms'][FLOOR_HOOK]:.2f} ms; KRATOS/floor {got['KRATOS / floor']:.2f}x, "
+              f"floor {got['means ms'][FLOOR_HOOK]:.2f} ms, patching floor {got['means ms'][PATCHING_HOOK]:.2f} ms; "
+              f"KRATOS/floor {got['KRATOS / floor']:.2f}x, KRATOS/patching floor {got['KRATOS / patching floor']:.2f}x, "
               f"KRATOS/Kueue {got['KRATOS / Kueue']:.2f}x; KRATOS in process {got['KRATOS in process ms']:.3f} ms; calls {got['calls']}")  # fmt: skip
         assert not any(math.isnan(m) for m in got["means ms"].values()), (
-            f"all three webhooks were called: {got}"
+            f"all four webhooks were called: {got}"
         )
         # at least: a Job controller's or a release's create in the namespace meanwhile is counted too
         assert got["calls"][FLOOR_HOOK] >= LATENCY_CREATES, "the floor saw every create"
+        assert got["calls"][PATCHING_HOOK] >= LATENCY_CREATES, "the patching floor saw every create"
         assert got["calls"][KRATOS_HOOK] >= LATENCY_CREATES, "KRATOS saw every create"
     assert figures["queued"]["calls"][KRATOS_HOOK] >= 2 * LATENCY_CREATES, "reinvoked after Kueue's change"
 
