@@ -8,7 +8,8 @@ Both servers run as separate processes with the same TLS setup and the same --wo
 are driven by the same keep-alive HTTPS load (wrk when installed: `apt-get install wrk`; else a
 Python asyncio client, which costs CPU on the same cores and so understates both servers).
 Per scenario and concurrency it reports requests/s, p50/p95/p99/max latency, server CPU time per
-request, and KRATOS's ratio to the floor; then a paced run at half the floor's peak rate for the
+request, and KRATOS's ratio to the floor, each the median of ``--repeat`` runs (3) with the two
+servers alternating (on a shared machine one 5 s run of the same server varies by up to 2x); then a paced run at half the floor's peak rate for the
 p99 target (and whether that rate was achieved, within 5 %), and an in-process benchmark of the
 decision path with a profile of its hot spots: the same review again (answered from the decision
 cache), a Job array (names and uids differ) and the same array with the cache off (each review
@@ -32,6 +33,7 @@ import random
 import shutil
 import socket
 import ssl
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -103,6 +105,8 @@ class Report:
     profile_top: list[str] = field(default_factory=list)
     event_loop: str = "asyncio"
     targets: dict[str, Any] = field(default_factory=dict)
+    repeat: int = 1  # runs per row, the two servers alternating; a row is their median
+    load_runs: list[LoadResult] = field(default_factory=list)  # every run, as measured
 
 
 def review_body(obj: dict[str, Any]) -> bytes:
@@ -380,7 +384,8 @@ def markdown(report: Report) -> str:
         f"Produced by `.venv/bin/python bench/admission_bench.py` on {report.started} (commit {commit_id}),",
         f"{report.machine['cpus']} CPUs, Python {report.machine['python']}, load from {report.client}"
         + (f" ({report.machine['wrk']})" if report.client == "wrk" else "")
-        + f", {report.workers} server worker(s) each, event loop {report.event_loop}, {report.duration_s:g} s per run.",
+        + f", {report.workers} server worker(s) each, event loop {report.event_loop}, {report.duration_s:g} s per run;",
+        f"each row the median of {report.repeat} run(s), the floor and KRATOS alternating (every run is in the JSON result).",
         "The floor is `python -m kratos_admit.webhook.floor`: the same aiohttp, TLS, keep-alive and event loop,",
         "answering `allowed: true` with the uid echoed. CPU time per request is the server processes'",
         "user+system time divided by the requests served. Every request of a run carries the same body,",
@@ -477,6 +482,20 @@ def paced_pause(connections: int, rate: float, probe: LoadResult) -> float:
     return max(0.0, wanted_cycle - in_loop)
 
 
+def median_of(runs: list[LoadResult]) -> LoadResult:
+    """One row for runs of one server, scenario and concurrency: the median of each figure (req/s,
+    latencies, CPU per request), the requests, seconds and errors summed."""
+    first = runs[0]
+    return dataclasses.replace(
+        first,
+        requests=sum(r.requests for r in runs),
+        seconds=round(sum(r.seconds for r in runs), 3),
+        errors=sum(r.errors for r in runs),
+        **{name: statistics.median(getattr(r, name) for r in runs)
+           for name in ("rps", "p50_ms", "p95_ms", "p99_ms", "max_ms", "cpu_ms_per_request")},
+    )  # fmt: skip
+
+
 def achieved(paced: LoadResult) -> bool:
     """The paced run got within 5 % of the rate it asked for."""
     return paced.rps >= 0.95 * (paced.paced_rate or 0)
@@ -521,6 +540,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", default="1,8,32,64", help="connection counts (1,8,32,64)")
     parser.add_argument("--workers", type=int, default=1, help="server processes for both servers (1)")
     parser.add_argument("--client", choices=("auto", "wrk", "python"), default="auto")
+    parser.add_argument(
+        "--repeat",
+        type=int,
+        default=3,
+        help="runs per row, the servers alternating; the row is their median (3)",
+    )
     parser.add_argument("--paced-connections", type=int, default=64, help="connections of the paced run (64)")
     parser.add_argument(
         "--out-dir", type=Path, default=REPO, help="writes docs/benchmarks.md and bench/results/ under it"
@@ -535,9 +560,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.from_json:
         data = json.loads(args.from_json.read_text())
-        report = Report(**{k: val for k, val in data.items() if k not in ("load", "paced")})
+        report = Report(**{k: val for k, val in data.items() if k not in ("load", "paced", "load_runs")})
         report.load = [LoadResult(**r) for r in data["load"]]
         report.paced = [LoadResult(**r) for r in data["paced"]]
+        report.load_runs = [LoadResult(**r) for r in data.get("load_runs", [])]
         report.targets = targets(report)
         write_docs(args.out_dir / "docs" / "benchmarks.md", markdown(report))
         return 0
@@ -546,9 +572,12 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("wrk is not installed (apt-get install wrk), use --client python")
     duration = 1.0 if args.smoke else args.duration
     levels = [4] if args.smoke else [int(c) for c in args.concurrency.split(",")]
+    repeat = 1 if args.smoke else args.repeat
+    if repeat < 1:
+        parser.error("--repeat must be at least 1")
     signing_key = b"kratos-benchmark-signing-key-0123456789abcdef"
     report = Report(started=dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"), machine=machine(), client=client,
-                    workers=args.workers, duration_s=duration, event_loop=args.event_loop)  # fmt: skip
+                    workers=args.workers, duration_s=duration, event_loop=args.event_loop, repeat=repeat)  # fmt: skip
     measured = report.machine["commit"]
     all_scenarios = scenarios(signing_key)
     with tempfile.TemporaryDirectory(prefix="kratos-bench-") as tmp:
@@ -574,25 +603,32 @@ def main(argv: list[str] | None = None) -> int:
         ):
             for scenario in all_scenarios:
                 for connections in levels:
-                    for name, process, port in (
-                        ("floor", floor, floor_port),
-                        ("kratos", kratos, kratos_port),
-                    ):
-                        result = load(
-                            client,
-                            name,
-                            process.pid,
-                            port,
-                            scenario,
-                            connections=connections,
-                            duration=duration,
-                            ca=ca,
-                            body_file=bodies[scenario.name],
-                        )
-                        result.commit = measured
+                    runs: dict[str, list[LoadResult]] = {"floor": [], "kratos": []}
+                    for _ in range(repeat):  # the two servers alternate: a slow spell hits both
+                        for name, process, port in (
+                            ("floor", floor, floor_port),
+                            ("kratos", kratos, kratos_port),
+                        ):
+                            result = load(
+                                client,
+                                name,
+                                process.pid,
+                                port,
+                                scenario,
+                                connections=connections,
+                                duration=duration,
+                                ca=ca,
+                                body_file=bodies[scenario.name],
+                            )
+                            result.commit = measured
+                            runs[name].append(result)
+                            report.load_runs.append(result)
+                    for name in ("floor", "kratos"):
+                        result = median_of(runs[name])
                         report.load.append(result)
                         print(f"[{measured}] {scenario.name:>10} c={connections:<3} {name:>6}: {result.rps:8.0f} req/s  "
-                              f"p99 {result.p99_ms:7.2f} ms  cpu {result.cpu_ms_per_request:.3f} ms/req  errors {result.errors}",
+                              f"p99 {result.p99_ms:7.2f} ms  cpu {result.cpu_ms_per_request:.3f} ms/req  errors {result.errors}"
+                              f"  (median of {repeat}: {', '.join(f'{r.rps:.0f}' for r in runs[name])} req/s)",
                               flush=True)  # fmt: skip
             peak = max(r.rps for r in report.load if r.server == "floor" and r.scenario == "hints")
             rate = peak / 2
@@ -602,26 +638,33 @@ def main(argv: list[str] | None = None) -> int:
                 probe = load(client, "floor", floor.pid, floor_port, all_scenarios[0], connections=paced_connections,
                              duration=duration, ca=ca, body_file=bodies["hints"], rate=rate)  # fmt: skip
                 pause_ms = paced_pause(paced_connections, rate, probe)
-            for name, process, port in (("floor", floor, floor_port), ("kratos", kratos, kratos_port)):
-                result = load(
-                    client,
-                    name,
-                    process.pid,
-                    port,
-                    all_scenarios[0],
-                    connections=paced_connections,
-                    duration=duration,
-                    ca=ca,
-                    body_file=bodies["hints"],
-                    rate=rate,
-                    pause_ms=pause_ms,
-                )
-                result.commit = measured
-                result.pause_ms = round(pause_ms, 3) if pause_ms is not None else None
+            paced: dict[str, list[LoadResult]] = {"floor": [], "kratos": []}
+            for _ in range(repeat):
+                for name, process, port in (("floor", floor, floor_port), ("kratos", kratos, kratos_port)):
+                    result = load(
+                        client,
+                        name,
+                        process.pid,
+                        port,
+                        all_scenarios[0],
+                        connections=paced_connections,
+                        duration=duration,
+                        ca=ca,
+                        body_file=bodies["hints"],
+                        rate=rate,
+                        pause_ms=pause_ms,
+                    )
+                    result.commit = measured
+                    result.pause_ms = round(pause_ms, 3) if pause_ms is not None else None
+                    paced[name].append(result)
+                    report.load_runs.append(result)
+            for name in ("floor", "kratos"):
+                result = median_of(paced[name])
                 report.paced.append(result)
                 print(
                     f"[{measured}] paced {rate:.0f} req/s {name:>6}: achieved {result.rps:.0f} req/s "
-                    f"({'within' if achieved(result) else 'NOT within'} 5 %)  p99 {result.p99_ms:.2f} ms",
+                    f"({'within' if achieved(result) else 'NOT within'} 5 %)  p99 {result.p99_ms:.2f} ms"
+                    f"  (median of {repeat}: p99 {', '.join(f'{r.p99_ms:.2f}' for r in paced[name])} ms)",
                     flush=True,
                 )
     rounds, per_round = (1, 50) if args.smoke else (5, 2000)
