@@ -4,8 +4,9 @@
     .venv/bin/python bench/admission_bench.py --smoke    # seconds; what CI runs so the benchmark keeps working
     .venv/bin/python bench/admission_bench.py --event-loop uvloop   # both servers on uvloop
 
-Both servers run as separate processes with the same TLS setup and the same --workers model, and
-are driven by the same keep-alive HTTPS load (wrk when installed: `apt-get install wrk`; else a
+Both servers run as separate processes with the same TLS setup and the same --workers model, on
+CPUs of their own where there are two or more (the load on the first; --no-pin leaves that to the
+scheduler), and are driven by the same keep-alive HTTPS load (wrk when installed: `apt-get install wrk`; else a
 Python asyncio client, which costs CPU on the same cores and so understates both servers).
 Per scenario and concurrency it reports requests/s, p50/p95/p99/max latency, server CPU time per
 request, and KRATOS's ratio to the floor, each the median of ``--repeat`` runs (3) with the two
@@ -106,6 +107,7 @@ class Report:
     event_loop: str = "asyncio"
     targets: dict[str, Any] = field(default_factory=dict)
     repeat: int = 1  # runs per row, the two servers alternating; a row is their median
+    pinning: str = "not pinned"
     load_runs: list[LoadResult] = field(default_factory=list)  # every run, as measured
 
 
@@ -179,8 +181,17 @@ def cpu_seconds(pid: int) -> float:
 
 
 @contextlib.contextmanager
-def server(name: str, command: list[str], port: int, ca: Path) -> Iterator[subprocess.Popen[bytes]]:
-    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=REPO)
+def server(
+    name: str, command: list[str], port: int, ca: Path, cpus: set[int] | None = None
+) -> Iterator[subprocess.Popen[bytes]]:
+    """A server process (on ``cpus`` only, where given) answering /healthz, stopped after the block."""
+    process = subprocess.Popen(
+        command,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        cwd=REPO,
+        preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None,  # noqa: PLW1509 (no threads yet)
+    )
     context = ssl.create_default_context(cafile=str(ca))
     context.check_hostname = False
     deadline = time.monotonic() + 30
@@ -334,6 +345,19 @@ def decision_path(
     return rates, rows[:12]
 
 
+def pin(wanted: bool) -> tuple[set[int] | None, str]:
+    """The load generator (this process and the wrk it starts) on the first CPU this process may
+    use, both servers on the others, so the load and the server under test do not take turns on
+    one CPU (on a 2-CPU machine they did, and a 5 s run of one server varied by up to 2x). The
+    CPUs for the servers, or None; and how the run was pinned, for the page."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if not wanted or len(cpus) < 2:
+        return None, "not pinned"
+    os.sched_setaffinity(0, {cpus[0]})
+    servers = set(cpus[1:])
+    return servers, f"load on CPU {cpus[0]}, each server on CPU {','.join(map(str, sorted(servers)))}"
+
+
 def commit() -> str:
     """The commit measured: ``git rev-parse --short HEAD``, ``+dirty`` when the tree has changes."""
     try:
@@ -385,7 +409,8 @@ def markdown(report: Report) -> str:
         f"{report.machine['cpus']} CPUs, Python {report.machine['python']}, load from {report.client}"
         + (f" ({report.machine['wrk']})" if report.client == "wrk" else "")
         + f", {report.workers} server worker(s) each, event loop {report.event_loop}, {report.duration_s:g} s per run;",
-        f"each row the median of {report.repeat} run(s), the floor and KRATOS alternating (every run is in the JSON result).",
+        f"each row the median of {report.repeat} run(s), the floor and KRATOS alternating (every run is in the JSON result);",
+        f"CPUs: {report.pinning}.",
         "The floor is `python -m kratos_admit.webhook.floor`: the same aiohttp, TLS, keep-alive and event loop,",
         "answering `allowed: true` with the uid echoed. CPU time per request is the server processes'",
         "user+system time divided by the requests served. Every request of a run carries the same body,",
@@ -541,6 +566,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=1, help="server processes for both servers (1)")
     parser.add_argument("--client", choices=("auto", "wrk", "python"), default="auto")
     parser.add_argument(
+        "--no-pin",
+        action="store_true",
+        help="leave CPUs to the scheduler (default: the load on the first CPU, both servers on the others)",
+    )
+    parser.add_argument(
         "--repeat",
         type=int,
         default=3,
@@ -580,6 +610,7 @@ def main(argv: list[str] | None = None) -> int:
                     workers=args.workers, duration_s=duration, event_loop=args.event_loop, repeat=repeat)  # fmt: skip
     measured = report.machine["commit"]
     all_scenarios = scenarios(signing_key)
+    server_cpus, report.pinning = pin(not args.no_pin)
     with tempfile.TemporaryDirectory(prefix="kratos-bench-") as tmp:
         work = Path(tmp)
         generate(service="kratos-webhook", namespace="kratos-system", out=work / "certs")
@@ -598,8 +629,8 @@ def main(argv: list[str] | None = None) -> int:
                       "--profiles", str(EXAMPLES / "profiles"), "--nodes", str(EXAMPLES / "nodes.yaml"),
                       "--workers", str(args.workers), "--event-loop", args.event_loop]  # fmt: skip
         with (
-            server("floor", floor_cmd, floor_port, ca) as floor,
-            server("kratos", kratos_cmd, kratos_port, ca) as kratos,
+            server("floor", floor_cmd, floor_port, ca, server_cpus) as floor,
+            server("kratos", kratos_cmd, kratos_port, ca, server_cpus) as kratos,
         ):
             for scenario in all_scenarios:
                 for connections in levels:
