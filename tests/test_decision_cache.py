@@ -7,7 +7,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +19,7 @@ from kratos_admit.admission.cache import DecisionCache, key_of
 from kratos_admit.admission.engine import AdmissionEngine, ReviewResult, Webhook, answer, review
 from kratos_admit.admission.request import admission_review, parse_review
 from kratos_admit.decisions.calibration import Calibration, FactorSupport, ProductCalibration
-from kratos_admit.decisions.stores import StaticCalibrationStore, StaticProfileStore
+from kratos_admit.decisions.stores import StaticCalibrationStore, StaticNodeStore, StaticProfileStore
 from kratos_admit.domain import vocabulary as v
 from kratos_admit.domain.profile import WorkloadProfile
 from tests.builders import make_job, make_pod, make_profile
@@ -28,27 +28,12 @@ from tests.harness import CATALOG, DATA, EXAMPLES, MIXED_CLUSTER, apply_patch, e
 WEBHOOKS: tuple[Webhook, ...] = ("mutate", "validate")
 
 
-class SwappableNodes:
-    """A node store whose GPU products change when the test says so (as a watch event would)."""
-
-    def __init__(self, products: frozenset[str]) -> None:
-        self.set(products)
+class SwappableNodes(StaticNodeStore):
+    """A node store whose GPU products change when the test says so (as a watch event would: a new
+    set of products and a new count per product)."""
 
     def set(self, products: frozenset[str]) -> None:
-        self._products = products
-        self._nodes = dict.fromkeys(products, 1)
-
-    def gpu_products(self) -> frozenset[str]:
-        return self._products
-
-    def product_nodes(self) -> Mapping[str, int]:
-        return self._nodes
-
-    def ready(self) -> bool:
-        return True
-
-    async def run(self) -> None:
-        """Changed by the test, not by a watch."""
+        super().__init__(products)
 
 
 def body_of(obj: dict[str, Any], *, uid: str, dry_run: bool = True) -> bytes:
@@ -145,15 +130,20 @@ def test_a_job_array_with_exploration_gets_each_job_its_own_exploring_answer():
     assert eng.decisions.hits >= 50
 
 
-def test_a_profiling_rewrite_embeds_the_name_so_another_name_is_decided_anew():
-    eng = dataclasses.replace(engine(make_ctx()), decisions=DecisionCache())
-    job = (
+def new_workload_job() -> dict[str, Any]:
+    """A Job of a workload without a profile: the mutating webhook rewrites it for profiling."""
+    return (
         make_job("first")
         .label(v.WORKLOAD_LABEL, "new-thing")
         .limits({"nvidia.com/gpu": 1})
         .args("--n", "4")
         .obj()
     )
+
+
+def test_a_profiling_rewrite_embeds_the_name_so_another_name_is_decided_anew():
+    eng = dataclasses.replace(engine(make_ctx()), decisions=DecisionCache())
+    job = new_workload_job()
     first = review(body_of(job, uid="a"), webhook="mutate", engine=eng)
     assert first.decision.action == "profiling"
     again = review(body_of(job, uid="b"), webhook="mutate", engine=eng)
@@ -171,13 +161,7 @@ def test_a_profiling_rewrite_embeds_the_name_so_another_name_is_decided_anew():
 
 def test_a_profiling_rewrite_admitted_for_real_from_the_cache_still_holds_the_followers():
     eng = dataclasses.replace(engine(make_ctx()), decisions=DecisionCache())
-    job = (
-        make_job("first")
-        .label(v.WORKLOAD_LABEL, "new-thing")
-        .limits({"nvidia.com/gpu": 1})
-        .args("--n", "4")
-        .obj()
-    )
+    job = new_workload_job()
     review(body_of(job, uid="a", dry_run=True), webhook="mutate", engine=eng)
     hit = review(body_of(job, uid="b", dry_run=False), webhook="mutate", engine=eng)
     assert eng.decisions.hits == 1 and hit.decision.action == "profiling"
