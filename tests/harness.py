@@ -45,7 +45,14 @@ from kratos_admit.admission.engine import AdmissionEngine, ReviewResult, Webhook
 from kratos_admit.admission.request import Operation, admission_review, parse_review
 from kratos_admit.decisions.policy import PolicyContext
 from kratos_admit.decisions.stores import StaticNodeStore, StaticProfileStore
-from kratos_admit.decisions.telemetry import (
+from kratos_admit.domain import vocabulary as v
+from kratos_admit.domain.config import Config
+from kratos_admit.domain.profile import WorkloadProfile
+from kratos_admit.domain.raw import clone
+from kratos_admit.edge.cluster import ClusterCalibrationStore, ClusterNodeStore, ClusterProfileStore
+from kratos_admit.edge.pki import BACKDATE, alt_names, cert_pem, issue_serving, key_pem, new_authority
+from kratos_admit.model.catalog import load_catalog
+from kratos_admit.model.telemetry import (
     DRAM_ACTIVE,
     GR_ENGINE_ACTIVE,
     PIPE_FP32_ACTIVE,
@@ -54,13 +61,6 @@ from kratos_admit.decisions.telemetry import (
     Sample,
     parse_exposition,
 )
-from kratos_admit.domain import vocabulary as v
-from kratos_admit.domain.catalog import load_catalog
-from kratos_admit.domain.config import Config
-from kratos_admit.domain.profile import WorkloadProfile
-from kratos_admit.domain.raw import clone
-from kratos_admit.edge.cluster import ClusterCalibrationStore, ClusterNodeStore, ClusterProfileStore
-from kratos_admit.edge.pki import BACKDATE, alt_names, cert_pem, issue_serving, key_pem, new_authority
 from kratos_admit.webhook.certs import generate, service_dns_names
 from kratos_admit.webhook.metrics import AdmissionMetrics
 from kratos_admit.webhook.server import create_app, running_site

@@ -17,26 +17,28 @@ from tests.harness import REPO
 # import. A module outside these folders, or an import that points up or sideways, fails the tests.
 LAYERS: dict[str, set[str]] = {
     "domain": set(),
-    "decisions": {"domain"},
-    "admission": {"domain", "decisions"},
-    "edge": {"domain", "decisions"},
-    "webhook": {"domain", "decisions", "admission", "edge"},
-    "simulation": {"domain", "decisions", "admission", "edge"},
-    "cli": {"domain", "decisions", "admission", "edge", "webhook", "simulation"},
+    "model": {"domain"},
+    "decisions": {"domain", "model"},
+    "admission": {"domain", "model", "decisions"},
+    "edge": {"domain", "model", "decisions"},
+    "webhook": {"domain", "model", "decisions", "admission", "edge"},
+    "simulation": {"domain", "model", "decisions", "admission", "edge"},
+    "cli": {"domain", "model", "decisions", "admission", "edge", "webhook", "simulation"},
 }
-# the profiler controller sits beside the webhook: it shares the domain, the decisions and the edge
-CONTROLLER_MAY_IMPORT = {"domain", "decisions", "edge"}
+# the profiler controller sits beside the webhook: it shares the domain, the GPU model, the decisions
+# and the edge
+CONTROLLER_MAY_IMPORT = {"domain", "model", "decisions", "edge"}
 # layers that do no I/O: neither the HTTP server nor the Kubernetes client may load with them
-PURE_LAYERS = ("domain", "decisions", "admission")
+PURE_LAYERS = ("domain", "model", "decisions", "admission")
 PURE_CONTROLLER = ["kratos_controller.reconcile", "kratos_controller.events", "kratos_controller.faults"]
 PACKAGE = REPO / "kratos_admit"
 CONTROLLER = REPO / "profiler-controller" / "kratos_controller"
-MAX_TOP_LEVEL_ENTRIES = 10
+MAX_TOP_LEVEL_ENTRIES = 11  # the eight layer folders, __init__.py, __main__.py and py.typed
 MAX_MODULES_PER_FOLDER = 12
 MAX_MODULE_LINES = 500
 # modules allowed past MAX_MODULE_LINES, each with the reason it stays whole
 WHOLE: dict[str, str] = {
-    "kratos_admit/decisions/calibration_fit.py": "one alternating fit (issue 43 made it per unit): each pass"
+    "kratos_admit/model/calibration_fit.py": "one alternating fit (issue 43 made it per unit): each pass"
     " fits the products' factors from the workloads' last shares, then the shares from those factors, over"
     " the same private per-sample terms; split, that state would have to become an interface of its own",
 }

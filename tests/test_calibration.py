@@ -15,7 +15,13 @@ import pytest
 import yaml
 
 from kratos_admit.cli.main import main
-from kratos_admit.decisions.calibration import (
+from kratos_admit.decisions.hints import ranking_of
+from kratos_admit.decisions.profiling import profiling_products
+from kratos_admit.decisions.stores import StaticCalibrationStore, StaticNodeStore
+from kratos_admit.domain import vocabulary as v
+from kratos_admit.domain.config import Config
+from kratos_admit.domain.profile import Observation
+from kratos_admit.model.calibration import (
     NO_CALIBRATION,
     Calibration,
     CalibrationError,
@@ -26,17 +32,11 @@ from kratos_admit.decisions.calibration import (
     parse_calibration,
     samples_of,
 )
-from kratos_admit.decisions.calibration_fit import (
+from kratos_admit.model.calibration_fit import (
     fit_calibration,
     huber_location,
     weighted_median,
 )
-from kratos_admit.decisions.hints import ranking_of
-from kratos_admit.decisions.profiling import profiling_products
-from kratos_admit.decisions.stores import StaticCalibrationStore, StaticNodeStore
-from kratos_admit.domain import vocabulary as v
-from kratos_admit.domain.config import Config
-from kratos_admit.domain.profile import Observation
 from kratos_admit.simulation.inputs import load_cluster, load_trace
 from kratos_admit.simulation.knowledge import Learned, prediction_errors
 from kratos_admit.simulation.replay import simulate

@@ -13,11 +13,11 @@ from unittest.mock import ANY
 
 from kubernetes_asyncio import client
 
-from kratos_admit.decisions.calibration import CONFIGMAP_KEY, CONFIGMAP_NAME, NO_CALIBRATION, samples_of
-from kratos_admit.decisions.calibration_fit import fit_calibration
 from kratos_admit.domain import vocabulary as v
 from kratos_admit.domain.config import Config
 from kratos_admit.domain.profile import WorkloadProfile
+from kratos_admit.model.calibration import CONFIGMAP_KEY, CONFIGMAP_NAME, NO_CALIBRATION, samples_of
+from kratos_admit.model.calibration_fit import fit_calibration
 from kratos_admit.simulation.trace import Figures, Truth
 from tests.builders import A100, L4, L40S, T4, WORKLOAD_SHAPES, make_job, trace_job
 from tests.harness import (

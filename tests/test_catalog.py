@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from kratos_admit.domain.catalog import FP64_FACTOR, TENSOR_FACTOR, CatalogError, base_product, load_catalog
+from kratos_admit.model.catalog import FP64_FACTOR, TENSOR_FACTOR, CatalogError, base_product, load_catalog
 from tests.harness import CATALOG
 
 # Every product family DESIGN names, as GPU Feature Discovery writes it.

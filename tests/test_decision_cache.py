@@ -18,10 +18,10 @@ import yaml
 from kratos_admit.admission.cache import DecisionCache, key_of
 from kratos_admit.admission.engine import AdmissionEngine, ReviewResult, Webhook, answer, review
 from kratos_admit.admission.request import admission_review, parse_review
-from kratos_admit.decisions.calibration import Calibration, FactorSupport, ProductCalibration
 from kratos_admit.decisions.stores import StaticCalibrationStore, StaticNodeStore, StaticProfileStore
 from kratos_admit.domain import vocabulary as v
 from kratos_admit.domain.profile import WorkloadProfile
+from kratos_admit.model.calibration import Calibration, FactorSupport, ProductCalibration
 from tests.builders import make_job, make_pod, make_profile
 from tests.harness import CATALOG, DATA, EXAMPLES, MIXED_CLUSTER, apply_patch, engine, make_ctx
 

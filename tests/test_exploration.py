@@ -19,13 +19,13 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from kratos_admit.admission.review import review_document
-from kratos_admit.decisions.calibration import Calibration, FactorSupport, ProductCalibration, samples_of
-from kratos_admit.decisions.calibration_fit import fit_calibration
-from kratos_admit.decisions.exploration import REACH, exploration, exploring
 from kratos_admit.decisions.hints import ranking_of
 from kratos_admit.domain import vocabulary as v
 from kratos_admit.domain.config import Config
 from kratos_admit.domain.profile import WorkloadProfile
+from kratos_admit.model.calibration import Calibration, FactorSupport, ProductCalibration, samples_of
+from kratos_admit.model.calibration_fit import fit_calibration
+from kratos_admit.model.exploration import REACH, exploration, exploring
 from kratos_admit.simulation.knowledge import Learned, SimulatedProfiles
 from kratos_admit.simulation.replay import SimulationResult, simulate
 from kratos_admit.simulation.report import format_results

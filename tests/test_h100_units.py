@@ -14,7 +14,7 @@ import pytest
 
 from kratos_admit.cli.common import ExitStatus
 from kratos_admit.cli.main import main
-from kratos_admit.domain.catalog import GpuProduct, load_catalog
+from kratos_admit.model.catalog import GpuProduct, load_catalog
 from tests.harness import REPO
 
 DATA = REPO / "tests" / "data" / "h100-runner"

@@ -16,7 +16,9 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from kratos_admit.decisions.telemetry import (
+from kratos_admit.domain.config import TelemetryConfig
+from kratos_admit.edge.prometheus import Prometheus, PrometheusError, vector_samples
+from kratos_admit.model.telemetry import (
     DEFAULT_COUNTERS,
     DRAM_ACTIVE,
     GR_ENGINE_ACTIVE,
@@ -29,8 +31,6 @@ from kratos_admit.decisions.telemetry import (
     pod_samples,
     pod_telemetry,
 )
-from kratos_admit.domain.config import TelemetryConfig
-from kratos_admit.edge.prometheus import Prometheus, PrometheusError, vector_samples
 from kratos_admit.webhook.certs import generate
 from tests.harness import (
     DATA,

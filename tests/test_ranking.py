@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from kratos_admit.decisions.ranking import (
+from kratos_admit.domain.profile import Observation, RunnerSummary, TimeShares, WorkloadProfile, ready_status
+from kratos_admit.domain.vocabulary import Unit
+from kratos_admit.model.ranking import (
     SCALED_UNITS,
     _rank,
     predicted_relative_time,
@@ -14,8 +16,6 @@ from kratos_admit.decisions.ranking import (
     shares_from_throughputs,
     unit_figures,
 )
-from kratos_admit.domain.profile import Observation, RunnerSummary, TimeShares, WorkloadProfile, ready_status
-from kratos_admit.domain.vocabulary import Unit
 from kratos_runner.parse import parse_report
 from kratos_runner.summary import summarise
 from tests.builders import make_profile

@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 
 from kratos_admit.decisions.profiling import decode_original_template
-from kratos_admit.decisions.telemetry import DRAM_ACTIVE, PIPE_FP32_ACTIVE, PodTelemetry
 from kratos_admit.domain import vocabulary as v
 from kratos_admit.domain.profile import ProfileStatus, RunnerSummary, WorkloadProfile
 from kratos_admit.domain.signing import sign_block, signature_valid
+from kratos_admit.model.telemetry import DRAM_ACTIVE, PIPE_FP32_ACTIVE, PodTelemetry
 from kratos_controller.actions import (
     ContainerEnd,
     CreateExecutionJob,

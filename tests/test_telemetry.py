@@ -10,7 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from kratos_admit.decisions.telemetry import (
+from kratos_admit.domain.config import TelemetryLabels
+from kratos_admit.domain.profile import MAX_COUNTED_RUNS, ProfileStatus
+from kratos_admit.model.telemetry import (
     COUNTERS,
     DEFAULT_COUNTERS,
     DRAM_ACTIVE,
@@ -33,8 +35,6 @@ from kratos_admit.decisions.telemetry import (
     product_of,
     with_telemetry,
 )
-from kratos_admit.domain.config import TelemetryLabels
-from kratos_admit.domain.profile import MAX_COUNTED_RUNS, ProfileStatus
 from tests.builders import make_profile
 from tests.harness import DATA, require_fixtures
 

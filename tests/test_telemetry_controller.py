@@ -11,15 +11,15 @@ from typing import Any
 
 from kubernetes_asyncio import client
 
-from kratos_admit.decisions.telemetry import (
+from kratos_admit.domain import vocabulary as v
+from kratos_admit.domain.config import Config
+from kratos_admit.model.telemetry import (
     DRAM_ACTIVE,
     GR_ENGINE_ACTIVE,
     PIPE_FP32_ACTIVE,
     PIPE_TENSOR_ACTIVE,
     SM_ACTIVE,
 )
-from kratos_admit.domain import vocabulary as v
-from kratos_admit.domain.config import Config
 from tests.builders import PodBuilder, make_job, make_pod
 from tests.harness import (
     DATA,

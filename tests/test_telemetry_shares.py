@@ -8,7 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from kratos_admit.decisions.telemetry import (
+from kratos_admit.domain import vocabulary as v
+from kratos_admit.domain.config import TelemetryLabels
+from kratos_admit.domain.profile import ProfileStatus, TimeShares
+from kratos_admit.model.telemetry import (
     DRAM_ACTIVE,
     GR_ENGINE_ACTIVE,
     PIPE_FP16_ACTIVE,
@@ -26,9 +29,6 @@ from kratos_admit.decisions.telemetry import (
     unit_activity,
     with_telemetry,
 )
-from kratos_admit.domain import vocabulary as v
-from kratos_admit.domain.config import TelemetryLabels
-from kratos_admit.domain.profile import ProfileStatus, TimeShares
 from tests.harness import require_fixtures
 
 LABELS = TelemetryLabels()

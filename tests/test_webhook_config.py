@@ -214,7 +214,7 @@ def test_the_telemetry_component_sets_the_controllers_prometheus_and_nothing_els
 
 
 def test_the_dcgm_counters_file_is_dcgm_exporters_csv_with_every_counter_kratos_reads(rendered):
-    from kratos_admit.decisions.telemetry import QUERIED
+    from kratos_admit.model.telemetry import QUERIED
 
     configmap = find(rendered["telemetry"], "ConfigMap", "kratos-dcgm-metrics")
     assert configmap["metadata"]["namespace"] == "gpu-operator" and set(configmap["data"]) == {

@@ -30,10 +30,10 @@ import orjson
 
 from kratos_admit.admission.request import AdmissionRequest
 from kratos_admit.admission.responses import Outcome
-from kratos_admit.decisions.calibration import Calibration
-from kratos_admit.decisions.exploration import exploring, object_key
 from kratos_admit.decisions.policy import Decision, PolicyContext
 from kratos_admit.domain.profile import WorkloadProfile
+from kratos_admit.model.calibration import Calibration
+from kratos_admit.model.exploration import exploring, object_key
 
 # What the API server writes per object, and no rule reads (tests/test_decision_cache.py shows a change
 # of any of them leaves the answer as it is)

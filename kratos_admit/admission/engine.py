@@ -21,11 +21,11 @@ from kratos_admit.admission.responses import Outcome
 from kratos_admit.decisions.policy import Decision, PolicyContext, mutate, parent_warnings, validate
 from kratos_admit.decisions.stores import CalibrationStore, NodeStore, ProfileStore, StaticCalibrationStore
 from kratos_admit.domain import vocabulary as v
-from kratos_admit.domain.catalog import Catalog, load_catalog
 from kratos_admit.domain.config import Config
 from kratos_admit.domain.profile import ObjectMeta, ProfileSpec, ProfileStatus, WorkloadProfile
 from kratos_admit.domain.raw import as_mapping
 from kratos_admit.domain.signing import signed_role
+from kratos_admit.model.catalog import Catalog, load_catalog
 
 Webhook = Literal["mutate", "validate"]
 

@@ -14,11 +14,11 @@ from kratos_admit import __version__
 from kratos_admit.cli import certs, release, review, serve, simulate
 from kratos_admit.cli.common import ArgumentsError, Command, ExitStatus, Parser, UsageError
 from kratos_admit.cli.suite import SuiteError
-from kratos_admit.domain.catalog import CatalogError
 from kratos_admit.domain.config import Config, ConfigError
 from kratos_admit.domain.manifests import ManifestError
 from kratos_admit.domain.signing import SigningKeyError
 from kratos_admit.edge.files import StoreError
+from kratos_admit.model.catalog import CatalogError
 from kratos_admit.simulation.inputs import SimFileError
 from kratos_admit.simulation.report import PlotError
 from kratos_admit.webhook.certs import CertsError

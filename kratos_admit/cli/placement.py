@@ -9,20 +9,20 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 
-from kratos_admit.decisions.calibration import NO_CALIBRATION, Calibration, FactorSupport
 from kratos_admit.decisions.hints import ranking_of
-from kratos_admit.decisions.ranking import (
+from kratos_admit.domain.config import Config
+from kratos_admit.domain.profile import WorkloadProfile
+from kratos_admit.domain.vocabulary import UNITS, Unit
+from kratos_admit.model.calibration import NO_CALIBRATION, Calibration, FactorSupport
+from kratos_admit.model.catalog import MEASURED_FIELD, Catalog, GpuProduct, mig_profile_of
+from kratos_admit.model.ranking import (
     SCALED_UNITS,
     RankedProduct,
     profile_shares,
     throughput_shares,
     unit_figures,
 )
-from kratos_admit.decisions.telemetry import derive, nsight_compute_figures
-from kratos_admit.domain.catalog import MEASURED_FIELD, Catalog, GpuProduct, mig_profile_of
-from kratos_admit.domain.config import Config
-from kratos_admit.domain.profile import WorkloadProfile
-from kratos_admit.domain.vocabulary import UNITS, Unit
+from kratos_admit.model.telemetry import derive, nsight_compute_figures
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,13 +26,13 @@ from kratos_admit.cli.common import (
 )
 from kratos_admit.cli.placement import format_table, placement_header, placement_rows
 from kratos_admit.cli.suite import find_suites, format_rows, run_suite
-from kratos_admit.decisions.calibration import NO_CALIBRATION
 from kratos_admit.domain import vocabulary as v
-from kratos_admit.domain.catalog import load_catalog
 from kratos_admit.domain.config import Config
 from kratos_admit.domain.manifests import Document, read_manifests
 from kratos_admit.domain.profile import RunnerSummary, WorkloadProfile, ready_status
 from kratos_admit.edge.files import FileNodeStore, load_calibration, load_profiles
+from kratos_admit.model.calibration import NO_CALIBRATION
+from kratos_admit.model.catalog import load_catalog
 
 
 def add_review_command(commands: Any) -> None:

@@ -17,8 +17,8 @@ from kratos_admit.cli.common import (
     add_path,
     config_of,
 )
-from kratos_admit.domain.catalog import Catalog, load_catalog
 from kratos_admit.domain.config import Config
+from kratos_admit.model.catalog import Catalog, load_catalog
 from kratos_admit.simulation.inputs import load_cluster, load_trace, load_truth
 from kratos_admit.simulation.replay import SimulationResult, simulate
 from kratos_admit.simulation.report import format_results, load_plotter

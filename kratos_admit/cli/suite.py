@@ -19,11 +19,11 @@ from pydantic import BaseModel, ConfigDict, Field
 from kratos_admit.admission.engine import build_engine
 from kratos_admit.admission.review import Reviewed, review_document
 from kratos_admit.decisions.policy import Action
-from kratos_admit.domain.catalog import CatalogError
 from kratos_admit.domain.config import ConfigError, load_config, validated_document
 from kratos_admit.domain.manifests import ManifestError, parse_yaml, read_manifests
 from kratos_admit.domain.signing import DEVELOPMENT_KEY
 from kratos_admit.edge.files import FileNodeStore, FileProfileStore, StoreError, read_text
+from kratos_admit.model.catalog import CatalogError
 
 SUITE_FILE = "kratos-test.yaml"
 SUITE_API_VERSION = "cli.gpu.scheduler.io/v1alpha1"

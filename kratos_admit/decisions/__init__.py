@@ -1,1 +1,1 @@
-"""The decisions, pure: validation, hints, profiling, ranking, calibration and the store interfaces they read; imports only the domain."""
+"""The decisions, pure: validation, hints, profiling, holds, the policy and the store interfaces they read; imports the domain and the GPU model."""

@@ -14,8 +14,16 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
-from kratos_admit.decisions.calibration import NO_CALIBRATION, Calibration
-from kratos_admit.decisions.exploration import (
+from kratos_admit.domain import vocabulary as v
+from kratos_admit.domain.config import Config
+from kratos_admit.domain.profile import WorkloadProfile
+from kratos_admit.domain.quantity import parse_quantity
+from kratos_admit.domain.raw import as_list, as_mapping, child, child_list, clone
+from kratos_admit.domain.signing import sign_block
+from kratos_admit.domain.workload import Kind, kueue_queue
+from kratos_admit.model.calibration import NO_CALIBRATION, Calibration
+from kratos_admit.model.catalog import Catalog
+from kratos_admit.model.exploration import (
     Exploration,
     allowed_products,
     exploration,
@@ -23,15 +31,7 @@ from kratos_admit.decisions.exploration import (
     object_key,
     one_gpu,
 )
-from kratos_admit.decisions.ranking import RankedProduct, RankingSource, rank_gpu_products, ranking_source
-from kratos_admit.domain import vocabulary as v
-from kratos_admit.domain.catalog import Catalog
-from kratos_admit.domain.config import Config
-from kratos_admit.domain.profile import WorkloadProfile
-from kratos_admit.domain.quantity import parse_quantity
-from kratos_admit.domain.raw import as_list, as_mapping, child, child_list, clone
-from kratos_admit.domain.signing import sign_block
-from kratos_admit.domain.workload import Kind, kueue_queue
+from kratos_admit.model.ranking import RankedProduct, RankingSource, rank_gpu_products, ranking_source
 
 Expression = dict[str, Any]
 

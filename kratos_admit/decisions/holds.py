@@ -9,8 +9,6 @@ import json
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from kratos_admit.decisions.calibration import NO_CALIBRATION, Calibration
-from kratos_admit.decisions.exploration import object_key
 from kratos_admit.decisions.hints import (
     add_profile_gate,
     hints_record,
@@ -18,14 +16,16 @@ from kratos_admit.decisions.hints import (
     pod_parts,
     ranked_hint,
 )
-from kratos_admit.decisions.ranking import RankedProduct
 from kratos_admit.domain import vocabulary as v
-from kratos_admit.domain.catalog import Catalog
 from kratos_admit.domain.config import Config
 from kratos_admit.domain.profile import WorkloadProfile
 from kratos_admit.domain.raw import as_list, as_mapping, child, clone, string_map
 from kratos_admit.domain.signing import sign_block, signature_valid
 from kratos_admit.domain.workload import Kind, kueue_queue
+from kratos_admit.model.calibration import NO_CALIBRATION, Calibration
+from kratos_admit.model.catalog import Catalog
+from kratos_admit.model.exploration import object_key
+from kratos_admit.model.ranking import RankedProduct
 
 CheckState = Literal["Pending", "Ready"]
 

@@ -10,7 +10,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from kratos_admit.decisions.calibration import NO_CALIBRATION, Calibration
 from kratos_admit.decisions.hints import apply_hints, recorded_ranking_source
 from kratos_admit.decisions.holds import awaiting_mark, regate_for_kueue, release_hold
 from kratos_admit.decisions.profiling import (
@@ -20,11 +19,9 @@ from kratos_admit.decisions.profiling import (
     profiling_wanted,
     unprofilable_reason,
 )
-from kratos_admit.decisions.ranking import RankingSource
 from kratos_admit.decisions.rewrite import capability_warnings, rewrite_for_profiling
 from kratos_admit.decisions.validation import ValidationContext, new_violations, validate_workload
 from kratos_admit.domain import vocabulary as v
-from kratos_admit.domain.catalog import Catalog
 from kratos_admit.domain.config import Config
 from kratos_admit.domain.fields import FieldError
 from kratos_admit.domain.gpu_requests import PodGpus, read_pod_gpus
@@ -32,6 +29,9 @@ from kratos_admit.domain.profile import COUNTERS_UNAVAILABLE, WorkloadProfile
 from kratos_admit.domain.raw import as_mapping, clone, string_map
 from kratos_admit.domain.signing import signature_valid, signed_role
 from kratos_admit.domain.workload import Kind, ParentKind, Workload, kueue_queue
+from kratos_admit.model.calibration import NO_CALIBRATION, Calibration
+from kratos_admit.model.catalog import Catalog
+from kratos_admit.model.ranking import RankingSource
 
 Action = Literal["hints", "profiling", "none"]
 

@@ -13,9 +13,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from kratos_admit.decisions.calibration import Calibration
 from kratos_admit.domain import vocabulary as v
-from kratos_admit.domain.catalog import Catalog
 from kratos_admit.domain.config import Config
 from kratos_admit.domain.fields import FieldError
 from kratos_admit.domain.gpu_requests import ContainerGpus, PodGpus
@@ -23,6 +21,8 @@ from kratos_admit.domain.profile import WorkloadProfile
 from kratos_admit.domain.raw import as_list, as_mapping
 from kratos_admit.domain.signing import signature_valid
 from kratos_admit.domain.workload import Workload
+from kratos_admit.model.calibration import Calibration
+from kratos_admit.model.catalog import Catalog
 
 
 # Job fields that name containers or indexes the profiling run no longer has.

@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any, Protocol
 
-from kratos_admit.decisions.calibration import NO_CALIBRATION, Calibration
 from kratos_admit.domain import vocabulary as v
 from kratos_admit.domain.profile import WorkloadProfile
+from kratos_admit.model.calibration import NO_CALIBRATION, Calibration
 
 
 class ProfileStore(Protocol):

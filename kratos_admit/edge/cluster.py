@@ -19,7 +19,11 @@ from typing import Any
 from kubernetes_asyncio import client
 from pydantic import ValidationError
 
-from kratos_admit.decisions.calibration import (
+from kratos_admit.decisions.stores import ProfileIndex
+from kratos_admit.domain import vocabulary as v
+from kratos_admit.domain.profile import WorkloadProfile
+from kratos_admit.edge.kube import Informer, is_status, one_line
+from kratos_admit.model.calibration import (
     CONFIGMAP_KEY,
     CONFIGMAP_NAME,
     NO_CALIBRATION,
@@ -27,10 +31,6 @@ from kratos_admit.decisions.calibration import (
     CalibrationError,
     parse_calibration,
 )
-from kratos_admit.decisions.stores import ProfileIndex
-from kratos_admit.domain import vocabulary as v
-from kratos_admit.domain.profile import WorkloadProfile
-from kratos_admit.edge.kube import Informer, is_status, one_line
 
 log = logging.getLogger("kratos.stores")
 Obj = dict[str, Any]

@@ -9,12 +9,12 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from kratos_admit.decisions.calibration import CONFIGMAP_KEY, Calibration, CalibrationError, parse_calibration
 from kratos_admit.decisions.stores import StaticNodeStore, StaticProfileStore, gpu_products_of
 from kratos_admit.domain import vocabulary as v
 from kratos_admit.domain.config import in_our_words
 from kratos_admit.domain.manifests import ManifestError, split_documents
 from kratos_admit.domain.profile import WorkloadProfile
+from kratos_admit.model.calibration import CONFIGMAP_KEY, Calibration, CalibrationError, parse_calibration
 
 
 class StoreError(ValueError):

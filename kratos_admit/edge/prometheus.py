@@ -2,7 +2,7 @@
 
 Layer: edge (aiohttp client). One instant query per counter, all at once, at the run's end: a
 query with ``avg_over_time`` drops the metric name from its answer, so one query per name is how
-each value keeps its name. The samples go to ``kratos_admit.decisions.telemetry`` (pure). Every failure is a
+each value keeps its name. The samples go to ``kratos_admit.model.telemetry`` (pure). Every failure is a
 ``PrometheusError`` whose message is one line naming the URL and what went wrong.
 """
 
@@ -17,8 +17,8 @@ from typing import Any
 
 import aiohttp
 
-from kratos_admit.decisions.telemetry import QUERIED, Sample, pod_query
 from kratos_admit.domain.config import TelemetryConfig
+from kratos_admit.model.telemetry import QUERIED, Sample, pod_query
 
 
 class PrometheusError(Exception):

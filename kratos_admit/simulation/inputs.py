@@ -13,12 +13,12 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from kratos_admit.domain import vocabulary as v
-from kratos_admit.domain.catalog import Catalog
 from kratos_admit.domain.config import validated_document
 from kratos_admit.domain.manifests import ManifestError, parse_yaml
 from kratos_admit.domain.quantity import parse_positive_integer, parse_quantity
 from kratos_admit.domain.raw import as_mapping, string_map
 from kratos_admit.edge.files import StoreError, load_nodes
+from kratos_admit.model.catalog import Catalog
 from kratos_admit.simulation.scheduling import SimNode
 from kratos_admit.simulation.trace import DEFAULT_PROFILING_SECONDS, Figures, Trace, TraceJob, Truth
 

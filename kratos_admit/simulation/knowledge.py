@@ -11,13 +11,13 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from kratos_admit.decisions.calibration import Calibration
 from kratos_admit.decisions.hints import ranking_of
 from kratos_admit.decisions.stores import ProfileIndex, StaticCalibrationStore
 from kratos_admit.domain import vocabulary as v
-from kratos_admit.domain.catalog import Catalog
 from kratos_admit.domain.config import Config
 from kratos_admit.domain.profile import ObjectMeta, ProfileSpec, ProfileStatus, WorkloadProfile
+from kratos_admit.model.calibration import Calibration
+from kratos_admit.model.catalog import Catalog
 from kratos_admit.simulation.scheduling import SimNode
 from kratos_admit.simulation.trace import (
     NAMESPACE,

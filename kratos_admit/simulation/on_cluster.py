@@ -24,9 +24,9 @@ from kubernetes_asyncio import client, watch
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from kratos_admit.domain import vocabulary as v
-from kratos_admit.domain.catalog import Catalog
 from kratos_admit.domain.config import Config
 from kratos_admit.domain.raw import clone
+from kratos_admit.model.catalog import Catalog
 from kratos_admit.simulation.knowledge import Learned
 from kratos_admit.simulation.replay import (
     Pending,

@@ -32,16 +32,16 @@ from typing import Any
 
 from kratos_admit.admission.engine import AdmissionEngine, build_engine
 from kratos_admit.admission.review import review_document
-from kratos_admit.decisions.calibration import samples_of
-from kratos_admit.decisions.calibration_fit import fit_calibration
 from kratos_admit.decisions.holds import release_hold
 from kratos_admit.decisions.stores import StaticCalibrationStore, StaticNodeStore
 from kratos_admit.domain import vocabulary as v
-from kratos_admit.domain.catalog import Catalog
 from kratos_admit.domain.config import Config
 from kratos_admit.domain.profile import ProfileStatus, with_runs
 from kratos_admit.domain.raw import as_mapping
 from kratos_admit.domain.signing import DEVELOPMENT_KEY
+from kratos_admit.model.calibration import samples_of
+from kratos_admit.model.calibration_fit import fit_calibration
+from kratos_admit.model.catalog import Catalog
 from kratos_admit.simulation.knowledge import Learned, SimulatedProfiles, knowledge_of
 from kratos_admit.simulation.scheduling import ClusterState, PodRequest, SimNode, schedule
 from kratos_admit.simulation.trace import (

@@ -8,10 +8,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from kratos_admit.decisions.ranking import SCALED_UNITS, relative_time_by_units, unit_figures
 from kratos_admit.domain import vocabulary as v
-from kratos_admit.domain.catalog import Catalog, GpuProduct
 from kratos_admit.domain.vocabulary import Unit
+from kratos_admit.model.catalog import Catalog, GpuProduct
+from kratos_admit.model.ranking import SCALED_UNITS, relative_time_by_units, unit_figures
 
 Policy = Literal["default", "kratos-static", "kratos-no-exploration", "kratos", "oracle"]
 POLICIES: tuple[Policy, ...] = ("default", "kratos-static", "kratos-no-exploration", "kratos", "oracle")

@@ -8,7 +8,7 @@ import asyncio
 import datetime as dt
 import logging
 
-from kratos_admit.decisions.calibration import CONFIGMAP_NAME, NO_CALIBRATION, Calibration
+from kratos_admit.model.calibration import CONFIGMAP_NAME, NO_CALIBRATION, Calibration
 from kratos_controller.learning import calibrate, calibration_write_wait, current_calibration
 from kratos_controller.runtime import Shared, WorkQueue, reconcile_backoff, reconcile_failed
 

@@ -12,7 +12,15 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from kratos_admit.decisions.calibration import (
+from kratos_admit.domain import vocabulary as v
+from kratos_admit.domain.profile import (
+    ProfileStatus,
+    WorkloadProfile,
+    with_runs,
+)
+from kratos_admit.domain.raw import as_list, as_mapping, string_map
+from kratos_admit.domain.signing import signature_valid, signed_role
+from kratos_admit.model.calibration import (
     CONFIGMAP_KEY,
     CONFIGMAP_NAME,
     NO_CALIBRATION,
@@ -24,17 +32,9 @@ from kratos_admit.decisions.calibration import (
     same_calibration,
     samples_of,
 )
-from kratos_admit.decisions.calibration_fit import fit_calibration
-from kratos_admit.decisions.telemetry import PodTelemetry, TelemetryRun, with_telemetry
-from kratos_admit.domain import vocabulary as v
-from kratos_admit.domain.catalog import Catalog
-from kratos_admit.domain.profile import (
-    ProfileStatus,
-    WorkloadProfile,
-    with_runs,
-)
-from kratos_admit.domain.raw import as_list, as_mapping, string_map
-from kratos_admit.domain.signing import signature_valid, signed_role
+from kratos_admit.model.calibration_fit import fit_calibration
+from kratos_admit.model.catalog import Catalog
+from kratos_admit.model.telemetry import PodTelemetry, TelemetryRun, with_telemetry
 from kratos_controller.actions import Obj, PublishConfigMap, PublishProfile, RecordObservations
 from kratos_controller.faults import finished, timestamp
 

@@ -12,10 +12,10 @@ from pathlib import Path
 
 from aiohttp import web
 
-from kratos_admit.domain.catalog import load_catalog
 from kratos_admit.domain.config import Config, split_host_port
 from kratos_admit.edge import process
 from kratos_admit.edge.kube import ApiUnreachable, api_client, check_reachable
+from kratos_admit.model.catalog import load_catalog
 from kratos_controller.leader import LeaderElector
 from kratos_controller.manager import Manager, run_when_leading
 from kratos_controller.metrics import ControllerMetrics

@@ -25,12 +25,12 @@ from typing import Any, Protocol
 from kubernetes_asyncio import client
 
 from kratos_admit.domain import vocabulary as v
-from kratos_admit.domain.catalog import Catalog, load_catalog
 from kratos_admit.domain.config import Config
 from kratos_admit.domain.workload import Kind
 from kratos_admit.edge.kube import Informer
 from kratos_admit.edge.kueue import KueueApi
 from kratos_admit.edge.prometheus import Prometheus
+from kratos_admit.model.catalog import Catalog, load_catalog
 from kratos_controller.admission_check import AdmissionCheckController
 from kratos_controller.calibration import CalibrationController
 from kratos_controller.kube_io import KubeIO

@@ -25,14 +25,9 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from kratos_admit.decisions.calibration import (
-    NO_CALIBRATION,
-    Calibration,
-)
 from kratos_admit.decisions.holds import release_hold
 from kratos_admit.decisions.profiling import OriginalTemplateError, decode_original_template
 from kratos_admit.domain import vocabulary as v
-from kratos_admit.domain.catalog import Catalog
 from kratos_admit.domain.config import Config
 from kratos_admit.domain.profile import (
     Observation,
@@ -46,6 +41,11 @@ from kratos_admit.domain.profile import (
 from kratos_admit.domain.raw import as_list, as_mapping, clone, string_map
 from kratos_admit.domain.signing import sign_block, signature_valid
 from kratos_admit.domain.workload import Kind
+from kratos_admit.model.calibration import (
+    NO_CALIBRATION,
+    Calibration,
+)
+from kratos_admit.model.catalog import Catalog
 from kratos_controller.actions import (
     Action,
     ContainerEnd,

@@ -8,11 +8,11 @@ import datetime as dt
 import logging
 from collections.abc import Callable
 
-from kratos_admit.decisions.calibration import Calibration
 from kratos_admit.decisions.hints import recorded_ranking_source
 from kratos_admit.domain import vocabulary as v
 from kratos_admit.domain.profile import WorkloadProfile
 from kratos_admit.domain.workload import Kind, kueue_queue
+from kratos_admit.model.calibration import Calibration
 from kratos_controller.actions import ReleaseFollower
 from kratos_controller.reconcile import orphan_profile, orphaned, release_followers
 from kratos_controller.runtime import Obj, Shared, WorkQueue, meta_of, reconcile_backoff, reconcile_failed

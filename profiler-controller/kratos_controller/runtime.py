@@ -12,11 +12,11 @@ from collections.abc import Awaitable, Callable, Coroutine, Hashable
 from typing import Any, Generic, Literal, TypeVar
 
 from kratos_admit.domain import vocabulary as v
-from kratos_admit.domain.catalog import Catalog
 from kratos_admit.domain.config import Config
 from kratos_admit.domain.raw import as_mapping, string_map
 from kratos_admit.domain.workload import Kind
 from kratos_admit.edge.kube import Backoff, one_line
+from kratos_admit.model.catalog import Catalog
 from kratos_controller.events import Reason, Regarding, event_body
 from kratos_controller.kube_io import KubeIO
 from kratos_controller.metrics import ControllerMetrics

@@ -11,12 +11,12 @@ import logging
 from collections.abc import Iterable
 from typing import Any
 
-from kratos_admit.decisions.telemetry import pod_samples, pod_telemetry, product_of
 from kratos_admit.domain import vocabulary as v
 from kratos_admit.domain.raw import as_list, as_mapping, clone
 from kratos_admit.domain.workload import Kind
 from kratos_admit.edge.kube import Backoff, one_line
 from kratos_admit.edge.prometheus import Prometheus, PrometheusError
+from kratos_admit.model.telemetry import pod_samples, pod_telemetry, product_of
 from kratos_controller.actions import PublishProfile
 from kratos_controller.learning import (
     TelemetryDue,

@@ -33,9 +33,9 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 from prometheus_client.parser import text_string_to_metric_families
 
-from kratos_admit.decisions.exploration import exploring
 from kratos_admit.domain import vocabulary as v
 from kratos_admit.domain.config import Config
+from kratos_admit.model.exploration import exploring
 from tests.builders import make_job, make_pod
 from tests.e2e.real_cluster import (
     A100,

@@ -10,23 +10,23 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from kratos_admit.decisions.calibration import (
+from kratos_admit.domain import vocabulary as v
+from kratos_admit.domain.profile import WorkloadProfile
+from kratos_admit.domain.quantity import parse_positive_integer
+from kratos_admit.domain.raw import as_list, as_mapping, string_map
+from kratos_admit.domain.vocabulary import Unit
+from kratos_admit.model.calibration import (
     DOMINANT,
     Calibration,
 )
-from kratos_admit.decisions.ranking import (
+from kratos_admit.model.catalog import Catalog, GpuProduct, mig_profile_of
+from kratos_admit.model.ranking import (
     SCALED_UNITS,
     RankedProduct,
     profile_shares,
     throughput_shares,
     unit_figures,
 )
-from kratos_admit.domain import vocabulary as v
-from kratos_admit.domain.catalog import Catalog, GpuProduct, mig_profile_of
-from kratos_admit.domain.profile import WorkloadProfile
-from kratos_admit.domain.quantity import parse_positive_integer
-from kratos_admit.domain.raw import as_list, as_mapping, string_map
-from kratos_admit.domain.vocabulary import Unit
 
 
 @dataclass(frozen=True, slots=True)

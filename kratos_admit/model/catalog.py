@@ -265,7 +265,7 @@ def _parse(text: str, origin: str) -> Catalog:
 def load_catalog(path: Path | None = None) -> Catalog:
     """The built-in catalog, or the file that replaces it."""
     if path is None:
-        text = resources.files("kratos_admit.domain").joinpath("data/gpu_catalog.yaml").read_text("utf-8")
+        text = resources.files("kratos_admit.model").joinpath("data/gpu_catalog.yaml").read_text("utf-8")
         return _parse(text, "built-in catalog")
     try:
         text = path.read_text("utf-8")

@@ -13,9 +13,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from kratos_admit.domain.catalog import Catalog, GpuProduct
 from kratos_admit.domain.profile import WorkloadProfile
 from kratos_admit.domain.vocabulary import Unit
+from kratos_admit.model.catalog import Catalog, GpuProduct
 
 CONFIGMAP_NAME = "kratos-gpu-calibration"
 CONFIGMAP_KEY = "calibration.json"

@@ -34,7 +34,8 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from kratos_admit.decisions.calibration import (
+from kratos_admit.domain.vocabulary import Unit
+from kratos_admit.model.calibration import (
     DIGITS,
     DOMINANT,
     FACTOR_UNITS,
@@ -46,8 +47,7 @@ from kratos_admit.decisions.calibration import (
     Sample,
     WorkloadShares,
 )
-from kratos_admit.domain.catalog import Catalog
-from kratos_admit.domain.vocabulary import Unit
+from kratos_admit.model.catalog import Catalog
 
 ROUNDS = 200
 # re-fitted shares (docs/ranking.md "Re-fitted shares"): the profile's measured shares are a prior

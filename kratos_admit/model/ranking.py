@@ -28,16 +28,16 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from kratos_admit.decisions.calibration import (
+from kratos_admit.domain import vocabulary as v
+from kratos_admit.domain.profile import WorkloadProfile
+from kratos_admit.domain.vocabulary import Strategy, Unit
+from kratos_admit.model.calibration import (
     NO_CALIBRATION,
     PRIOR_RUNS,
     Calibration,
     WorkloadShares,
 )
-from kratos_admit.domain import vocabulary as v
-from kratos_admit.domain.catalog import Catalog, GpuProduct
-from kratos_admit.domain.profile import WorkloadProfile
-from kratos_admit.domain.vocabulary import Strategy, Unit
+from kratos_admit.model.catalog import Catalog, GpuProduct
 
 # When a profile has a bound type but no throughputs (an older runner), assume typical shares.
 _SHARES_BY_BOUND: dict[str, tuple[float, float]] = {
