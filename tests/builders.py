@@ -232,6 +232,50 @@ def make_training_job(name: str = "train", namespace: str = NAMESPACE) -> JobBui
     return builder
 
 
+def llama_ddp() -> JobBuilder:
+    """The issue's Indexed Job: 4 Pods x 8 GPUs that rendezvous through a headless Service."""
+    return (
+        make_job("llama-ddp")
+        .command("torchrun")
+        .args(
+            "--nnodes=4",
+            "--nproc-per-node=8",
+            "--node-rank=$(JOB_COMPLETION_INDEX)",
+            "--master-addr=llama-ddp-0.llama-ddp",
+            "train.py",
+        )
+        .limits({v.GPU_RESOURCE: 8})
+        .job_spec(completionMode="Indexed", completions=4, parallelism=4)
+        .spec(subdomain="llama-ddp")
+    )
+
+
+def jobset_child() -> JobBuilder:
+    """A child Job as the JobSet v0.11 controller creates it: owned by the JobSet, its labels, its
+    Pods' subdomain the JobSet's name."""
+    job = (
+        make_job("llama-workers-0")
+        .label(v.WORKLOAD_LABEL, "llama")
+        .label(v.JOBSET_NAME_LABEL, "llama")
+        .label("jobset.sigs.k8s.io/replicatedjob-name", "workers")
+        .command("torchrun", "--nnodes=2", "--nproc-per-node=1", "train.py")
+        .limits({v.GPU_RESOURCE: 1})
+        .job_spec(completionMode="Indexed", completions=1, parallelism=1)
+        .spec(subdomain="llama")
+    )
+    job._obj["metadata"]["ownerReferences"] = [
+        {
+            "apiVersion": "jobset.x-k8s.io/v1alpha2",
+            "kind": "JobSet",
+            "name": "llama",
+            "uid": "4f0c2b9e-0000-4000-8000-000000000001",
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+    ]
+    return job
+
+
 def make_profile(
     workload: str = "vector-add",
     *,

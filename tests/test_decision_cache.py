@@ -22,7 +22,7 @@ from kratos_admit.decisions.stores import StaticCalibrationStore, StaticNodeStor
 from kratos_admit.domain import vocabulary as v
 from kratos_admit.domain.profile import WorkloadProfile
 from kratos_admit.model.calibration import Calibration, FactorSupport, ProductCalibration
-from tests.builders import make_job, make_pod, make_profile
+from tests.builders import llama_ddp, make_job, make_pod, make_profile
 from tests.harness import CATALOG, DATA, EXAMPLES, MIXED_CLUSTER, apply_patch, engine, make_ctx
 
 WEBHOOKS: tuple[Webhook, ...] = ("mutate", "validate")
@@ -337,3 +337,18 @@ def test_a_patch_that_would_carry_an_identity_field_is_not_remembered():
         cache.remember(key, against, request, decision=result.decision,  # type: ignore[arg-type]
                        patch=[{"op": "add", "path": path, "value": {}}], response={}, outcome="patched")  # fmt: skip
     assert len(cache) == 0
+
+
+def test_a_gangs_pods_are_named_by_its_job_so_another_name_is_decided_anew():
+    """A gang's inter-Pod affinity selects the Pods of its own Job by name: the answer for llama-a is
+    never served to llama-b, though the two differ only by name."""
+    eng = dataclasses.replace(engine(make_ctx()), decisions=DecisionCache())
+    first = review(body_of(llama_ddp().obj(), uid="a"), webhook="mutate", engine=eng)
+    again = review(body_of(llama_ddp().obj(), uid="b"), webhook="mutate", engine=eng)
+    assert eng.decisions.hits == 1 and again.patch == first.patch
+    other = renamed(llama_ddp().obj(), "llama-b")
+    got = review(body_of(other, uid="c"), webhook="mutate", engine=eng)
+    same_answer(got, fresh(other, eng, "mutate", uid="c"))
+    term = apply_patch(other, got.patch)["spec"]["template"]["spec"]["affinity"]["podAffinity"]
+    selector = term["preferredDuringSchedulingIgnoredDuringExecution"][0]["podAffinityTerm"]["labelSelector"]
+    assert selector == {"matchLabels": {v.JOB_NAME_LABEL: "llama-b"}}

@@ -21,7 +21,7 @@ import yaml
 from kubernetes_asyncio import client
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
-from kratos_admit.decisions.hints import recorded_ranking_source
+from kratos_admit.decisions.record import recorded_ranking_source
 from kratos_admit.domain import vocabulary as v
 from kratos_admit.domain.config import Config, split_host_port
 from kratos_admit.domain.profile import Observation, WorkloadProfile

@@ -240,7 +240,7 @@ def test_profiling_rewrite_shape():
         .add_container("fetch", init=True)
         .add_container("sidecar")
         .job_spec(
-            backoffLimit=6, completions=4, parallelism=2, completionMode="Indexed", ttlSecondsAfterFinished=0
+            backoffLimit=6, completions=4, parallelism=1, completionMode="Indexed", ttlSecondsAfterFinished=0
         )
         .annotate(v.PROFILE_SKIP_ANNOTATION, "5")
         .obj()
@@ -256,7 +256,8 @@ def test_profiling_rewrite_shape():
     assert mutated["metadata"]["name"] == "matrix-mul"
     spec = mutated["spec"]
     assert (spec["parallelism"], spec["completions"], spec["backoffLimit"]) == (1, 1, 0)
-    assert spec["activeDeadlineSeconds"] == 3600 and "completionMode" not in spec
+    assert spec["activeDeadlineSeconds"] == 3600
+    assert spec["completionMode"] == "Indexed", "the run is index 0: JOB_COMPLETION_INDEX is set in it"
     assert "ttlSecondsAfterFinished" not in spec, "a TTL could delete the run before the controller reads it"
     assert mutated["metadata"]["finalizers"] == [v.RELEASE_FINALIZER]
     assert spec["template"]["metadata"]["finalizers"] == [v.RELEASE_FINALIZER]

@@ -64,7 +64,7 @@ IN_IMAGE_CASES = [
         id="absolute-python3",
     ),
     pytest.param(
-        ["torchrun", "--nproc_per_node=2", "train.py"], [], "command[0] 'torchrun' is an interpreter or launcher",
+        ["torchrun", "--nproc_per_node=1", "train.py"], [], "command[0] 'torchrun' is an interpreter or launcher",
         id="torchrun",
     ),
     pytest.param(
@@ -292,7 +292,7 @@ def test_review_of_the_pytorch_example_shows_the_in_image_form(tmp_path: Path):
 def in_image_profiling_job() -> tuple[dict[str, Any], dict[str, Any]]:
     """(the user's Job, the webhook's in-image rewrite of it, as the API server stores it)."""
     user = (
-        make_training_job().command("torchrun", "--nproc_per_node=2", "train.py").args("--epochs", "90").obj()
+        make_training_job().command("torchrun", "--nproc_per_node=1", "train.py").args("--epochs", "90").obj()
     )
     result = admit(user, engine(make_ctx()))
     assert result.decision.action == "profiling" and result.decision.mutated is not None
@@ -311,7 +311,7 @@ def test_the_execution_job_after_an_in_image_run_has_the_users_original_command(
     execution = create.manifest
     assert execution["spec"] == user["spec"], "the user's Job spec, exactly"
     [container] = pod_spec(execution)["containers"]
-    assert container["command"] == ["torchrun", "--nproc_per_node=2", "train.py"]
+    assert container["command"] == ["torchrun", "--nproc_per_node=1", "train.py"]
     assert container["args"] == ["--epochs", "90"] and container["image"] == PYTORCH_IMAGE
     assert "initContainers" not in pod_spec(execution)
     assert_valid_kubernetes(execution)

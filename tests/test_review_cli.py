@@ -47,6 +47,9 @@ POD_NO_PROFILE = ("Pod", "hints", "Pods are never rewritten for profiling")
 ENTRYPOINT_JOB = ("Job", "hints", "runs its image's entrypoint")
 IN_IMAGE_JOB = ("Job", "profiling", "profiling form in-image")  # a shell or interpreter runs it
 HINTED_POD, HINTED_JOB = ("Pod", "hints", ""), ("Job", "hints", "")
+# gangs (docs/distributed-training.md): never profiled nor held; by default where they cannot be read
+GANG_POD, GANG_JOB = ("Pod", "hints", "runs as a gang"), ("Job", "hints", "runs as a gang")
+GANG_POD_BY_DEFAULT = ("Pod", "hints", "claims devices through Dynamic Resource Allocation")
 Decision = tuple[str, str, str]
 Expectation = tuple[int, list[Decision], int, list[Decision]] | tuple[str, str]
 
@@ -55,9 +58,9 @@ PROJECT_EXPECTED: dict[str, Expectation] = {
     "pod-cpu-limit-trailing-comma.yaml": ("unusable", "limits[cpu]: '4,' is not a valid quantity"),
     "pod-without-apiversion.yaml": ("unusable", "apiVersion is missing"),
     # nvidia.com/gpu: "2" as a string, KAI queue labels, no trailing newline
-    "pod-gpu-count-as-string-kai-queue.yaml": (0, [POD_NO_PROFILE], 0, [HINTED_POD]),
+    "pod-gpu-count-as-string-kai-queue.yaml": (0, [GANG_POD], 0, [HINTED_POD]),
     "pod-two-tolerations-leading-blank-line.yaml": (0, [POD_NO_PROFILE], 0, [HINTED_POD]),
-    "job-parallel-entrypoint.yaml": (0, [ENTRYPOINT_JOB], 0, [HINTED_JOB]),
+    "job-parallel-entrypoint.yaml": (0, [GANG_JOB], 0, [HINTED_JOB]),  # Indexed, 3 Pods at once
     "job-kueue-generatename-suspended.yaml": (0, [ENTRYPOINT_JOB], 0, [HINTED_JOB]),
     # command[0] is /bin/bash, a shell: profiled as the user wrote it, in its own image
     "job-shell-command-pvc.yaml": (
@@ -72,16 +75,17 @@ PROJECT_EXPECTED: dict[str, Expectation] = {
         0,
         [HINTED_JOB],
     ),
-    # DRA: a claim alone counts as a GPU request; a claim beside nvidia.com/gpu changes nothing
+    # DRA: a claim alone counts as a GPU request, of a count admission cannot see (a gang by default);
+    # a claim beside nvidia.com/gpu changes nothing, and 4 GPUs in one container make a gang
     "pod-dra-claim-only-multidoc.yaml": (
         0,
-        [("Namespace", "none", ""), ("ResourceClaimTemplate", "none", ""), POD_NO_PROFILE],
+        [("Namespace", "none", ""), ("ResourceClaimTemplate", "none", ""), GANG_POD_BY_DEFAULT],
         0,
-        [("Namespace", "none", ""), ("ResourceClaimTemplate", "none", ""), HINTED_POD],
+        [("Namespace", "none", ""), ("ResourceClaimTemplate", "none", ""), GANG_POD_BY_DEFAULT],
     ),
     "pod-gpu-and-channel-claim-multidoc.yaml": (
         0,
-        [("ComputeDomain", "none", ""), POD_NO_PROFILE],
+        [("ComputeDomain", "none", ""), GANG_POD],
         0,
         [("ComputeDomain", "none", ""), HINTED_POD],
     ),
@@ -142,9 +146,9 @@ OUTSIDE_EXPECTED: dict[str, Expectation] = {
     "nvidia-device-plugin-e2e-job.yaml": (0, [ENTRYPOINT_JOB], 0, [HINTED_JOB]),
     "nvidia-dra-gpu-test-count-multidoc.yaml": (
         0,
-        [("Namespace", "none", ""), ("ResourceClaimTemplate", "none", ""), POD_NO_PROFILE],
+        [("Namespace", "none", ""), ("ResourceClaimTemplate", "none", ""), GANG_POD_BY_DEFAULT],
         0,
-        [("Namespace", "none", ""), ("ResourceClaimTemplate", "none", ""), HINTED_POD],
+        [("Namespace", "none", ""), ("ResourceClaimTemplate", "none", ""), GANG_POD_BY_DEFAULT],
     ),
     "nvidia-gpu-operator-test-pod.yaml": (0, [POD_NO_PROFILE], 0, [HINTED_POD]),
     # command[0] is /bin/bash, a shell: profiled as the user wrote it, in its own image

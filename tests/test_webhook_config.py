@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 from pathlib import Path
@@ -193,18 +194,20 @@ def test_scheduler_components_set_the_backend(rendered, component: str, schedule
         assert effective_config(rendered[component], deployment, tmp_path).scheduler == scheduler
 
 
-def test_the_telemetry_component_sets_the_controllers_prometheus_and_nothing_else(rendered, tmp_path: Path):
-    controller = effective_config(rendered["telemetry"], "kratos-controller", tmp_path)
-    assert controller.telemetry.prometheus_url == "http://prometheus-operated.monitoring.svc:9090"
-    assert controller.telemetry.labels == Config().telemetry.labels, "the default label names stay"
-    assert (
-        effective_config(rendered["telemetry"], "kratos-webhook", tmp_path).telemetry.prometheus_url is None
-    )
-    dumped = controller.model_dump(by_alias=True, mode="json")
-    base = effective_config(rendered["base"], "kratos-controller", tmp_path).model_dump(
-        by_alias=True, mode="json"
-    )
-    assert {k for k in dumped if dumped[k] != base[k]} == {"telemetry"}
+def test_the_telemetry_component_sets_the_prometheus_url_and_nothing_else(rendered, tmp_path: Path):
+    """The controller asks that Prometheus; the webhook only knows it is set (a gang's admission says
+    where its profile comes from, or that telemetry is missing) and mounts nothing."""
+    for deployment in ("kratos-controller", "kratos-webhook"):
+        config = effective_config(rendered["telemetry"], deployment, tmp_path)
+        assert config.telemetry.prometheus_url == "http://prometheus-operated.monitoring.svc:9090"
+        assert config.telemetry.labels == Config().telemetry.labels, "the default label names stay"
+        dumped = config.model_dump(by_alias=True, mode="json")
+        base = effective_config(rendered["base"], deployment, tmp_path).model_dump(by_alias=True, mode="json")
+        assert {k for k in dumped if dumped[k] != base[k]} == {"telemetry"}
+    webhook = find(rendered["telemetry"], "Deployment", "kratos-webhook")["spec"]["template"]["spec"]
+    assert webhook == find(rendered["base"], "Deployment", "kratos-webhook")["spec"]["template"]["spec"] | {
+        "containers": webhook["containers"]
+    } and "prometheus-client" not in json.dumps(webhook)
     pod = find(rendered["telemetry"], "Deployment", "kratos-controller")["spec"]["template"]["spec"]
     [volume] = [vol for vol in pod["volumes"] if vol["name"] == "prometheus-client"]
     assert volume["secret"] == {"secretName": "kratos-prometheus-client", "optional": True}
@@ -284,9 +287,9 @@ def test_base_components_and_the_readme_overlay_compose(tmp_path: Path, schedule
     base = yaml.safe_load(find(render(REPO / "webhook-config"), "ConfigMap")["data"]["config.yaml"])
     webhook = effective_config(objects, "kratos-webhook", tmp_path)
     controller = effective_config(objects, "kratos-controller", tmp_path)
-    # the scheduler component, on both Deployments; the telemetry component, on the controller
+    # the scheduler and telemetry components, on both Deployments
     assert webhook.scheduler == controller.scheduler == scheduler
-    assert controller.telemetry.prometheus_url and webhook.telemetry.prometheus_url is None
+    assert controller.telemetry.prometheus_url == webhook.telemetry.prometheus_url is not None
     if scheduler == "kai":
         assert webhook.kai_queue == controller.kai_queue == "default-queue"
     # the overlay's own setting and images
@@ -301,7 +304,7 @@ def test_base_components_and_the_readme_overlay_compose(tmp_path: Path, schedule
     # every base key the parts did not set is still the base's
     dumped = webhook.model_dump(by_alias=True, mode="json")
     for key, value in base.items():
-        if key not in ("scheduler", "nsightComputeImage"):
+        if key not in ("scheduler", "nsightComputeImage", "telemetry"):
             assert dumped[key] == value, key
     # the other components
     for kind in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):

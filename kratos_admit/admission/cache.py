@@ -12,9 +12,9 @@ counts and the policy context (config, catalog, signing key). The stores replace
 a new object when it changes (a watch event, a reloaded file), so an entry is served only while
 the profile, the calibration and the context are the very objects it was made with, and the Nodes'
 products and counts are equal to those it was made with (a Node's status update rebuilds them
-unchanged): never across a change of profile, calibration, config or node set. A profiling
-rewrite embeds the object's name (its original template), so its entry also needs the same name
-and generateName.
+unchanged): never across a change of profile, calibration, config or node set. An answer that
+embeds the object's name (a profiling rewrite's original template, a gang's Pods selected by their
+Job's name) is served only for the same name and generateName.
 
 A patch never touches the identity fields (``remember`` refuses one that would), so the answer
 made for one name is the answer for another. Bounded in entries and in bytes: the oldest go first.
@@ -175,7 +175,7 @@ class DecisionCache:
         if not self.size or _touches_identity(patch):
             return
         assert request.object is not None
-        identity = identity_of(request.object) if decision.action == "profiling" else None
+        identity = identity_of(request.object) if decision.named else None
         kept = Decision(
             allowed=decision.allowed,
             action=decision.action,
@@ -183,6 +183,8 @@ class DecisionCache:
             warnings=decision.warnings,
             ranking_source=decision.ranking_source,
             explored=decision.explored,
+            gang=decision.gang,
+            named=decision.named,
         )
         patch_json = orjson.dumps(patch)
         size = len(key[4]) + len(key[5] or b"") + 2 * len(patch_json) + len(str(response.get("status", "")))

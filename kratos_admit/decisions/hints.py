@@ -7,13 +7,13 @@ Appliers work on a writable copy of the raw object and return the names of what 
 
 from __future__ import annotations
 
-import functools
-import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
+from kratos_admit.decisions.gangs import Gang, gang_affinity, label_gang_pods
+from kratos_admit.decisions.record import hints_record
 from kratos_admit.domain import vocabulary as v
 from kratos_admit.domain.config import Config
 from kratos_admit.domain.profile import WorkloadProfile
@@ -187,48 +187,6 @@ def pod_parts(obj: dict[str, Any], kind: Kind) -> tuple[dict[str, Any], dict[str
     template = child(child(obj, "spec"), "template")
     pod_meta = child(template, "metadata")
     return pod_meta, child(template, "spec")
-
-
-@functools.lru_cache(maxsize=4096)
-def hints_record(
-    profile: str,
-    bound_type: str,
-    *,
-    strategy: str,
-    injected: tuple[str, ...],
-    ranked: tuple[RankedProduct, ...],
-    reason: str,
-    explore: Exploration | None = None,
-) -> str:
-    """The gpu.scheduler.io/hints annotation: what was injected and why (memoised, it repeats).
-    ``profile`` is empty and ``reason`` says why when only base hints were given; ``explore`` names
-    the product this Job was sent first to measure a figure, and why."""
-    record: dict[str, object] = {
-        "profile": profile or None,
-        "boundType": bound_type,
-        "strategy": strategy,
-        "injected": list(injected),
-        "ranked": [r.as_dict() for r in ranked],
-    }
-    if reason:
-        record["reason"] = reason
-    if explore is not None:
-        record["explore"] = explore.product.product.product
-        record["exploreReason"] = explore.reason
-    return json.dumps(record, separators=(",", ":"))
-
-
-def recorded_ranking_source(obj: Mapping[str, Any]) -> RankingSource:
-    """The ranking source of the hints record on an object's metadata (what ``hints_record`` wrote)."""
-    annotations = as_mapping(as_mapping(obj.get("metadata")).get("annotations"))
-    try:
-        ranked = as_list(as_mapping(json.loads(str(annotations.get(v.HINTS_ANNOTATION, "{}")))).get("ranked"))
-    except ValueError:
-        return "none"
-    if not ranked:
-        return "none"
-    source = as_mapping(ranked[0]).get("source")
-    return "observed" if source == "observed" else "calibrated" if source == "calibrated" else "model"
 
 
 def scheduler_backend(annotations: Mapping[str, str], config: Config) -> v.SchedulerBackend:
@@ -413,6 +371,7 @@ def apply_hints(
     owned: bool = False,
     calibration: Calibration = NO_CALIBRATION,
     profile_on: tuple[str, ...] = (),
+    gang: Gang | None = None,
 ) -> HintResult:
     """The object with its hints, recorded and signed; ``request_object`` is not changed, unless
     the caller ``owned`` it (a copy of its own, such as the profiling rewrite): then it is hinted
@@ -422,7 +381,8 @@ def apply_hints(
     says, in the record, why a call without a Ready profile gave base hints only. ``hold`` names
     the profile whose run is under way: a Job is then suspended (gated in its template when Kueue
     manages it), a Pod gated, and both marked ``awaiting-profile`` for the controller to release. ``profile_on`` (a profiling run) names the
-    products it prefers, as one preferred node-affinity term.
+    products it prefers, as one preferred node-affinity term. A ``gang`` never explores; its Pods
+    prefer the GPU product their peers run on, and carry the workload label.
     """
     obj = (
         request_object if owned and isinstance(request_object, dict) else _writable_copy(request_object, kind)
@@ -452,7 +412,7 @@ def apply_hints(
             config=config,
             catalog=catalog,
             calibration=calibration,
-            key=object_key(metadata, namespace),
+            key=object_key(metadata, namespace) if gang is None else "",
         )
         if added:
             injected.append("affinity.nodeAffinity.preferred")
@@ -462,6 +422,10 @@ def apply_hints(
             )
     if profile_on and not ready and _prefer_for_profiling(pod_spec, profile_on):
         injected.append("affinity.nodeAffinity.preferred")
+    if gang is not None and gang_affinity(pod_spec, gang):
+        injected.append("affinity.podAffinity.preferred")
+    if gang is not None and kind == "Job" and label_gang_pods(obj, pod_meta):
+        injected.append(f"template.labels[{v.WORKLOAD_LABEL}]")
     if _tolerate_gpu_taint(pod_spec):
         injected.append("tolerations")
     injected += _apply_scheduler(metadata, pod_meta, pod_spec, kind, annotations=annotations, config=config)
@@ -477,6 +441,7 @@ def apply_hints(
         ranked=tuple(ranked),
         reason="" if ready else reason,
         explore=explored,
+        gang=gang.why if gang is not None else "",
     )
     for block in [metadata] if kind == "Pod" else [metadata, pod_meta]:
         block_annotations = child(block, "annotations")

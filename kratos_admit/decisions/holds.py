@@ -11,11 +11,11 @@ from typing import Any, Literal
 
 from kratos_admit.decisions.hints import (
     add_profile_gate,
-    hints_record,
     mark_template_held,
     pod_parts,
     ranked_hint,
 )
+from kratos_admit.decisions.record import hints_record
 from kratos_admit.domain import vocabulary as v
 from kratos_admit.domain.config import Config
 from kratos_admit.domain.profile import WorkloadProfile

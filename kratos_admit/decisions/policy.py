@@ -10,7 +10,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from kratos_admit.decisions.hints import apply_hints, recorded_ranking_source
+from kratos_admit.decisions.gangs import Gang, read_gang
+from kratos_admit.decisions.hints import apply_hints
 from kratos_admit.decisions.holds import awaiting_mark, regate_for_kueue, release_hold
 from kratos_admit.decisions.profiling import (
     profiling_demanded,
@@ -19,6 +20,7 @@ from kratos_admit.decisions.profiling import (
     profiling_wanted,
     unprofilable_reason,
 )
+from kratos_admit.decisions.record import recorded_ranking_source
 from kratos_admit.decisions.rewrite import capability_warnings, rewrite_for_profiling
 from kratos_admit.decisions.validation import ValidationContext, new_violations, validate_workload
 from kratos_admit.domain import vocabulary as v
@@ -52,6 +54,8 @@ class Decision:
     warnings: list[str] = field(default_factory=list)
     ranking_source: RankingSource = "none"  # of hints: what the preferred products rest on
     explored: str = ""  # the product a Job was sent first to explore (config explorationShare)
+    gang: str = ""  # what made the object a gang (DESIGN "Distributed training"), "" when it runs alone
+    named: bool = False  # the answer embeds the object's name (its original template, its gang's Pods)
 
 
 def already_hinted(workload: Workload, namespace: str, key: bytes) -> bool:
@@ -71,10 +75,14 @@ def _violations(
     gpus: PodGpus | None = None,
 ) -> list[FieldError]:
     """Every rule's violations; ``role`` is the object's signed role (None: not made by KRATOS),
-    ``gpus`` its GPU requests where the caller has read them."""
+    ``gpus`` its GPU requests where the caller has read them. A gang is never profiled, so it is
+    never denied for what profiling would need."""
     demanded = profiling_demanded(
         workload, operation=operation, profile=profile, config=ctx.config, role=role
     )
+    if demanded:
+        gpus = gpus if gpus is not None else read_pod_gpus(workload)
+        demanded = read_gang(workload, gpus) is None
     vctx = ValidationContext(
         namespace=namespace,
         signing_key=ctx.signing_key,
@@ -158,6 +166,7 @@ def mutate(
             ctx=ctx,
             calibration=calibration,
         )
+    gang = read_gang(workload, gpus)
 
     def hinted(
         source: Mapping[str, Any],
@@ -167,6 +176,7 @@ def mutate(
         hold: str = "",
         owned: bool = False,
         profile_on: tuple[str, ...] = (),
+        warnings: tuple[str, ...] = (),
     ) -> Decision:
         result = apply_hints(
             source,
@@ -182,17 +192,22 @@ def mutate(
             owned=owned,
             calibration=calibration,
             profile_on=profile_on,
+            gang=gang,
         )
-        warnings = [warning] if warning else []
         return Decision(
             allowed=True,
             action="hints",
             mutated=result.hinted,
-            warnings=warnings + list(result.warnings),
+            warnings=[*([warning] if warning else []), *warnings, *result.warnings],
             ranking_source=result.source,
             explored=result.explored,
+            gang=gang.why if gang is not None else "",
+            named=gang is not None and v.JOB_NAME_LABEL in dict(gang.peers),
         )
 
+    if gang is not None:
+        reason, notes = gang_notes(gang, workload, profile=profile, namespace=namespace, config=ctx.config)
+        return hinted(obj, reason=reason, warnings=notes)
     if profile is not None and profile.ready:
         return hinted(obj)
     phase = profile.status.phase if profile is not None and profile.status is not None else None
@@ -271,7 +286,7 @@ def mutate(
         config=ctx.config,
     )
     decision = hinted(rewritten, reason="profiling run", owned=True, profile_on=profile_on)  # our own copy
-    decision.action = "profiling"
+    decision.action, decision.named = "profiling", True
     decision.warnings = [
         f"no WorkloadProfile for workload {name} in namespace {namespace} yet: this Job runs once under Nsight Compute, which ends "
         "it after the profiled kernels; the controller then creates the execution Job with hints",
@@ -280,6 +295,51 @@ def mutate(
         *decision.warnings,
     ]
     return decision
+
+
+def gang_notes(
+    gang: Gang, workload: Workload, *, profile: WorkloadProfile | None, namespace: str, config: Config
+) -> tuple[str, tuple[str, ...]]:
+    """The hints record's reason (why no ranked hints) and the warnings of a gang: it runs as written
+    (never profiled, never held), what made it one, and where its profile comes from."""
+    name = workload.workload_label or ""
+    ready = profile is not None and profile.ready
+    phase = profile.status.phase if profile is not None and profile.status is not None else None
+    doubt = (
+        f", by default: {gang.doubt}; a gang treated as one Job would be broken, a Job treated as a gang "
+        "only goes without its Nsight Compute profile"
+        if gang.doubt
+        else ""
+    )
+    learned = (
+        f"with the ranked hints of WorkloadProfile {profile.metadata.name}"
+        if ready and profile is not None
+        else "with base hints; its profile comes from the DCGM telemetry of its own run, after "
+        f"telemetry.windowSeconds ({config.telemetry.window_seconds:g} s) of it"
+    )
+    notes = []
+    if not ready or gang.doubt:  # a Ready gang's hints record says it is one, and why
+        notes.append(
+            f"workload {name} runs as a gang ({gang.why}{doubt}): admitted as written, never rewritten into "
+            f"a profiling run nor held, {learned}"
+        )
+    if workload.metadata.annotations.get(v.PROFILING_ANNOTATION) == "true":
+        notes.append(
+            f'{v.PROFILING_ANNOTATION}: "true" has no effect on a gang: its peers would wait for each other '
+            "under Nsight Compute (NVIDIA/nccl#536)"
+        )
+    if not ready and not config.telemetry.prometheus_url:
+        notes.append(
+            f"telemetry is not configured, so workload {name} gets no profile from its runs: set "
+            "telemetry.prometheusURL (the telemetry component, or the chart's telemetry values) on the "
+            "webhook and the controller"
+        )
+    if profile is not None and phase in ("Failed", "Profiling"):
+        notes.append(f"WorkloadProfile {profile.metadata.name} is {phase}: the gang is not held for it")
+    if ready:
+        return "", tuple(notes)
+    reason = f"gang without a Ready WorkloadProfile in namespace {namespace}"
+    return reason, tuple(notes)
 
 
 def _hinted_again(

@@ -15,15 +15,14 @@ from kratos_admit.domain.raw import as_list, as_mapping, child, clone, is_mappin
 from kratos_admit.domain.signing import sign_block
 from kratos_admit.domain.workload import MetadataBlock
 
-# Job fields that name containers or indexes the profiling run no longer has.
-
+# Job fields that name containers or indexes the profiling run no longer has. completionMode stays: an
+# Indexed Job's run is its index 0 (completions 1), so JOB_COMPLETION_INDEX is set as the program expects.
 _DROPPED_JOB_FIELDS = (
     "ttlSecondsAfterFinished",  # the TTL controller would delete the run before the controller reads it
     "podFailurePolicy",
     "successPolicy",
     "backoffLimitPerIndex",
     "maxFailedIndexes",
-    "completionMode",
 )
 _USER_CONTAINER_FIELDS = ("env", "envFrom", "workingDir", "securityContext")
 

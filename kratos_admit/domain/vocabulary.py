@@ -85,6 +85,34 @@ KUEUE_VERSION: Final = "v1beta1"
 # the controllerName of KRATOS's AdmissionCheck: a follower's Workload waits (Pending) for its profile
 ADMISSION_CHECK_CONTROLLER: Final = f"{GROUP}/profile"
 
+# Gangs (DESIGN "Distributed training (gangs)"): the labels and owners by which a Job or Pod shows it
+# runs with peers. JobSet v0.11 labels its child Jobs and their Pods; the Kubeflow training operator
+# (and MPI operator v2) label the Pods they create; the Job controller labels an Indexed Job's Pods
+# with their index (1.28: batch.kubernetes.io/job-completion-index) and every Pod with its Job's name.
+JOBSET_NAME_LABEL: Final = "jobset.sigs.k8s.io/jobset-name"
+JOB_NAME_LABEL: Final = "batch.kubernetes.io/job-name"
+JOB_COMPLETION_INDEX: Final = "batch.kubernetes.io/job-completion-index"
+TRAINING_JOB_NAME_LABEL: Final = "training.kubeflow.org/job-name"
+# Pod labels of other systems that start Pods as one gang, each naming the gang (the pods to keep together)
+GANG_POD_LABELS: Final = (
+    JOBSET_NAME_LABEL,
+    TRAINING_JOB_NAME_LABEL,
+    "pytorch-job-name",  # the training operator before v1.0 (PyTorchJob)
+    "mpi-job-name",  # MPI operator v1
+    "leaderworkerset.sigs.k8s.io/name",  # LeaderWorkerSet: a leader and its workers
+    "volcano.sh/job-name",  # Volcano's batch Job
+    "ray.io/cluster",  # KubeRay: a head and its workers
+)
+# owner kinds that start their Pods (or Jobs) as a gang, and those known not to
+GANG_OWNER_KINDS: Final = frozenset(
+    {"JobSet", "PyTorchJob", "MPIJob", "TFJob", "XGBoostJob", "PaddleJob", "JAXJob", "MXJob", "TrainJob"}
+    | {"RayCluster", "RayJob", "LeaderWorkerSet"}
+)
+JOB_OWNER_KINDS_ALONE: Final = frozenset({"CronJob"})
+POD_OWNER_KINDS_ALONE: Final = frozenset(
+    {"Job", "ReplicaSet", "ReplicationController", "StatefulSet", "DaemonSet", "Node"}
+)
+
 # NVIDIA KAI Scheduler GPU sharing (pod annotations) and queue label
 KAI_FRACTION_ANNOTATION: Final = "gpu-fraction"
 KAI_MEMORY_ANNOTATION: Final = "gpu-memory"

@@ -8,7 +8,7 @@ import datetime as dt
 import logging
 from collections.abc import Callable
 
-from kratos_admit.decisions.hints import recorded_ranking_source
+from kratos_admit.decisions.record import recorded_ranking_source
 from kratos_admit.domain import vocabulary as v
 from kratos_admit.domain.profile import WorkloadProfile
 from kratos_admit.domain.workload import Kind, kueue_queue

@@ -53,7 +53,8 @@ Arguments: (dict "root" $ "obj" OBJECT). */}}
 {{- if and (eq .deployment "kratos-controller") $root.Values.kueue.admissionCheck.enabled -}}
 {{- $env = append $env (dict "name" "KRATOS_KUEUE_ADMISSION_CHECK" "value" "true") -}}
 {{- end -}}
-{{- if and (eq .deployment "kratos-controller") $root.Values.telemetry.enabled -}}
+{{- /* both: the controller asks Prometheus, the webhook only tells a gang's admission that telemetry is set */ -}}
+{{- if $root.Values.telemetry.enabled -}}
 {{- $env = append $env (dict "name" "KRATOS_TELEMETRY" "value" (printf "{prometheusURL: '%s'}" $root.Values.telemetry.prometheusURL)) -}}
 {{- end -}}
 {{- toJson $env -}}

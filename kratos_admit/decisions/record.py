@@ -1,0 +1,59 @@
+"""The hints record (``gpu.scheduler.io/hints``, DESIGN "Hints"): what was injected and why, written
+once per distinct answer (memoised) and read back for the ranking source it carries."""
+
+from __future__ import annotations
+
+import functools
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from kratos_admit.domain import vocabulary as v
+from kratos_admit.domain.raw import as_list, as_mapping
+from kratos_admit.model.exploration import Exploration
+from kratos_admit.model.ranking import RankedProduct, RankingSource
+
+
+@functools.lru_cache(maxsize=4096)
+def hints_record(
+    profile: str,
+    bound_type: str,
+    *,
+    strategy: str,
+    injected: tuple[str, ...],
+    ranked: tuple[RankedProduct, ...],
+    reason: str,
+    explore: Exploration | None = None,
+    gang: str = "",
+) -> str:
+    """The gpu.scheduler.io/hints annotation: what was injected and why (memoised, it repeats).
+    ``profile`` is empty and ``reason`` says why when only base hints were given; ``explore`` names
+    the product this Job was sent first to measure a figure, and why; ``gang`` what made it a gang."""
+    record: dict[str, object] = {
+        "profile": profile or None,
+        "boundType": bound_type,
+        "strategy": strategy,
+        "injected": list(injected),
+        "ranked": [r.as_dict() for r in ranked],
+    }
+    if reason:
+        record["reason"] = reason
+    if gang:
+        record["gang"] = gang
+    if explore is not None:
+        record["explore"] = explore.product.product.product
+        record["exploreReason"] = explore.reason
+    return json.dumps(record, separators=(",", ":"))
+
+
+def recorded_ranking_source(obj: Mapping[str, Any]) -> RankingSource:
+    """The ranking source of the hints record on an object's metadata (what ``hints_record`` wrote)."""
+    annotations = as_mapping(as_mapping(obj.get("metadata")).get("annotations"))
+    try:
+        ranked = as_list(as_mapping(json.loads(str(annotations.get(v.HINTS_ANNOTATION, "{}")))).get("ranked"))
+    except ValueError:
+        return "none"
+    if not ranked:
+        return "none"
+    source = as_mapping(ranked[0]).get("source")
+    return "observed" if source == "observed" else "calibrated" if source == "calibrated" else "model"
