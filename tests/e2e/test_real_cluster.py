@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import functools
 import json
+import os
 import secrets
 import shutil
 import ssl
@@ -229,6 +230,90 @@ async def test_a_hinted_job_is_placed_by_the_real_scheduler_on_the_best_gpu(krat
     [pod] = await until(lambda: [p for p in items(namespace, "pods") if p["spec"].get("nodeName")],
                         what="the Job's Pod bound")  # fmt: skip
     assert pod["spec"]["nodeName"] == "e2e-a100-0"
+
+
+def gang(name: str, workload: str, pods: int) -> dict[str, Any]:
+    """An Indexed Job whose ``pods`` Pods run at once (a gang, issue 49), as a user writes it."""
+    return job(name, workload, completionMode="Indexed", completions=pods, parallelism=pods)
+
+
+def as_written(stored: dict[str, Any], sent: dict[str, Any]) -> tuple[Any, ...]:
+    """What a gang keeps exactly as the user wrote it."""
+
+    def fields(obj: dict[str, Any]) -> tuple[Any, ...]:
+        spec, container = obj["spec"], obj["spec"]["template"]["spec"]["containers"][0]
+        return (spec["parallelism"], spec["completions"], spec["completionMode"], container.get("command"),
+                container.get("args"), spec.get("suspend", False), obj["spec"]["template"]["spec"].get("schedulingGates"))  # fmt: skip
+
+    return fields(stored), fields(sent)
+
+
+async def test_a_gang_runs_whole_and_with_a_profile_all_its_pods_land_on_one_gpu_product(kratos, namespace):
+    """Issue 49: an Indexed gang of 4 Pods is admitted as written with base hints (no profiling run,
+    no hold); with a Ready compute-bound profile its Pods prefer the L40S and all land on that one
+    product, though the A100 (and the L4) alone have room for all of them too."""
+    sent = gang("ddp", "ddp", 4)
+    create(namespace, sent)
+    stored = get(namespace, "job", "ddp")
+    assert stored is not None
+    kept, written = as_written(stored, sent | {"spec": {**sent["spec"], "suspend": False}})
+    assert kept == written, "parallelism, completions, completionMode, command and args as written"
+    record = json.loads(stored["metadata"]["annotations"][v.HINTS_ANNOTATION])
+    assert record["gang"].startswith("Indexed Job whose 4 Pods run at once") and record["ranked"] == []
+    assert v.ROLE_LABEL not in stored["metadata"]["labels"]
+    async with admin_api() as api, kubelet(api, namespace) as finished:
+        await until(lambda: len(finished) == 4, what="the gang's 4 Pods ran")
+    assert items(namespace, "jobs", "-l", f"{v.ROLE_LABEL}=profiling") == [], "no profiling run"
+    ready_profile("ranked", namespace, bound="compute")
+    ranked = gang("ranked", "ranked", 4)
+    await until(lambda: preferred(json.loads(kubectl("create", "-n", namespace, "--dry-run=server", "-o", "json",
+                                                     "-f", "-", stdin=yaml.safe_dump(ranked)))),
+                what="the webhook's cache has the profile")  # fmt: skip
+    create(namespace, ranked)
+    stored = get(namespace, "job", "ranked")
+    assert stored is not None and preferred(stored)[0] == L40S, "compute-bound: the L40S first"
+    term = stored["spec"]["template"]["spec"]["affinity"]["podAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]  # fmt: skip
+    assert term[0]["podAffinityTerm"]["topologyKey"] == v.GPU_PRODUCT_LABEL
+
+    def gang_bound() -> list[dict[str, Any]]:
+        found = items(namespace, "pods", "-l", f"{v.JOB_NAME_LABEL}=ranked")
+        return found if len(found) == 4 and all(p["spec"].get("nodeName") for p in found) else []
+
+    await until(gang_bound, what="every Pod of the gang bound")
+    bound = items(namespace, "pods", "-l", f"{v.JOB_NAME_LABEL}=ranked")
+    assert {product_of(namespace, p["metadata"]["name"]) for p in bound} == {L40S}, "one product"
+    for pod in bound:
+        assert json.loads(pod["metadata"]["annotations"][v.HINTS_ANNOTATION])["profile"] == "ranked-profile"
+
+
+@pytest.mark.skipif(os.environ.get("KRATOS_E2E_JOBSET") != "1",
+                    reason="needs the JobSet v0.11 controller on the cluster: set KRATOS_E2E_JOBSET=1 where it runs")  # fmt: skip
+async def test_a_jobsets_pods_with_a_profile_all_land_on_one_gpu_product(kratos, namespace):
+    """Issue 49: the real JobSet controller's child Jobs are gangs (owned by the JobSet); with a Ready
+    profile every Pod of every child Job prefers the L40S, peers with the others by the JobSet's name,
+    and all land on that one product."""
+    ready_profile("js", namespace, bound="compute")
+    probe = gang("js-probe", "js", 2)
+    await until(lambda: preferred(json.loads(kubectl("create", "-n", namespace, "--dry-run=server", "-o", "json",
+                                                     "-f", "-", stdin=yaml.safe_dump(probe)))),
+                what="the webhook's cache has the profile")  # fmt: skip
+    worker = job("w", "js")["spec"]
+    replicated = {"name": "workers", "replicas": 2, "template": {"metadata": {"labels": {v.WORKLOAD_LABEL: "js"}},
+                  "spec": {**worker, "parallelism": 2, "completions": 2}}}  # fmt: skip
+    create(namespace, {"apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet", "metadata": {"name": "js"},
+                       "spec": {"replicatedJobs": [replicated]}})  # fmt: skip
+
+    def all_bound() -> list[dict[str, Any]]:
+        found = items(namespace, "pods", "-l", f"{v.JOBSET_NAME_LABEL}=js")
+        return found if len(found) == 4 and all(p["spec"].get("nodeName") for p in found) else []
+
+    bound = await until(all_bound, timeout=90, what="the JobSet's 4 Pods bound")
+    assert {product_of(namespace, p["metadata"]["name"]) for p in bound} == {L40S}, "one product"
+    for pod in bound:
+        record = json.loads(pod["metadata"]["annotations"][v.HINTS_ANNOTATION])
+        assert record["profile"] == "js-profile" and record["gang"].startswith("owned by JobSet js")
+        term = pod["spec"]["affinity"]["podAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"][0]
+        assert term["podAffinityTerm"]["labelSelector"] == {"matchLabels": {v.JOBSET_NAME_LABEL: "js"}}
 
 
 # --- the profiling loop ---------------------------------------------------------------------------------
@@ -541,6 +626,29 @@ async def test_a_pod_of_a_deployment_gets_a_telemetry_profile_after_the_window(k
     [record] = profile["status"]["telemetry"]
     assert record["runs"] == 1 and float(record["seconds"]) == pytest.approx(60, abs=1)
     assert (await next_job_is_ranked(namespace, "inference"))[0] == A100
+
+
+async def test_a_gangs_own_run_makes_its_profile_ready_while_it_still_runs(kratos, telemetry, namespace):
+    """Issue 49: a gang is never profiled under Nsight Compute; its profile comes from the DCGM telemetry
+    of its own run, after telemetry.windowSeconds (60 s here), while its Pods still run. Labelled on
+    the Job only, as users write it: KRATOS puts the workload label on its Pods, so the controller sees
+    them while they run."""
+    telemetry.dcgm.serve(namespace, COMPUTE_BOUND)
+    create(namespace, gang("llm", "llm", 2))
+    async with admin_api() as api, kubelet(api, namespace, seconds=240, dcgm=telemetry.dcgm):
+        running = await until(lambda: [p for p in items(namespace, "pods", "-l", f"{v.WORKLOAD_LABEL}=llm")
+                                       if p.get("status", {}).get("phase") == "Running"] or None,
+                              what="the gang's Pods running, with the workload label")  # fmt: skip
+        profile = await until(lambda: telemetry_profile(namespace, "llm"), timeout=150,
+                              what="a Ready telemetry profile after the 60 s window")  # fmt: skip
+        still = items(namespace, "pods", "-l", f"{v.JOB_NAME_LABEL}=llm")
+        assert still and all(p["status"]["phase"] == "Running" for p in still), "counted while the gang runs"
+    assert running and profile["status"]["boundType"] == "compute"
+    assert items(namespace, "jobs", "-l", f"{v.ROLE_LABEL}=profiling") == [], (
+        "no GPU-second on a measuring run"
+    )
+    ranked = await next_job_is_ranked(namespace, "llm")
+    assert ranked.index(L40S) < ranked.index(A100), f"compute-bound: the L40S before the A100 ({ranked})"
 
 
 async def test_prometheus_down_makes_no_profile_says_so_and_telemetry_resumes_when_it_is_back(
