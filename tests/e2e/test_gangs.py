@@ -240,9 +240,16 @@ def ranked_at_admission(probe: Obj) -> bool:
 
 
 def written(job: Obj) -> tuple[Any, ...]:
+    """What a gang keeps as written; a field left unset is the API server's default (set before any
+    webhook runs)."""
     spec = job["spec"]
     containers = [(c.get("command"), c.get("args")) for c in spec["template"]["spec"]["containers"]]
-    return spec.get("parallelism"), spec.get("completions"), spec.get("completionMode"), containers
+    return (
+        spec.get("parallelism", 1),
+        spec.get("completions", 1),
+        spec.get("completionMode", "NonIndexed"),
+        containers,
+    )
 
 
 def kratos_wrote(obj: Obj, *fields: str) -> list[str]:
