@@ -48,9 +48,11 @@ from tests.e2e.real_cluster import (
     admin_api,
     admin_kubeconfig,
     apply,
+    gpu_node,
     install,
     kubectl,
     kubelet,
+    mark_node_ready,
     profiling_fails,
     remove_install,
     until,
@@ -195,10 +197,13 @@ def released_job(namespace: str, name: str) -> dict[str, Any] | None:
     return found if found and found["spec"]["suspend"] is False else None
 
 
-def ready_profile(workload: str, namespace: str, bound: str = "memory") -> None:
+def ready_profile(
+    workload: str, namespace: str, bound: str = "memory", metrics: dict[str, str] | None = None
+) -> None:
     """A WorkloadProfile as the controller publishes it (status through the status subresource)."""
     body = profile(workload, namespace, bound=bound)
     status = body.pop("status")
+    status["metrics"] = metrics or status["metrics"]
     apply([body])
     kubectl("patch", "workloadprofiles", body["metadata"]["name"], "-n", namespace, "--subresource=status",
             "--type=merge", "-p", json.dumps({"status": status}))  # fmt: skip
@@ -237,6 +242,41 @@ def gang(name: str, workload: str, pods: int) -> dict[str, Any]:
     return job(name, workload, completionMode="Indexed", completions=pods, parallelism=pods)
 
 
+GANG_TAINT = "kratos-e2e-gang"
+GANG_NODES = (("e2e-gang-a100", A100), ("e2e-gang-l40s", L40S))
+COMPUTE_METRICS = {"smThroughput": "85.0", "memoryThroughput": "20.0"}  # the L40S's FP32 first
+
+
+@pytest.fixture(scope="module")
+def gang_nodes(kratos: Any) -> Iterator[None]:
+    """Two GPU products with 8 free GPUs each, either alone room for every gang here: Nodes with a
+    taint of their own that only the gang tests' Pods tolerate (and require), so nothing else fills them."""
+    nodes = []
+    for name, product in GANG_NODES:
+        node = gpu_node(name, product, tainted=False)
+        node["metadata"]["labels"][GANG_TAINT] = "true"
+        node["spec"] = {"taints": [{"key": GANG_TAINT, "value": "true", "effect": "NoSchedule"}]}
+        nodes.append(node)
+    apply(nodes)
+    for name, _ in GANG_NODES:
+        mark_node_ready(name, {"cpu": "64", "memory": "512Gi", v.GPU_RESOURCE: "8"})
+    yield
+    kubectl("delete", "node", *(name for name, _ in GANG_NODES), "--ignore-not-found")
+
+
+def on_gang_nodes(pod_spec: dict[str, Any]) -> None:
+    """The user's own placement: only the gang Nodes (KRATOS ANDs its requirements into this term)."""
+    pod_spec["tolerations"] = [{"key": GANG_TAINT, "operator": "Exists", "effect": "NoSchedule"}]
+    pod_spec["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [{"matchExpressions": [{"key": GANG_TAINT, "operator": "In", "values": ["true"]}]}]}}}  # fmt: skip
+
+
+def let_go(namespace: str) -> None:
+    """The test's Jobs and Pods gone at once (no kubelet confirms a deletion), so the gang Nodes are free."""
+    kubectl("delete", "jobsets.jobset.x-k8s.io,jobs", "--all", "-n", namespace, "--wait=false", check=False)
+    kubectl("delete", "pods", "--all", "-n", namespace, "--force", "--grace-period=0", check=False)
+
+
 def as_written(stored: dict[str, Any], sent: dict[str, Any]) -> tuple[Any, ...]:
     """What a gang keeps exactly as the user wrote it."""
 
@@ -248,10 +288,33 @@ def as_written(stored: dict[str, Any], sent: dict[str, Any]) -> tuple[Any, ...]:
     return fields(stored), fields(sent)
 
 
-async def test_a_gang_runs_whole_and_with_a_profile_all_its_pods_land_on_one_gpu_product(kratos, namespace):
+async def ranked_at_admission(namespace: str, probe: dict[str, Any]) -> None:
+    """Until a server-side dry run of a Job of the workload comes back with ranked hints: the webhook's
+    cache has its profile."""
+    await until(lambda: preferred(json.loads(kubectl("create", "-n", namespace, "--dry-run=server", "-o", "json",
+                                                     "-f", "-", stdin=yaml.safe_dump(probe)))),
+                what="the webhook's cache has the profile")  # fmt: skip
+
+
+async def bound_pods(namespace: str, selector: str, count: int) -> list[dict[str, Any]]:
+    def bound() -> list[dict[str, Any]]:
+        found = items(namespace, "pods", "-l", selector)
+        return found if len(found) == count and all(p["spec"].get("nodeName") for p in found) else []
+
+    found: list[dict[str, Any]] = await until(bound, timeout=90, what=f"{count} Pods of {selector} bound")
+    return found
+
+
+def gang_product(pod: dict[str, Any]) -> str:
+    return dict(GANG_NODES)[pod["spec"]["nodeName"]]
+
+
+async def test_a_gang_runs_whole_and_with_a_profile_all_its_pods_land_on_one_gpu_product(
+    kratos, gang_nodes, namespace
+):
     """Issue 49: an Indexed gang of 4 Pods is admitted as written with base hints (no profiling run,
     no hold); with a Ready compute-bound profile its Pods prefer the L40S and all land on that one
-    product, though the A100 (and the L4) alone have room for all of them too."""
+    product, though the A100 alone has room for all of them too."""
     sent = gang("ddp", "ddp", 4)
     create(namespace, sent)
     stored = get(namespace, "job", "ddp")
@@ -264,56 +327,51 @@ async def test_a_gang_runs_whole_and_with_a_profile_all_its_pods_land_on_one_gpu
     async with admin_api() as api, kubelet(api, namespace) as finished:
         await until(lambda: len(finished) == 4, what="the gang's 4 Pods ran")
     assert items(namespace, "jobs", "-l", f"{v.ROLE_LABEL}=profiling") == [], "no profiling run"
-    ready_profile("ranked", namespace, bound="compute")
+    ready_profile("ranked", namespace, bound="compute", metrics=COMPUTE_METRICS)
     ranked = gang("ranked", "ranked", 4)
-    await until(lambda: preferred(json.loads(kubectl("create", "-n", namespace, "--dry-run=server", "-o", "json",
-                                                     "-f", "-", stdin=yaml.safe_dump(ranked)))),
-                what="the webhook's cache has the profile")  # fmt: skip
+    on_gang_nodes(ranked["spec"]["template"]["spec"])
+    await ranked_at_admission(namespace, ranked)
     create(namespace, ranked)
     stored = get(namespace, "job", "ranked")
     assert stored is not None and preferred(stored)[0] == L40S, "compute-bound: the L40S first"
-    term = stored["spec"]["template"]["spec"]["affinity"]["podAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]  # fmt: skip
-    assert term[0]["podAffinityTerm"]["topologyKey"] == v.GPU_PRODUCT_LABEL
-
-    def gang_bound() -> list[dict[str, Any]]:
-        found = items(namespace, "pods", "-l", f"{v.JOB_NAME_LABEL}=ranked")
-        return found if len(found) == 4 and all(p["spec"].get("nodeName") for p in found) else []
-
-    await until(gang_bound, what="every Pod of the gang bound")
-    bound = items(namespace, "pods", "-l", f"{v.JOB_NAME_LABEL}=ranked")
-    assert {product_of(namespace, p["metadata"]["name"]) for p in bound} == {L40S}, "one product"
-    for pod in bound:
-        assert json.loads(pod["metadata"]["annotations"][v.HINTS_ANNOTATION])["profile"] == "ranked-profile"
+    pod_affinity = stored["spec"]["template"]["spec"]["affinity"]["podAffinity"]
+    [term] = pod_affinity["preferredDuringSchedulingIgnoredDuringExecution"]
+    assert term["podAffinityTerm"]["topologyKey"] == v.GPU_PRODUCT_LABEL
+    bound = await bound_pods(namespace, f"{v.JOB_NAME_LABEL}=ranked", 4)
+    try:
+        assert {gang_product(p) for p in bound} == {L40S}, "one product"
+        for pod in bound:
+            assert (
+                json.loads(pod["metadata"]["annotations"][v.HINTS_ANNOTATION])["profile"] == "ranked-profile"
+            )
+    finally:
+        let_go(namespace)
 
 
 @pytest.mark.skipif(os.environ.get("KRATOS_E2E_JOBSET") != "1",
                     reason="needs the JobSet v0.11 controller on the cluster: set KRATOS_E2E_JOBSET=1 where it runs")  # fmt: skip
-async def test_a_jobsets_pods_with_a_profile_all_land_on_one_gpu_product(kratos, namespace):
+async def test_a_jobsets_pods_with_a_profile_all_land_on_one_gpu_product(kratos, gang_nodes, namespace):
     """Issue 49: the real JobSet controller's child Jobs are gangs (owned by the JobSet); with a Ready
     profile every Pod of every child Job prefers the L40S, peers with the others by the JobSet's name,
-    and all land on that one product."""
-    ready_profile("js", namespace, bound="compute")
-    probe = gang("js-probe", "js", 2)
-    await until(lambda: preferred(json.loads(kubectl("create", "-n", namespace, "--dry-run=server", "-o", "json",
-                                                     "-f", "-", stdin=yaml.safe_dump(probe)))),
-                what="the webhook's cache has the profile")  # fmt: skip
+    and all land on that one product, though the A100 alone has room for all of them too."""
+    ready_profile("js", namespace, bound="compute", metrics=COMPUTE_METRICS)
+    await ranked_at_admission(namespace, gang("js-probe", "js", 2))
     worker = job("w", "js")["spec"]
+    on_gang_nodes(worker["template"]["spec"])
     replicated = {"name": "workers", "replicas": 2, "template": {"metadata": {"labels": {v.WORKLOAD_LABEL: "js"}},
                   "spec": {**worker, "parallelism": 2, "completions": 2}}}  # fmt: skip
     create(namespace, {"apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet", "metadata": {"name": "js"},
                        "spec": {"replicatedJobs": [replicated]}})  # fmt: skip
-
-    def all_bound() -> list[dict[str, Any]]:
-        found = items(namespace, "pods", "-l", f"{v.JOBSET_NAME_LABEL}=js")
-        return found if len(found) == 4 and all(p["spec"].get("nodeName") for p in found) else []
-
-    bound = await until(all_bound, timeout=90, what="the JobSet's 4 Pods bound")
-    assert {product_of(namespace, p["metadata"]["name"]) for p in bound} == {L40S}, "one product"
-    for pod in bound:
-        record = json.loads(pod["metadata"]["annotations"][v.HINTS_ANNOTATION])
-        assert record["profile"] == "js-profile" and record["gang"].startswith("owned by JobSet js")
-        term = pod["spec"]["affinity"]["podAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"][0]
-        assert term["podAffinityTerm"]["labelSelector"] == {"matchLabels": {v.JOBSET_NAME_LABEL: "js"}}
+    bound = await bound_pods(namespace, f"{v.JOBSET_NAME_LABEL}=js", 4)
+    try:
+        assert {gang_product(p) for p in bound} == {L40S}, "one product"
+        for pod in bound:
+            record = json.loads(pod["metadata"]["annotations"][v.HINTS_ANNOTATION])
+            assert record["profile"] == "js-profile" and record["gang"].startswith("owned by JobSet js")
+            [term] = pod["spec"]["affinity"]["podAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+            assert term["podAffinityTerm"]["labelSelector"] == {"matchLabels": {v.JOBSET_NAME_LABEL: "js"}}
+    finally:
+        let_go(namespace)
 
 
 # --- the profiling loop ---------------------------------------------------------------------------------
