@@ -51,7 +51,12 @@ def test_the_report_shows_each_products_figures_time_and_weight():
         lines[0].split()[:2] == ["PRODUCT", "SHARE"] and "WEIGHT" in lines[0]
     )  # LABELS would repeat PRODUCT
     first = lines[1].split()
-    assert first[0] == "NVIDIA-H100-80GB-HBM3" and first[-1] == "100" and first[-2] == "model"
+    assert first[0] == "NVIDIA-H100-80GB-HBM3" and first[-1] == "100"
+    assert first[-4:-1] == ["model", "NVIDIA-H100-80GB-HBM3:", "measured"], "what the H100's figures rest on"
+    assert (
+        "measured on NVIDIA-H100-80GB-HBM3, whose figures rest on the catalog's measurements "
+        "(fp32 catalog, measured; memory catalog, measured)" in header
+    )
 
 
 def test_a_mig_node_is_reported_as_its_share_with_a_lower_weight(tmp_path: Path):
@@ -112,7 +117,7 @@ def test_the_header_counts_the_observations_actually_used(tmp_path: Path, observ
     assert lines[2].startswith(
         "time shares: tensor 0%, fp32 0%, fp64 0%, memory 81%, latency 19% (a profile from before"
     )
-    assert lines[3] == "source: nsight-compute" and lines[4:] == said
+    assert lines[3].startswith("measured on ") and lines[4] == "source: nsight-compute" and lines[5:] == said
     assert table.count(" observed ") == used
 
 

@@ -28,6 +28,7 @@ from kratos_admit.model.telemetry import (
     derive,
     describe_gpu,
     gpu_key,
+    measuring_product,
     parse_exposition,
     per_gpu,
     pod_samples,
@@ -36,7 +37,7 @@ from kratos_admit.model.telemetry import (
     with_telemetry,
 )
 from tests.builders import make_profile
-from tests.harness import DATA, require_fixtures
+from tests.harness import CATALOG, DATA, require_fixtures
 
 LABELS = TelemetryLabels()
 OUR_CAPTURES = DATA / "dcgm"
@@ -358,6 +359,23 @@ def test_the_product_with_most_gpu_seconds_gives_the_figures():
     )
     assert status is not None and [r.product for r in status.telemetry] == [A100, L4]
     assert (status.gpu.product, status.bound_type) == (A100, "memory")
+
+
+def test_measured_ground_gives_the_figures_as_soon_as_a_run_there_is_counted():
+    """Issue 52: a gang's first runs land where base hints let them (a T4 whose catalog FP32 is wrong,
+    say); one run counted on the H100 80GB HBM3, whose figures are all measured, and the profile is
+    read as measured there, however few its GPU-seconds."""
+    h100, t4 = "NVIDIA-H100-80GB-HBM3", "Tesla-T4"
+    status = with_telemetry(
+        None, _run("a", t4, seconds=3000, pipe_fp32_active=0.7), now=NOW, known=CATALOG.measured_ground
+    )
+    assert status is not None and status.gpu.product == t4
+    status = with_telemetry(
+        status, _run("b", h100, seconds=60, pipe_fp32_active=0.4), now=NOW, known=CATALOG.measured_ground
+    )
+    assert status is not None and status.gpu.product == h100
+    assert measuring_product({t4: 3000.0, h100: 60.0}) == t4, "without the catalog: the most GPU-seconds"
+    assert measuring_product({t4: 3000.0, f"{h100}-SHARED": 60.0}, CATALOG.measured_ground) == t4
 
 
 @pytest.mark.parametrize(

@@ -14,11 +14,12 @@ from kratos_admit.domain.config import Config
 from kratos_admit.domain.profile import WorkloadProfile
 from kratos_admit.domain.vocabulary import UNITS, Unit
 from kratos_admit.model.calibration import NO_CALIBRATION, Calibration, FactorSupport
-from kratos_admit.model.catalog import MEASURED_FIELD, Catalog, GpuProduct, mig_profile_of
+from kratos_admit.model.catalog import Catalog, mig_profile_of
 from kratos_admit.model.ranking import (
     SCALED_UNITS,
     RankedProduct,
     profile_shares,
+    reference_of,
     throughput_shares,
     unit_figures,
 )
@@ -44,16 +45,14 @@ class PlacementRow:
     # "model", "calibrated" or "observed"; "model + 1 run" where the workload's own runs there,
     # fewer than minObservedRuns, were weighed with the model's figure
     time_from: str
+    # what the measuring product's figures rest on, for a row the model predicts: "<product>:
+    # calibrated", "measured" (in the catalog) or "datasheet"; "-" for a row ranked by observed runs
+    measured_on: str
     weight: int
 
 
 def _calibrated_source(support: FactorSupport) -> str:
     return f"calibrated (/{support.factor:g}, {support.runs} runs, {support.workloads} workloads)"
-
-
-def _measured(entry: GpuProduct, unit: Unit) -> bool:
-    """Whether the catalog holds a measurement of this unit's figure (else datasheet x factor)."""
-    return getattr(entry, MEASURED_FIELD[unit]) is not None
 
 
 def _sources(
@@ -79,7 +78,7 @@ def _sources(
         share = "whole GPU"
         original = base or entry
         sources = {
-            unit: "catalog, measured" if _measured(original, unit) else "catalog, datasheet x factor"
+            unit: "catalog, measured" if original.measured(unit) else "catalog, datasheet x factor"
             for unit in SCALED_UNITS
         }
     own = calibration.get(entry.product)
@@ -105,6 +104,10 @@ def placement_rows(
 ) -> list[PlacementRow]:
     """One row per ranked product, best first; empty when the profile gives nothing to rank by."""
     ranked = ranking_of(profile, node_products, config=config, catalog=catalog, calibration=calibration)
+    reference = reference_of(
+        profile, catalog=catalog, calibration=calibration, min_calibration_runs=config.min_calibration_runs
+    )
+    rests_on = f"{reference.product}: {reference.figures}" if reference is not None else "-"
     rows = []
     for r in ranked:
         entry = r.product
@@ -129,6 +132,7 @@ def placement_rows(
                 time_from=f"{r.source} + {r.weighed_runs} run{'s' if r.weighed_runs > 1 else ''}"
                 if r.weighed_runs
                 else r.source,
+                measured_on="-" if r.observed else rests_on,
                 weight=r.weight,
             )
         )
@@ -136,7 +140,13 @@ def placement_rows(
 
 
 def placement_header(
-    profile: WorkloadProfile, config: Config, rows: list[PlacementRow], *, summary: str | None = None
+    profile: WorkloadProfile,
+    config: Config,
+    rows: list[PlacementRow],
+    *,
+    catalog: Catalog,
+    summary: str | None = None,
+    calibration: Calibration = NO_CALIBRATION,
 ) -> list[str]:
     """What the rows rest on: the profile's figures (``summary``: the runner summary file it was read
     from, as the controller would write it), its time shares by unit, the reference GPU, the strategy,
@@ -164,6 +174,7 @@ def placement_header(
             f"a product are weighed with the model's figure there, which counts as one run)"
         )
     lines += _shares_lines(profile)
+    lines += _reference_lines(profile, config, catalog, calibration)
     lines += _source_lines(profile)
     for o in status.observations if status else []:
         why = (
@@ -175,6 +186,38 @@ def placement_header(
         )  # fmt: skip
         lines.append(f"observed on {o.product}: {o.runs} runs, mean {o.mean_seconds} s ({why})")
     return lines
+
+
+_FIGURE_WORDS = {
+    "calibrated": "calibrated",
+    "measured": "catalog, measured",
+    "datasheet": "datasheet x factor",
+}
+_RESTS_ON = {
+    "calibrated": "the cluster's calibration",
+    "measured": "the catalog's measurements",
+    "datasheet": "the datasheet (times a factor)",
+}
+
+
+def _reference_lines(
+    profile: WorkloadProfile, config: Config, catalog: Catalog, calibration: Calibration
+) -> list[str]:
+    """The product the profile was measured on and, per unit its time uses, what the figures its
+    shares are converted with rest on: every row the model predicts rests on them."""
+    found = reference_of(
+        profile,
+        catalog=catalog,
+        calibration=calibration,
+        min_calibration_runs=config.min_calibration_runs,
+    )
+    if found is None:
+        return []
+    units = "; ".join(f"{unit} {_FIGURE_WORDS[source]}" for unit, source in found.by_unit)
+    return [
+        f"measured on {found.product}, whose figures rest on {_RESTS_ON[found.figures]} "
+        f"({units or 'no unit scales'}): so does every prediction of the model"
+    ]
 
 
 def _shares_lines(profile: WorkloadProfile) -> list[str]:

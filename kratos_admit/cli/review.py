@@ -189,14 +189,16 @@ def cmd_placement(args: argparse.Namespace, stdout: TextIO, stderr: TextIO, stdi
         [profile] = profiles
     nodes = FileNodeStore(args.nodes).gpu_products()
     calibration = load_calibration(args.calibration) if args.calibration else NO_CALIBRATION
-    rows = placement_rows(
-        profile, nodes, catalog=load_catalog(config.catalog_file), config=config, calibration=calibration
-    )
+    catalog = load_catalog(config.catalog_file)
+    rows = placement_rows(profile, nodes, catalog=catalog, config=config, calibration=calibration)
     if args.output == "json":
         stdout.write(as_json([dataclasses.asdict(r) for r in rows]) + "\n")
     else:
         summary = str(args.summary) if args.summary is not None else None
-        stdout.write("\n".join(placement_header(profile, config, rows, summary=summary)) + "\n\n")
+        header = placement_header(
+            profile, config, rows, summary=summary, catalog=catalog, calibration=calibration
+        )
+        stdout.write("\n".join(header) + "\n\n")
         stdout.write(format_table(rows) if rows else "no product to rank: the profile has no figures\n")
     return ExitStatus.OK
 

@@ -31,9 +31,24 @@ from kratos_admit.model.exploration import (
     object_key,
     one_gpu,
 )
-from kratos_admit.model.ranking import RankedProduct, RankingSource, rank_gpu_products, ranking_source
+from kratos_admit.model.ranking import (
+    RankedProduct,
+    RankingSource,
+    Reference,
+    rank_gpu_products,
+    ranking_source,
+    reference_of,
+)
 
 Expression = dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class RankedHint:
+    ranked: list[RankedProduct]
+    added: bool  # the preferred affinity was added (a user's own product preference wins)
+    explored: Exploration | None
+    reference: Reference | None  # the measuring product and what its figures rest on
 
 
 @dataclass(frozen=True, slots=True)
@@ -265,10 +280,11 @@ def ranked_hint(
     catalog: Catalog,
     calibration: Calibration,
     key: str = "",
-) -> tuple[list[RankedProduct], bool, Exploration | None]:
+) -> RankedHint:
     """The ranking, whether its preferred affinity was added (a user's own product preference wins),
-    and the exploration it carries: for config ``explorationShare`` of Jobs (``key``: namespace/name),
-    the best-ranked product whose figure for the workload's bound type is not yet calibrated, first."""
+    the exploration it carries (for config ``explorationShare`` of Jobs, ``key``: namespace/name, the
+    best-ranked product whose figure for the workload's bound type is not yet calibrated, first), and
+    what the measuring product's figures rest on."""
     ranked = ranking_of(
         profile,
         node_products,
@@ -290,7 +306,10 @@ def ranked_hint(
     if explored is not None:
         ranked = explored_first(ranked, explored.product)
     added = _prefer_products(pod_spec, ranked)
-    return ranked, added, explored if added else None
+    reference = reference_of(
+        profile, catalog=catalog, calibration=calibration, min_calibration_runs=config.min_calibration_runs
+    )
+    return RankedHint(ranked, added, explored if added else None, reference if ranked else None)
 
 
 def ranking_of(
@@ -403,8 +422,9 @@ def apply_hints(
         injected.append("affinity.nodeAffinity.required")
     ranked: list[RankedProduct] = []
     explored: Exploration | None = None
+    reference: Reference | None = None
     if ready and profile is not None:  # the ranked hint: the only one that needs a profile
-        ranked, added, explored = ranked_hint(
+        hint = ranked_hint(
             pod_spec,
             profile,
             node_products,
@@ -414,7 +434,8 @@ def apply_hints(
             calibration=calibration,
             key=object_key(metadata, namespace) if gang is None else "",
         )
-        if added:
+        ranked, explored, reference = hint.ranked, hint.explored, hint.reference
+        if hint.added:
             injected.append("affinity.nodeAffinity.preferred")
         if not ranked:
             warnings.append(
@@ -442,6 +463,7 @@ def apply_hints(
         reason="" if ready else reason,
         explore=explored,
         gang=gang.why if gang is not None else "",
+        reference=reference,
     )
     for block in [metadata] if kind == "Pod" else [metadata, pod_meta]:
         block_annotations = child(block, "annotations")

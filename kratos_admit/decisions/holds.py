@@ -106,9 +106,9 @@ def release_hold(
         injected.append("schedulingGates")
     user_annotations = {k: val for k, val in annotations.items() if isinstance(val, str)}
     ranked: list[RankedProduct] = []
-    explored = None
+    explored, reference = None, None
     if profile.ready:
-        ranked, added, explored = ranked_hint(
+        hint = ranked_hint(
             pod_spec if template else clone(pod_spec),
             profile,
             node_products,
@@ -118,7 +118,8 @@ def release_hold(
             calibration=calibration,
             key=object_key(metadata, namespace),
         )
-        if added and template:
+        ranked, explored, reference = hint.ranked, hint.explored, hint.reference
+        if hint.added and template:
             injected.append("affinity.nodeAffinity.preferred")
     phase = profile.status.phase if profile.status else "without status"
     record = hints_record(
@@ -129,6 +130,7 @@ def release_hold(
         ranked=tuple(ranked),
         reason="" if profile.ready else f"WorkloadProfile {profile.metadata.name} is {phase}",
         explore=explored,
+        reference=reference,
     )
     for block in [metadata] if kind == "Pod" else [metadata, pod_meta] if template else [metadata]:
         block_annotations = child(block, "annotations")

@@ -292,9 +292,10 @@ def profiling_products(
     """The node label values a profiling run prefers (DESIGN "Learning the cluster's GPUs"), so its
     shares are measured where the figures are known: config ``profilingProducts`` (those in the
     cluster, all of them when the node list is unknown); else the best-calibrated product in the
-    cluster (both factors qualify; the most runs behind the weaker one); before any qualifies, the
-    product with the most Nodes. Empty when the cluster's products are unknown, or all its products
-    have as many Nodes (a term naming them all would prefer nothing).
+    cluster (both factors qualify; the most runs behind the weaker one); before any qualifies, a
+    product whose catalog figures are all measured and cited (the one with the most Nodes, where
+    several are), else the product with the most Nodes. Empty when the cluster's products are
+    unknown, or all its products have as many Nodes (a term naming them all would prefer nothing).
 
     Remembered for the inputs it was last asked with, by identity: the stores hand out the same
     objects until the cluster or the calibration changes, so the admission path pays five ``is``
@@ -347,6 +348,8 @@ def _profiling_products(
         best = max(qualified.values())
         return tuple(label for label in present if qualified.get(label) == best)
     nodes = dict(product_nodes)
-    most = max(nodes.get(label, 0) for label in present)
-    largest = tuple(label for label in present if nodes.get(label, 0) == most)
+    measured = [label for label in present if catalog.measured_ground(label)]
+    candidates = measured or present
+    most = max(nodes.get(label, 0) for label in candidates)
+    largest = tuple(label for label in candidates if nodes.get(label, 0) == most)
     return largest if len(largest) < len(present) else ()  # all alike: nothing to prefer

@@ -11,7 +11,7 @@ from typing import Any
 from kratos_admit.domain import vocabulary as v
 from kratos_admit.domain.raw import as_list, as_mapping
 from kratos_admit.model.exploration import Exploration
-from kratos_admit.model.ranking import RankedProduct, RankingSource
+from kratos_admit.model.ranking import RankedProduct, RankingSource, Reference
 
 
 @functools.lru_cache(maxsize=4096)
@@ -25,10 +25,13 @@ def hints_record(
     reason: str,
     explore: Exploration | None = None,
     gang: str = "",
+    reference: Reference | None = None,
 ) -> str:
     """The gpu.scheduler.io/hints annotation: what was injected and why (memoised, it repeats).
     ``profile`` is empty and ``reason`` says why when only base hints were given; ``explore`` names
-    the product this Job was sent first to measure a figure, and why; ``gang`` what made it a gang."""
+    the product this Job was sent first to measure a figure, and why; ``gang`` what made it a gang;
+    ``reference`` the product the ranked profile was measured on and what its figures rest on
+    (``calibrated``, ``measured`` in the catalog, or the ``datasheet``'s times a factor)."""
     record: dict[str, object] = {
         "profile": profile or None,
         "boundType": bound_type,
@@ -38,6 +41,8 @@ def hints_record(
     }
     if reason:
         record["reason"] = reason
+    if reference is not None:
+        record["measuredOn"] = {"product": reference.product, "figures": reference.figures}
     if gang:
         record["gang"] = gang
     if explore is not None:

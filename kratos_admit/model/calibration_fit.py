@@ -168,13 +168,19 @@ def _references(votes: Mapping[str, list[tuple[float, Sample]]], used: Sequence[
     return {s.profiled for cast in votes.values() for _, s in cast if (s.workload, s.profiled) in ran}
 
 
-def _anchor(factors: dict[str, float], voted: set[str], known: set[str]) -> None:
-    """Divide the known factors by the geometric mean of those the samples voted on: the same divisor
-    for all, so no ratio between them changes, and the calibrated products keep the catalog's figures
-    on average. A factor nothing measured (neither voted on nor the reference of a workload's votes)
-    is unknown: it stays at the catalog's figure, 1. Rescaling it with the others would let it drift
-    without bound, and drag with it the votes of the workloads profiled on its product."""
-    mean = math.exp(sum(math.log(factors[p]) for p in voted) / len(voted)) if voted else 1.0
+def _anchor(factors: dict[str, float], voted: set[str], known: set[str], measured: frozenset[str]) -> None:
+    """Divide the known factors by one geometric mean: the same divisor for all, so no ratio between
+    them changes. Where the fit measured a product of the catalog's measured ground (``measured``: every
+    figure of it a cited measurement), the mean of those: they keep their measured figures, and every
+    calibrated figure is on their scale (issue 52: measured ground anchors a profile's conversion).
+    Else the mean of those the samples voted on: the calibrated products keep the catalog's figures
+    on average. A factor nothing measured
+    (neither voted on nor the reference of a workload's votes) is unknown: it stays at the catalog's
+    figure, 1. Rescaling it with the others would let it drift without bound, and drag with it the
+    votes of the workloads profiled on its product."""
+    ground = measured & known
+    by = ground or voted
+    mean = math.exp(sum(math.log(factors[p]) for p in by) / len(by)) if by else 1.0
     for p, value in factors.items():
         factors[p] = value / mean if p in known else 1.0
 
@@ -290,6 +296,10 @@ def _fit_factors(
     ``fixed`` (by unit, by product) is held at that value (known, but not voted on)."""
     names = {s.product for s in used} | {s.profiled for s in used}
     factors: Factors = {unit: dict.fromkeys(names, 1.0) for unit in FACTOR_UNITS}
+    # the catalog's measured ground (every figure a cited measurement: the H100 80GB HBM3 today), which
+    # anchors each unit's factors where the fit measured it
+    measured_ground = frozenset(p for p in names if catalog.measured_ground(p))
+    ground = dict.fromkeys(FACTOR_UNITS, measured_ground)
     for unit in FACTOR_UNITS:
         factors[unit].update(fixed.get(unit, {}))
     votes: Votes = {unit: {} for unit in FACTOR_UNITS}
@@ -340,7 +350,7 @@ def _fit_factors(
                 here[product] = new
             here.update(fixed.get(unit, {}))
             known[unit] |= set(votes[unit]) | _references(votes[unit], used)
-            _anchor(here, set(votes[unit]), known[unit])
+            _anchor(here, set(votes[unit]), known[unit], ground[unit])
         if moved < 1e-7 and delta != math.inf:
             break
     measured = {

@@ -164,6 +164,19 @@ class GpuProduct(BaseModel):
             return self.sustained_bandwidth_gbs
         return None
 
+    def measured(self, unit: Unit) -> bool:
+        """Whether this entry's sustained figure for ``unit`` is a cited measurement (else the
+        datasheet times its architecture's factor). Read it on the catalog's own entry: a calibrated
+        copy (``with_sustained``) carries the cluster's figures in the same fields."""
+        field = MEASURED_FIELD.get(unit)
+        return field is not None and getattr(self, field) is not None
+
+    @property
+    def fully_measured(self) -> bool:
+        """Every unit's sustained figure is a cited measurement: a profile measured here is converted
+        with figures known to be true (the H100 80GB HBM3's, today)."""
+        return all(self.measured(unit) for unit in MEASURED_FIELD)
+
     def with_sustained(self, figures: Mapping[Unit, float]) -> GpuProduct:
         """This product with these sustained figures in place of its own (a calibration's, a re-fit's);
         the units not named keep theirs, and latency has none."""
@@ -244,6 +257,14 @@ class Catalog:
         if entry is None or profile is None:
             return entry
         return entry.mig_slice(profile)
+
+    def measured_ground(self, label: str) -> bool:
+        """A node label naming a whole, unshared GPU whose every catalog figure is a cited measurement:
+        a profile measured there is converted with figures known to be right before any calibration
+        exists. A MIG slice's figures are shares of its GPU's, and a time-sliced (``-SHARED``) GPU's
+        run is not its own."""
+        entry = self.lookup(label)
+        return entry is not None and entry.fully_measured and base_product(label) == label
 
     @cached_property
     def mig_profiles(self) -> frozenset[str]:

@@ -195,6 +195,47 @@ def _score(relative_time: float, product: GpuProduct, strategy: Strategy) -> flo
     return 1 / (relative_time * product.relative_cost)  # balanced: performance per cost
 
 
+@dataclass(frozen=True, slots=True)
+class _Reading:
+    """What a ranking reads a profile by: its shares (by unit, or SM and memory throughputs read by the
+    roofline), the product they were measured on, and the figures to read them against where a re-fit
+    gave them (None: that product's own, calibrated where its calibration qualifies)."""
+
+    shares: tuple[tuple[Unit, float], ...]
+    roofline: bool
+    profiled: str | None
+    figures: tuple[tuple[Unit, float], ...] | None = None
+
+
+def _read(
+    profile: WorkloadProfile, *, catalog: Catalog, calibration: Calibration, min_calibration_runs: int
+) -> _Reading | None:
+    reading = _reading(profile)
+    if reading is None:
+        return None
+    shares, roofline = reading
+    profiled = profile.status.gpu.product if profile.status else None
+    fitted = calibration.shares_of(profile.metadata.namespace, profile.spec.workload)
+    measured_on = catalog.placement(profiled) if profiled else None
+    own = calibration.get(measured_on.product) if measured_on is not None else None
+    if (
+        fitted is not None
+        and fitted.runs >= min_calibration_runs
+        and measured_on is not None
+        and not (own and all(own.support(u).qualifies(min_calibration_runs) for u in _fitted_units(fitted)))
+    ):
+        # the shares re-fitted from its runs (per unit, or by its throughputs), of the figures the fit
+        # gave its profiled product; until that product is calibrated in every unit they use
+        refitted = (
+            _key(dict(fitted.time_shares)) if fitted.time_shares else _overlapping(fitted.sm, fitted.mem)
+        )
+        figures = fitted.figures if fitted.time_shares else (
+            ("fp32", fitted.fp32_tflops), ("memory", fitted.bandwidth_gbs)
+        )  # fmt: skip
+        return _Reading(refitted, not fitted.time_shares, fitted.profiled, figures)
+    return _Reading(shares, roofline, profiled)
+
+
 def rank_gpu_products(
     profile: WorkloadProfile,
     node_products: Iterable[str],
@@ -213,39 +254,18 @@ def rank_gpu_products(
     The ranking depends only on the profile's figures, the cluster's products and the config, so
     it is computed once per distinct input and served from a bounded cache after that.
     """
-    reading = _reading(profile)
+    reading = _read(
+        profile, catalog=catalog, calibration=calibration, min_calibration_runs=min_calibration_runs
+    )
     if reading is None:
         return []
-    shares, roofline = reading
-    profiled = profile.status.gpu.product if profile.status else None
-    fitted = calibration.shares_of(profile.metadata.namespace, profile.spec.workload)
-    figures: tuple[tuple[Unit, float], ...] | None = None
-    measured_on = catalog.placement(profiled) if profiled else None
-    own = calibration.get(measured_on.product) if measured_on is not None else None
-    refitted: tuple[tuple[Unit, float], ...] = ()
-    if fitted is not None:
-        refitted = (
-            _key(dict(fitted.time_shares)) if fitted.time_shares else _overlapping(fitted.sm, fitted.mem)
-        )
-    if (
-        fitted is not None
-        and fitted.runs >= min_calibration_runs
-        and measured_on is not None
-        and not (own and all(own.support(u).qualifies(min_calibration_runs) for u in _fitted_units(fitted)))
-    ):
-        # the shares re-fitted from its runs (per unit, or by its throughputs), of the figures the fit
-        # gave its profiled product; until that product is calibrated in every unit they use
-        shares, roofline, profiled = refitted, not fitted.time_shares, fitted.profiled
-        figures = fitted.figures if fitted.time_shares else (
-            ("fp32", fitted.fp32_tflops), ("memory", fitted.bandwidth_gbs)
-        )  # fmt: skip
     return list(
         _rank(
             catalog,
-            shares=shares,
-            roofline=roofline,
-            profiled=profiled,
-            reference_figures=figures,
+            shares=reading.shares,
+            roofline=reading.roofline,
+            profiled=reading.profiled,
+            reference_figures=reading.figures,
             node_products=frozenset(node_products),
             strategy=strategy,
             reference_product=reference_product,
@@ -256,6 +276,54 @@ def rank_gpu_products(
             calibration=calibration,
             min_calibration_runs=min_calibration_runs,
         )
+    )
+
+
+# where the figures a profile's shares are read against come from, weakest first
+FigureSource = Literal["datasheet", "measured", "calibrated"]
+FIGURE_SOURCES: tuple[FigureSource, ...] = ("datasheet", "measured", "calibrated")
+
+
+@dataclass(frozen=True, slots=True)
+class Reference:
+    """The product a profile was measured on, and what the figures its shares are converted with rest
+    on, per unit the workload's time uses: the cluster's calibration (or a re-fit of its runs), the
+    catalog's cited measurement, or the datasheet times a factor. ``figures`` is the weakest of them:
+    every prediction the model makes from this profile rests on it."""
+
+    product: str
+    by_unit: tuple[tuple[Unit, FigureSource], ...]
+
+    @property
+    def figures(self) -> FigureSource:
+        return min((s for _, s in self.by_unit), key=FIGURE_SOURCES.index, default="calibrated")
+
+
+def figure_source(entry: GpuProduct, unit: Unit, calibration: Calibration, min_runs: int) -> FigureSource:
+    """Where the ranking's figure for ``unit`` of catalog ``entry`` comes from."""
+    own = calibration.get(entry.product)
+    if own is not None and own.support(unit).qualifies(min_runs):
+        return "calibrated"
+    return "measured" if entry.measured(unit) else "datasheet"
+
+
+def reference_of(
+    profile: WorkloadProfile, *, catalog: Catalog, calibration: Calibration, min_calibration_runs: int
+) -> Reference | None:
+    """The measuring product of a profile the model reads, and what its figures rest on (the hints
+    record's ``measuredOn``, ``placement``); None when the profile gives nothing to rank by or names
+    no product the catalog knows."""
+    reading = _read(
+        profile, catalog=catalog, calibration=calibration, min_calibration_runs=min_calibration_runs
+    )
+    entry = catalog.lookup(reading.profiled) if reading is not None and reading.profiled else None
+    if reading is None or entry is None:
+        return None
+    units = [u for u, share in reading.shares if u in SCALED_UNITS and share > 0]
+    if reading.figures is not None:  # read against the figures a re-fit of its runs gave
+        return Reference(entry.product, tuple((u, "calibrated") for u in units))
+    return Reference(
+        entry.product, tuple((u, figure_source(entry, u, calibration, min_calibration_runs)) for u in units)
     )
 
 

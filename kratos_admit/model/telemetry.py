@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -394,10 +394,20 @@ def nsight_compute_figures(status: ProfileStatus) -> bool:
     return status.phase == "Ready" and status.source != "telemetry"
 
 
-def with_telemetry(status: ProfileStatus | None, run: TelemetryRun, *, now: str) -> ProfileStatus | None:
+def measuring_product(seconds: Mapping[str, float], known: Callable[[str], bool] | None = None) -> str:
+    """The product a telemetry profile is read as measured on, of those with GPU-seconds: one whose
+    figures are known (``known``: measured ground, DESIGN "Learning the cluster's GPUs") before any
+    other, then the most GPU-seconds. So a profile first measured on a product whose catalog figure
+    is wrong moves to known ground as soon as a run there is counted (issue 52)."""
+    return max(seconds, key=lambda p: (known(p) if known is not None else False, seconds[p], p))
+
+
+def with_telemetry(
+    status: ProfileStatus | None, run: TelemetryRun, *, now: str, known: Callable[[str], bool] | None = None
+) -> ProfileStatus | None:
     """The profile's status with ``run`` folded in (None when that Pod was counted already). With
-    no Nsight Compute figures, the profile is Ready from telemetry: the product with the most
-    GPU-seconds gives ``gpu.product`` and, by ``derive``, the bound type and metrics."""
+    no Nsight Compute figures, the profile is Ready from telemetry: the product ``measuring_product``
+    picks gives ``gpu.product`` and, by ``derive``, the bound type and metrics."""
     if status is not None and run.uid in status.counted_telemetry:
         return None
     current = status or ProfileStatus(phase="Ready", source="telemetry")
@@ -405,7 +415,8 @@ def with_telemetry(status: ProfileStatus | None, run: TelemetryRun, *, now: str)
     counted = [*current.counted_telemetry, run.uid][-MAX_COUNTED_RUNS:]
     update: dict[str, object] = {"telemetry": records, "counted_telemetry": counted}
     if not nsight_compute_figures(current):
-        best = max(records, key=lambda r: (float(r.seconds), r.product))
+        best_product = measuring_product({r.product: float(r.seconds) for r in records}, known)
+        best = next(r for r in records if r.product == best_product)
         derived = derive({name: float(value) for name, value in best.counters.items()})
         runs = sum(r.runs for r in records)
         note = f"from DCGM telemetry of {runs} run(s), {best.seconds} GPU-seconds on {best.product}"

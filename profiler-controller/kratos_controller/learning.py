@@ -250,13 +250,16 @@ def telemetry_run(due: TelemetryDue, found: PodTelemetry, product: str) -> Telem
 
 
 def record_telemetry(
-    profile: Obj | None, due: TelemetryDue, run: TelemetryRun, *, now: str
+    profile: Obj | None, due: TelemetryDue, run: TelemetryRun, *, now: str, catalog: Catalog | None = None
 ) -> PublishProfile | RecordObservations | None:
     """The write that folds ``run`` into the workload's profile: a new profile (Ready, from
     telemetry) when there is none, else its status replaced (guarded by its resourceVersion);
-    None when the Pod was counted already or the profile cannot be read."""
+    None when the Pod was counted already or the profile cannot be read. With ``catalog``, a
+    telemetry profile is read as measured on the catalog's measured ground wherever a run there
+    was counted (``measuring_product``)."""
+    known = catalog.measured_ground if catalog is not None else None
     if profile is None:
-        status = with_telemetry(None, run, now=now)
+        status = with_telemetry(None, run, now=now, known=known)
         if status is None:
             return None
         name = v.profile_name(due.workload)
@@ -266,7 +269,7 @@ def record_telemetry(
         current = ProfileStatus.model_validate(profile.get("status") or {"phase": "Profiling"})
     except ValidationError:
         return None
-    return _recorded(profile, with_telemetry(current, run, now=now))
+    return _recorded(profile, with_telemetry(current, run, now=now, known=known))
 
 
 def counted_telemetry(profile: Obj | None, uid: str) -> bool:

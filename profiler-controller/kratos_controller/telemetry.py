@@ -162,7 +162,9 @@ class TelemetryController:
         product = await shared.io.product_of(due.node) or product_of(samples, settings.labels)
         run = telemetry_run(due, found, product)
         now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-        action = record_telemetry(profile, due, run, now=now) if run is not None else None
+        action = (
+            record_telemetry(profile, due, run, now=now, catalog=shared.catalog) if run is not None else None
+        )
         if action is not None:
             outcome = await shared.io.apply(action)
             if outcome == "exists":  # a profile appeared since it was read: fold into it next time
