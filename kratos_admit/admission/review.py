@@ -38,9 +38,10 @@ class Reviewed:
     warnings: tuple[str, ...]
     patch: list[dict[str, Any]]
     object: dict[str, Any]
-    # the product the decision sent the Job to explore ("" when none): not in the CLI's output, whose
-    # shape DESIGN fixes; its hints annotation says the same
+    # the product the decision sent the Job to explore ("" when none), and what made it a gang ("" when
+    # it runs alone): not in the CLI's output, whose shape DESIGN fixes; its hints annotation says both
     explored: str = ""
+    gang: str = ""
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -113,6 +114,7 @@ def review_document(
         patch=patch if allowed else [],
         object=final if allowed else doc,
         explored=mutated.decision.explored if allowed else "",
+        gang=mutated.decision.gang if allowed else "",
     )
 
 

@@ -108,7 +108,7 @@ def worst_errors(
     ``kratos`` would rank them now, and the same over the workloads whose bound type exercises each
     figure (FP32: compute-bound, bandwidth: memory-bound). Predicted seconds are the ranking's relative times in the unit
     the workload's own observations give them (the mean of observed/relative over its observed
-    products); a workload without observations (never seen) is profiled on its reference product,
+    products, each weighed by its runs); a workload without observations (never seen) is profiled on its reference product,
     and its true runtime there is the unit. True seconds: the workload's mean reference runtime
     scaled by the truth."""
     worst: dict[str, float] = {}
@@ -140,18 +140,21 @@ def worst_errors(
                 job.runtime_shares, reference=job.reference_product, product=label
             )
 
-        observed: dict[str, float] = {}
+        observed: dict[str, tuple[float, int]] = {}
         for o in profile.status.observations:
             entry = catalog.placement(o.product)
             if entry is not None and o.runs:
-                observed[entry.product] = float(o.mean_seconds)
+                observed[entry.product] = (float(o.mean_seconds), o.runs)
+        # the unit: a run-weighted geometric mean of observed over predicted, so one run that spilled onto
+        # a product the model gets wrong does not move every other product's prediction as much as the
+        # dozens of runs on the products that agree
         units = [
-            math.log(observed[r.product.product] / r.relative_time)
+            (math.log(observed[r.product.product][0] / r.relative_time), observed[r.product.product][1])
             for r in ranked_now
             if r.product.product in observed
         ]
         if units:
-            unit = math.exp(sum(units) / len(units))
+            unit = math.exp(sum(u * runs for u, runs in units) / sum(runs for _, runs in units))
         else:
             unit = true_seconds(profile.status.gpu.product or job.reference_product)
         figure = figure_of(job)

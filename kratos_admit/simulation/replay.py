@@ -14,6 +14,14 @@
   "Exploration"); left out when the share is 0 (it would be the same run).
 - ``oracle``: every Job on the free GPU product that truly runs it fastest.
 
+Telemetry, as the controller counts it from DCGM counters (the simulator models a cluster whose
+telemetry is configured): under the KRATOS policies every run is counted once, after
+``telemetry.windowSeconds`` of it or at its end if sooner, on the product it ran on. A workload
+without an Nsight Compute profile (a gang, docs/distributed-training.md: here a Job on more than one
+GPU, which is never profiled) gets its profile from those runs (``source: telemetry``), read as
+measured on the catalog's measured ground where a run was counted there, else where it has the
+most GPU-seconds (``measuring_product``).
+
 A Job's true runtime on product P is its reference runtime scaled by the ranking's units model
 evaluated with the truth figures of P and of the reference product (for a Job with only throughputs,
 the roofline the ranking used before the units model), times a factor drawn within ``1 +- noise``
@@ -36,12 +44,13 @@ from kratos_admit.decisions.holds import release_hold
 from kratos_admit.decisions.stores import StaticCalibrationStore, StaticNodeStore
 from kratos_admit.domain import vocabulary as v
 from kratos_admit.domain.config import Config
-from kratos_admit.domain.profile import ProfileStatus, with_runs
+from kratos_admit.domain.profile import ProfileStatus, WorkloadProfile, with_runs
 from kratos_admit.domain.raw import as_mapping
 from kratos_admit.domain.signing import DEVELOPMENT_KEY
 from kratos_admit.model.calibration import samples_of
 from kratos_admit.model.calibration_fit import fit_calibration
 from kratos_admit.model.catalog import Catalog
+from kratos_admit.model.telemetry import measuring_product
 from kratos_admit.simulation.knowledge import Learned, SimulatedProfiles, knowledge_of
 from kratos_admit.simulation.scheduling import ClusterState, PodRequest, SimNode, schedule
 from kratos_admit.simulation.trace import (
@@ -144,6 +153,7 @@ class PolicyRun:
         self.seq = itertools.count()
         self.pending: list[Pending] = []
         self.held: dict[str, list[tuple[TraceJob, dict[str, Any]]]] = {}
+        self.telemetry_seconds: dict[str, dict[str, float]] = {}  # workload -> product -> GPU-seconds
         self.finished: dict[str, float] = {}
         self.gpu_seconds = 0.0
         self.reviews = itertools.count()
@@ -208,6 +218,10 @@ class PolicyRun:
                 continue
             self.state.bind(node, entry.pod)
             seconds = self.started(entry, node.product)
+            if self.policy not in ("default", "oracle") and not entry.profiling:
+                # counted before its end at a tie: the run that ends is counted in the profile
+                window = min(seconds, self.config.telemetry.window_seconds)
+                self._event(now + window, "telemetry", (entry.job, node, window * entry.pod.gpus))
             self._event(now + seconds, "done", (entry, node, seconds))
         for entry in waiting:
             heapq.heappush(self.pending, entry)
@@ -253,24 +267,50 @@ class PolicyRun:
         if self.policy in LEARNING:
             self._observe(job, node, seconds)
 
-    def _profiled(self, job: TraceJob, node: SimNode, now: float) -> None:
-        """What the controller does when a profiling run ends: publish the profile, create the
-        execution Job (admitted again, now with hints), release the Jobs held meanwhile."""
+    def _measured(self, job: TraceJob, node: SimNode, source: str) -> ProfileStatus:
+        """The Ready profile a run of ``job`` on ``node`` makes: what Nsight Compute (a profiling run)
+        or DCGM telemetry (a gang's own run) measures there."""
         metrics = self.truth.measured_on(job, node.product)
         shares = self.truth.time_shares_on(job, node.product)
-        status = ProfileStatus.model_validate(
+        return ProfileStatus.model_validate(
             {
                 "phase": "Ready",
                 "boundType": bound_type(float(metrics["smThroughput"]), float(metrics["memoryThroughput"])),
                 "metrics": metrics,
                 "gpu": {"product": node.product},
                 "sourceJob": job.name,
+                "source": source,
             }
             | ({"timeShares": time_shares_status(shares)} if shares is not None else {})
         )
-        profile = self.profiles.put(job.workload, status)
+
+    def _telemetry(self, job: TraceJob, node: SimNode, gpu_seconds: float, now: float) -> None:
+        """A run counted by telemetry: the workload's profile is made (or moved to the product it is
+        now read as measured on) unless Nsight Compute's figures are there, which keep precedence."""
+        seconds = self.telemetry_seconds.setdefault(job.workload, {})
+        seconds[node.product] = seconds.get(node.product, 0.0) + gpu_seconds
+        found = self.profiles.get(NAMESPACE, job.workload)
+        status = found.status if found is not None else None
+        if status is not None and status.phase == "Ready" and status.source != "telemetry":
+            return
+        product = measuring_product(seconds, self.catalog.measured_ground)
+        if status is not None and status.phase == "Ready" and status.gpu.product == product:
+            return
+        measured = self._measured(job, next(n for n in self.state.nodes if n.product == product), "telemetry")
+        observations = status.observations if status is not None else []
+        profile = self.profiles.put(job.workload, measured.model_copy(update={"observations": observations}))
+        self._release(job.workload, profile, now)
+
+    def _profiled(self, job: TraceJob, node: SimNode, now: float) -> None:
+        """What the controller does when a profiling run ends: publish the profile, create the
+        execution Job (admitted again, now with hints), release the Jobs held meanwhile."""
+        profile = self.profiles.put(job.workload, self._measured(job, node, "nsight-compute"))
         self.admit(job, now, name=f"{job.name}-execution"[: v.DNS1123_LABEL_MAX])
-        for follower, held in self.held.pop(job.workload, []):
+        self._release(job.workload, profile, now)
+
+    def _release(self, workload: str, profile: WorkloadProfile, now: float) -> None:
+        """The followers held while the workload profiled, let go with the hints they now get."""
+        for follower, held in self.held.pop(workload, []):
             released = release_hold(
                 held,
                 "Job",
@@ -308,6 +348,9 @@ class PolicyRun:
                 _, _, kind, payload = heapq.heappop(self.events)
                 if kind == "arrive":
                     self.admit(payload, now)
+                elif kind == "telemetry":
+                    job, node, gpu_seconds = payload
+                    self._telemetry(job, node, gpu_seconds, now)
                 else:
                     entry, node, seconds = payload
                     self.done(entry, node, seconds, now)
