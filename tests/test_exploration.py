@@ -374,6 +374,64 @@ def test_on_a_held_out_mixed_trace_every_exercised_figure_ends_within_ten_percen
     assert "exploration: mean JCT" in format_results(result)
 
 
+# --- issue 52: profile where the figures are known ----------------------------------------------------
+
+BALANCED_WORKLOAD = {"balanced-cfd": (62.0, 58.0, 70.0, 1500.0)}
+
+
+def t4_reproduction(seed: int, jobs: int = 480) -> tuple[Trace, list[SimNode], Truth]:
+    """Issue 52's reproduction: the held-out cluster with eight more T4 servers of 4 (the T4s the
+    largest group by far), a lighter load (one Job every 90 s) so that KRATOS's ranking leaves the
+    T4s to profiling runs alone, a balanced workload beside the compute- and memory-bound ones, and a
+    truth in which the catalog overrates the T4's FP32 by 51 % (it sustains 1/1.51 of it: a 70 W card
+    that throttles under load); every other figure within 5 % of the catalog."""
+    cluster = {**HELD_OUT_CLUSTER, T4: (10, 4)}
+    workloads = {**HELD_OUT_WORKLOADS, **BALANCED_WORKLOAD}
+    rng = random.Random(seed)
+    names = sorted(workloads)
+    arrival, found = 0.0, []
+    for i in range(jobs):
+        workload = names[i % len(names)] if i < len(names) else rng.choice(names)
+        sm, mem, occupancy, typical = workloads[workload]
+        metrics = {"smThroughput": str(sm), "memoryThroughput": str(mem), "achievedOccupancy": str(occupancy)}
+        found.append(TraceJob(f"{workload}-{i:03d}", workload, round(arrival, 1), rng.choice([1, 1, 1, 2, 2]), A100,
+                              round(typical * rng.uniform(0.95, 1.05), 1), metrics))  # fmt: skip
+        arrival += rng.expovariate(1 / 90.0)
+    nodes = [
+        SimNode(f"{product.lower()}-{i}", {"nvidia.com/gpu.present": "true", v.GPU_PRODUCT_LABEL: product}, gpus,
+                64000, 512 << 30)
+        for product, (count, gpus) in cluster.items() for i in range(count)
+    ]  # fmt: skip
+    rng = random.Random(1000 + seed)
+    figures = {}
+    for product in cluster:
+        entry = CATALOG.lookup(product)
+        assert entry is not None
+        fp32, bandwidth = rng.uniform(0.95, 1.05), rng.uniform(0.95, 1.05)
+        figures[product] = Figures(
+            entry.sustained_fp32_tflops * (1 / 1.51 if product == T4 else fp32),
+            entry.sustained_bandwidth_gbs * bandwidth,
+        )
+    return Trace(tuple(found)), nodes, Truth(CATALOG, figures)
+
+
+def test_with_the_t4s_the_largest_group_and_wrongly_catalogued_profiles_are_measured_where_the_figures_are_known():
+    """Issue 52: the T4s are the largest group, run nothing but profiling runs, and their catalog FP32 is
+    51 % over the truth. Profiling on the H100, whose figures are all measured, every profile is
+    measured there and every product but the T4 is predicted within 10 % (before: up to 29 %, the A100
+    and the T4 in this seed), kratos within 10 % of the oracle (1.04). The T4 itself stays about a third
+    off: nothing ever measures its FP32 (docs/ranking.md "Profiling on known ground")."""
+    trace, nodes, truth = t4_reproduction(3)
+    result = simulate(trace, nodes, truth=truth, config=Config(), catalog=CATALOG, seed=3,
+                      policies=("kratos", "oracle"))  # fmt: skip
+    profiled_on = {p.status.gpu.product for p in result.learned.profiles.index.profiles() if p.status}
+    assert profiled_on == {H100}, profiled_on
+    errors = {p: round(e, 3) for p, e in result.prediction_error.items()}
+    assert {p: e for p, e in errors.items() if e > 0.10} == {T4: pytest.approx(0.34, abs=0.03)}, errors
+    mean = {name: r.mean_jct for name, r in result.policies.items()}
+    assert mean["kratos"] <= 1.10 * mean["oracle"], mean
+
+
 # --- per unit (issue 43): the figure explored is that of the workload's largest unit -----------------
 
 
