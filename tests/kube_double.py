@@ -22,6 +22,8 @@ named after what it imitates (Kubernetes 1.28):
 | garbage collection: a dependent whose owners are all gone is deleted (background) | ``pkg/controller/garbagecollector`` | |
 | ``expire_ttls(now)``: finished Jobs past ``ttlSecondsAfterFinished`` are deleted with Foreground propagation (their Pods first) | ``pkg/controller/ttlafterfinished`` | a clock of its own: tests step it |
 | ``namespace_lifecycle = True``: creating a namespaced object in a namespace that does not exist is refused with 404 ``namespaces "X" not found`` | the ``NamespaceLifecycle`` admission plugin | terminating namespaces; off by default, as most tests never create namespaces |
+| chunked lists: ``limit`` and ``continue``; every page from the snapshot the first was read at, with that resourceVersion; a token older than the last ``compact()`` is 410 ``Expired`` with the real message | the generic registry's paged list (etcd3 store ``GetList`` with ``continue``), API concepts "Retrieving large results sets in chunks" | ``remainingItemCount`` |
+| metadata-only lists and watches: ``Accept: application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1`` lists, ``as=PartialObjectMetadata`` the objects of a watch; an empty such list has ``"items": null``; ``as=PartialObjectMetadata`` on a list is 406 ``NotAcceptable`` (JSON after it in Accept or not); ``as=PartialObjectMetadataList`` on a watch sends no event | ``staging/src/k8s.io/apiserver/pkg/endpoints/handlers/response.go`` (``transformObject``), checked with curl against kube-apiserver 1.28.7 | Table, protobuf |
 | list and watch with ``fieldSelector`` on ``metadata.name`` / ``metadata.namespace`` (``=``, ``==``, ``!=``, comma-ANDed) | the generic registry's field selectors, which every resource supports for these two fields | other fields (``spec.nodeName``, ``status.phase``) |
 | a watch without ``resourceVersion`` first sends every object it selects as an ADDED event, then the changes after them | "Get State and Start at Most Recent" (API concepts, "Semantics for watch") | ``resourceVersion=0`` ("Start at Any"): replayed from the double's history |
 | discovery: ``GET /api``, ``/apis``, ``/api/v1``, ``/apis/<group>/<version>`` list the resources above (legacy, unaggregated form), so ``kubectl apply --dry-run=client`` can map kinds to resources | the discovery handlers of ``staging/src/k8s.io/apiserver/pkg/endpoints/discovery`` | verbs, short names, categories, aggregated discovery (kubectl falls back) |
@@ -161,6 +163,7 @@ class Request:
     user_agent: str = ""
     user: str = ""
     content_type: str = ""
+    accept: str = ""
 
 
 @dataclass(frozen=True)
@@ -252,6 +255,11 @@ class KubeDouble:
     tokens: dict[str, Identity] = field(default_factory=lambda: dict(TOKENS))
     decisions: list[Decision] = field(default_factory=list)  # every authorisation, in order
     kueue_installed: bool = False  # serve Kueue's Workloads and AdmissionChecks (its CRDs installed)
+    # the objects a chunked list was first read at, by (resource, resourceVersion): its later pages
+    # come from there, as etcd serves them from that revision (dropped by compact())
+    snapshots: dict[tuple[tuple[str, str], int], list[tuple[tuple[str, str], Obj]]] = field(
+        default_factory=dict
+    )
 
     # --- seeding and inspection (synchronous helpers for tests) --------------------------------
 
@@ -288,6 +296,7 @@ class KubeDouble:
         """Forget the event history, so watches from an older resourceVersion get 410 Gone."""
         self.compacted = self.revision
         self.epoch += 1
+        self.snapshots.clear()
         for events in self.history.values():
             events.clear()
         self._notify()
@@ -328,6 +337,7 @@ class KubeDouble:
                 request.headers.get("User-Agent", ""),
                 identity.user if identity else "",
                 request.content_type,
+                request.headers.get("Accept", ""),
             )
         )
         if self.down:
@@ -844,23 +854,75 @@ class KubeDouble:
     def _list(self, request: web.Request, resource: tuple[str, str], ns: str, kind: str) -> web.Response:
         selector = request.query.get("labelSelector", "")
         fields = request.query.get("fieldSelector", "")
-        items = [
-            o
-            for (o_ns, _), o in sorted(self.objects[resource].items())
-            if (not ns or o_ns == ns) and _selects(selector, o) and _field_selects(fields, o)
+        partial = _partial_form(request)
+        if partial == "PartialObjectMetadata":
+            group = "core" if resource[0] == "api/v1" else "unstructured"
+            return _status(
+                406,
+                "NotAcceptable",
+                f"you requested PartialObjectMetadata, but the requested object is a list (*{group}.{kind}List)",
+            )
+        limit = int(request.query.get("limit") or 0)
+        token = request.query.get("continue", "")
+        if token:
+            try:
+                position = json.loads(base64.urlsafe_b64decode(token + "=" * (-len(token) % 4)))
+                revision, start = int(position["rv"]), (str(position["start"][0]), str(position["start"][1]))
+            except (ValueError, KeyError, TypeError, IndexError):
+                return _status(
+                    400, "BadRequest", "continue key is not valid: incorrect encoded start resourceVersion"
+                )
+            snapshot = self.snapshots.get((resource, revision))
+            if revision < self.compacted or snapshot is None:
+                return _status(410, "Expired", CONTINUE_TOO_OLD)
+        else:
+            revision, start = self.revision, ("", "")
+            snapshot = sorted(
+                self.objects[resource].items()
+            )  # sent at once: copied only if kept for later pages
+        selected = [
+            (key, o)
+            for key, o in snapshot
+            if key > start
+            and (not ns or key[0] == ns)
+            and _selects(selector, o)
+            and _field_selects(fields, o)
         ]
+        meta: Obj = {"resourceVersion": str(revision)}
+        if limit and len(selected) > limit:
+            selected = selected[:limit]
+            if not token:
+                self.snapshots[(resource, revision)] = [(key, copy.deepcopy(o)) for key, o in snapshot]
+            next_start = list(selected[-1][0])  # (namespace, name), as etcd's key after which it goes on
+            meta["continue"] = (
+                base64.urlsafe_b64encode(
+                    json.dumps({"v": "meta.k8s.io/v1", "rv": revision, "start": next_start}).encode()
+                )
+                .decode()
+                .rstrip("=")
+            )
+        items = [o for _, o in selected]
+        if partial == "PartialObjectMetadataList":
+            return web.json_response(
+                {
+                    "kind": "PartialObjectMetadataList",
+                    "apiVersion": "meta.k8s.io/v1",
+                    "metadata": meta,
+                    # an empty one is sent with "items": null (kube-apiserver 1.28.7, seen with curl)
+                    "items": [_as_partial(o) for o in items] or None,
+                }
+            )
         return web.json_response(
-            {
-                "kind": f"{kind}List",
-                "apiVersion": "v1",
-                "metadata": {"resourceVersion": str(self.revision)},
-                "items": items,
-            }
+            {"kind": f"{kind}List", "apiVersion": "v1", "metadata": meta, "items": items}
         )
 
     async def _watch(self, request: web.Request, resource: tuple[str, str], ns: str) -> web.StreamResponse:
         response = web.StreamResponse(headers={"Content-Type": "application/json"})
         await response.prepare(request)
+        partial = _partial_form(request)
+        if partial == "PartialObjectMetadataList":
+            return response  # the real server answers 200 and sends no event it cannot convert
+        form = _as_partial if partial == "PartialObjectMetadata" else (lambda o: o)
         since = int(request.query.get("resourceVersion") or self.revision)
         timeout = float(request.query.get("timeoutSeconds", "30"))
         selector = request.query.get("labelSelector", "")
@@ -872,7 +934,7 @@ class KubeDouble:
             # Most Recent" (the watch cache's initial events, API concepts "Semantics for watch")
             for (o_ns, _), obj in sorted(self.objects[resource].items()):
                 if (not ns or o_ns == ns) and _selects(selector, obj) and _field_selects(fields, obj):
-                    await response.write(json.dumps({"type": "ADDED", "object": obj}).encode() + b"\n")
+                    await response.write(json.dumps({"type": "ADDED", "object": form(obj)}).encode() + b"\n")
         if since < self.compacted:
             gone = {
                 "type": "ERROR",
@@ -894,7 +956,9 @@ class KubeDouble:
                     and _field_selects(fields, obj)
                 ):
                     try:
-                        await response.write(json.dumps({"type": event, "object": obj}).encode() + b"\n")
+                        await response.write(
+                            json.dumps({"type": event, "object": form(obj)}).encode() + b"\n"
+                        )
                     except ConnectionError:  # the watcher hung up: nothing to send it
                         return response
                 sent = max(sent, revision)
@@ -904,6 +968,34 @@ class KubeDouble:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(changed.wait(), timeout=min(remaining, 0.5))
         return response
+
+
+# the real server's refusal of a continue token older than etcd's compaction (410, reason Expired)
+CONTINUE_TOO_OLD = (
+    "The provided continue parameter is too old to display a consistent list result. You can start a new "
+    "list without the continue parameter, or use the continue token in this response to retrieve the "
+    "remainder of the results. Continuing with the provided token results in an inconsistent list - objects "
+    "that were created, modified, or deleted between the time the first chunk was returned and now may show "
+    "up in the list."
+)
+
+
+def _partial_form(request: web.Request) -> str:
+    """The metadata-only form the request's Accept asks for first ("" for the object itself): the
+    server takes the first media type it can serve, and refuses (406) an ``as=`` it cannot give
+    for this request, JSON named after it or not."""
+    first = request.headers.get("Accept", "").split(",")[0]
+    params = dict(part.strip().split("=", 1) for part in first.split(";")[1:] if "=" in part)
+    found = params.get("as", "")
+    return found if found in ("PartialObjectMetadata", "PartialObjectMetadataList") else ""
+
+
+def _as_partial(obj: Obj) -> Obj:
+    return {
+        "kind": "PartialObjectMetadata",
+        "apiVersion": "meta.k8s.io/v1",
+        "metadata": copy.deepcopy(obj["metadata"]),
+    }
 
 
 def _iso(moment: dt.datetime) -> str:

@@ -217,3 +217,154 @@ async def test_the_webhooks_copy_leaves_out_the_uids_the_controller_counted():
             ]
             assert decisions[0].decision.action == "hints"
             assert decisions[0].body == decisions[1].body and decisions[0].patch == decisions[1].patch
+
+
+# --- issue 51: a relist in pages, Nodes as metadata --------------------------------------------------
+
+
+def lists_of(kube: KubeDouble, path: str) -> list[dict[str, str]]:
+    return [r.query for r in kube.requests if r.path == path and r.method == "GET" and "watch" not in r.query]
+
+
+async def test_a_relist_is_read_in_pages_each_folded_before_the_next_is_read():
+    """limit/continue: each page's profiles are in the index before the next page is asked for, so
+    neither the whole list as sent nor a second copy of the cache is ever held."""
+    kube = KubeDouble()
+    for i in range(7):
+        kube.put(*PROFILES, profile(f"w{i}"))
+    seen: list[int] = []
+    async with stores_running(kube) as (profiles, _):
+        profiles.informer.page_size = 2
+        fold = profiles.page
+
+        def page(items: list[dict[str, object]]) -> None:
+            seen.append(len(profiles))  # what the index held when this page came
+            fold(items)
+
+        profiles.page = page  # type: ignore[method-assign]
+        await eventually(profiles.ready)
+        assert len(profiles) == 7
+    listed = lists_of(kube, "/apis/gpu.scheduler.io/v1alpha1/workloadprofiles")
+    assert [q.get("limit") for q in listed] == ["2"] * 4
+    assert [bool(q.get("continue")) for q in listed] == [False, True, True, True]
+    assert seen == [0, 2, 4, 6]
+
+
+async def test_a_relist_keeps_answering_from_the_cache_and_drops_what_it_did_not_name():
+    """Mark and sweep: while a relist is read, every profile held before it answers; at its end the
+    one deleted while the watch was away is gone and the rest are the list's."""
+    kube = KubeDouble()
+    for i in range(5):
+        kube.put(*PROFILES, profile(f"w{i}"))
+    async with stores_running(kube) as (profiles, _):
+        await eventually(profiles.ready)
+        profiles.informer.page_size = 2
+        answering: list[bool] = []
+        fold = profiles.page
+
+        def page(items: list[dict[str, object]]) -> None:
+            answering.append(all(profiles.get("team-a", f"w{i}") is not None for i in range(1, 5)))
+            fold(items)
+
+        profiles.page = page  # type: ignore[method-assign]
+        kube.down = True
+        await asyncio.sleep(0.3)
+        kube.remove(*PROFILES, "team-a", "w0-profile")
+        kube.compact()
+        kube.down = False
+        await eventually(lambda: profiles.informer.relists >= 2)
+        assert answering and all(answering)
+        assert profiles.get("team-a", "w0") is None and len(profiles) == 4
+
+
+async def test_a_continue_token_past_compaction_starts_the_list_over():
+    """The real server refuses a continue token older than etcd's compaction (410 Expired): the
+    informer lists again from the first page, and the cache ends with every profile."""
+    kube = KubeDouble()
+    for i in range(5):
+        kube.put(*PROFILES, profile(f"w{i}"))
+    async with stores_running(kube) as (profiles, _):
+        profiles.informer.page_size = 2
+        fold = profiles.page
+        compacted: list[bool] = []
+
+        def page(items: list[dict[str, object]]) -> None:
+            if not compacted:
+                compacted.append(True)
+                kube.put(*PROFILES, profile("late"))
+                kube.compact()  # the next page's token now points before the compaction
+            fold(items)
+
+        profiles.page = page  # type: ignore[method-assign]
+        await eventually(profiles.ready)
+        assert len(profiles) == 6 and profiles.get("team-a", "late") is not None
+        assert profiles.informer.relists == 1, "only a list read to its end counts"
+    continued = [
+        q for q in lists_of(kube, "/apis/gpu.scheduler.io/v1alpha1/workloadprofiles") if "continue" in q
+    ]
+    assert len(continued) >= 3  # the refused one, then the second list's
+
+
+async def test_nodes_are_listed_and_watched_as_metadata_only():
+    """The Node store asks for PartialObjectMetadata (client-go's metadata informers' form): labels
+    carry the GPU product, and a Node's status (images, conditions) never crosses the wire."""
+    kube = KubeDouble()
+    big = node("gpu-a", "NVIDIA-A100-SXM4-80GB")
+    big["status"] = {
+        "images": [{"names": [f"registry.example/image-{i}:v1"], "sizeBytes": 1 << 30} for i in range(10)]
+    }
+    kube.put(*NODES, big)
+    kube.put(*NODES, node("gpu-b", "NVIDIA-L40S"))
+    async with stores_running(kube) as (_, nodes):
+        nodes.informer.page_size = 1
+        await eventually(nodes.ready)
+        assert nodes.gpu_products() == {"NVIDIA-A100-SXM4-80GB", "NVIDIA-L40S"}
+        kube.put(*NODES, node("gpu-c", "NVIDIA-H100-80GB-HBM3"))
+        kube.remove(*NODES, "", "gpu-b")
+        await eventually(lambda: nodes.gpu_products() == {"NVIDIA-A100-SXM4-80GB", "NVIDIA-H100-80GB-HBM3"})
+        assert dict(nodes.product_nodes()) == {"NVIDIA-A100-SXM4-80GB": 1, "NVIDIA-H100-80GB-HBM3": 1}
+    asked = [r for r in kube.requests if r.path == "/api/v1/nodes"]
+    assert {("watch" in r.query, r.accept.split(",")[0]) for r in asked} == {
+        (False, "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1"),
+        (True, "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1"),
+    }
+    assert [q.get("limit") for q in lists_of(kube, "/api/v1/nodes")][:2] == ["1", "1"]
+
+
+async def test_the_double_answers_metadata_only_requests_as_the_real_server_does():
+    """What the real kube-apiserver 1.28.7 answered to curl: a list as PartialObjectMetadataList, a
+    list asking for the item form refused with 406 even with JSON named after it, a continue token
+    from before a compaction refused with 410 Expired."""
+    kube = KubeDouble()
+    kube.put(*NODES, node("gpu-a", "NVIDIA-A100-SXM4-80GB"))
+    kube.put(*NODES, node("gpu-b", "NVIDIA-L40S"))
+    async with api_server(kube) as server:
+        api = api_for(server)
+        try:
+            partial = "application/json;as=PartialObjectMetadata{};g=meta.k8s.io;v=v1, application/json"
+            listed = await api.call_api(
+                "/api/v1/nodes", "GET", query_params=[("limit", 1)], header_params={"Accept": partial.format("List")},
+                auth_settings=["BearerToken"], _preload_content=False, _return_http_data_only=True,
+            )  # fmt: skip
+            body = json.loads(await listed.read())
+            assert body["kind"] == "PartialObjectMetadataList" and body["metadata"]["continue"]
+            assert [i["kind"] for i in body["items"]] == ["PartialObjectMetadata"]
+            assert "status" not in body["items"][0] and body["items"][0]["metadata"]["labels"]
+            refused = await api.call_api(
+                "/api/v1/nodes", "GET", header_params={"Accept": partial.format("")},
+                auth_settings=["BearerToken"], _preload_content=False, _return_http_data_only=True,
+            )  # fmt: skip
+            assert refused.status == 406
+            assert (
+                "you requested PartialObjectMetadata, but the requested object is a list"
+                in (json.loads(await refused.read())["message"])
+            )
+            kube.compact()
+            expired = await api.call_api(
+                "/api/v1/nodes", "GET", query_params=[("limit", 1), ("continue", body["metadata"]["continue"])],
+                auth_settings=["BearerToken"], _preload_content=False, _return_http_data_only=True,
+            )  # fmt: skip
+            assert expired.status == 410
+            assert json.loads(await expired.read())["reason"] == "Expired"
+        finally:
+            await api.close()

@@ -87,6 +87,10 @@ class ProfileIndex:
     def get(self, namespace: str, workload: str) -> WorkloadProfile | None:
         return self._by_key.get((namespace, workload))
 
+    def names(self) -> set[tuple[str, str]]:
+        """The (namespace, name) of every profile held."""
+        return set(self._key_by_name)
+
     def profiles(self) -> list[WorkloadProfile]:
         return list(self._by_key.values())
 

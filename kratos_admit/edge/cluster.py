@@ -22,7 +22,7 @@ from pydantic import ValidationError
 from kratos_admit.decisions.stores import ProfileIndex
 from kratos_admit.domain import vocabulary as v
 from kratos_admit.domain.profile import WorkloadProfile
-from kratos_admit.edge.kube import Informer, is_status, one_line
+from kratos_admit.edge.kube import Informer, is_status, metadata_lister, one_line
 from kratos_admit.model.calibration import (
     CONFIGMAP_KEY,
     CONFIGMAP_NAME,
@@ -40,6 +40,10 @@ Obj = dict[str, Any]
 # into its observations and telemetry (up to 256 each), three quarters of a mature profile's memory
 # in the webhook's cache (docs/benchmarks.md, "Memory"). The webhook's copy leaves them out.
 CONTROLLER_ONLY = frozenset({"countedRuns", "countedTelemetry"})
+# What admission reads of a profile's metadata: where it is and its resourceVersion (the hints
+# record's ``profile`` reference). The rest, the API server's managedFields above all (an entry per
+# writer, each naming every field it wrote), the webhook's copy leaves out too.
+ADMISSION_METADATA = ("name", "namespace", "resourceVersion")
 
 
 def _profile(obj: Obj) -> WorkloadProfile | None:
@@ -68,15 +72,35 @@ class ClusterProfileStore:
         self.get_timeout = get_timeout
         self.negative_ttl = negative_ttl
         self._absent: dict[tuple[str, str], float] = {}
+        self._listed: set[tuple[str, str]] = set()  # (namespace, name) named by the list being read
         self.informer = Informer(
             functools.partial(self.custom.list_cluster_custom_object, v.GROUP, v.VERSION, v.PROFILE_PLURAL),
             name="workloadprofiles",
-            on_replace=self._replace,
+            fold=self,
             on_event=self._event,
         )
 
-    def _replace(self, items: list[Obj]) -> None:
-        self.index.replace(p for p in map(_profile, items) if p is not None)
+    # a (re)list, folded page by page (the Informer's Fold): each page's profiles are parsed into the
+    # index as they come, so neither the whole list as sent nor a second index is ever held; those the
+    # list did not name are dropped at its end. Meanwhile admission answers from the index as it is.
+    def begin(self) -> None:
+        self._listed = set()
+
+    def page(self, items: list[Obj]) -> None:
+        for obj in items:
+            meta = obj.get("metadata", {})
+            named = (str(meta.get("namespace", "")), str(meta.get("name", "")))
+            self._listed.add(named)
+            profile = _profile(obj)
+            if profile is None:
+                self.index.remove(*named)
+            else:
+                self.index.put(profile)
+
+    def end(self) -> None:
+        for named in self.index.names() - self._listed:
+            self.index.remove(*named)
+        self._listed = set()
         self._absent.clear()
 
     def _event(self, kind: str, obj: Obj) -> None:
@@ -138,18 +162,22 @@ class ClusterProfileStore:
 
 
 class ClusterNodeStore:
-    """The GPU products of Nodes labelled nvidia.com/gpu.present=true, kept current by a watch."""
+    """The GPU products of Nodes labelled nvidia.com/gpu.present=true, kept current by a watch of
+    their metadata alone (``metadata_lister``): the product is a label (GPU Feature Discovery's
+    ``nvidia.com/gpu.product``), and a Node's status, which its kubelet fills with conditions,
+    addresses and images, is never read. A Node without the product label is not counted: admission
+    ranks products, and such a Node has none to rank (its GPUs still take Pods the scheduler sends)."""
 
     def __init__(self, api: client.ApiClient) -> None:
-        self.core = client.CoreV1Api(api)
         self._by_node: dict[str, str] = {}
+        self._listing: dict[str, str] = {}  # the list being read, page by page
         self._products: frozenset[str] = frozenset()
         self._product_nodes: Counter[str] = Counter()
         self.informer = Informer(
-            self.core.list_node,
+            metadata_lister(api, "/api/v1/nodes"),
             name="gpu-nodes",
             label_selector=f"{v.GPU_PRESENT_LABEL}=true",
-            on_replace=self._replace,
+            fold=self,
             on_event=self._event,
         )
 
@@ -157,8 +185,16 @@ class ClusterNodeStore:
         product = (node.get("metadata", {}).get("labels") or {}).get(v.GPU_PRODUCT_LABEL)
         return product if isinstance(product, str) and product else None
 
-    def _replace(self, items: list[Obj]) -> None:
-        self._by_node = {str(n["metadata"]["name"]): p for n in items if (p := self._product(n))}
+    # a (re)list, folded page by page into a map of its own (a name and a product a Node), which
+    # replaces the one admission reads once the last page is in
+    def begin(self) -> None:
+        self._listing = {}
+
+    def page(self, items: list[Obj]) -> None:
+        self._listing.update((str(n["metadata"]["name"]), p) for n in items if (p := self._product(n)))
+
+    def end(self) -> None:
+        self._by_node, self._listing = self._listing, {}
         self._changed()
 
     def _event(self, kind: str, node: Obj) -> None:

@@ -12,9 +12,9 @@ import logging
 import os
 import random
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import aiohttp
 from kubernetes_asyncio import client, config, watch
@@ -109,6 +109,103 @@ async def list_raw(list_func: ListFunc, *args: Any, **kwargs: Any) -> Obj:
     return body
 
 
+# client-go's pager (k8s.io/client-go/tools/pager, defaultPageSize): what a list asks for at a time
+PAGE_SIZE = 500
+
+
+async def list_pages(
+    list_func: ListFunc, *args: Any, limit: int = PAGE_SIZE, **kwargs: Any
+) -> AsyncIterator[Obj]:
+    """A chunked list (``limit`` and ``continue``), one page at a time as the API server sends it, so
+    the caller folds a page into its cache before the next is read and never holds the whole list.
+    The server serves every page from the snapshot the first was read at (a consistent list, each
+    page's ``metadata.resourceVersion`` that snapshot's); a ``continue`` token older than etcd's
+    compaction is refused with 410 Gone (reason ``Expired``), and the caller starts over."""
+    token = ""
+    while True:
+        extra = {"_continue": token} if token else {}
+        body = await list_raw(list_func, *args, limit=limit, **kwargs, **extra)
+        token = str((body.get("metadata") or {}).get("continue") or "")
+        yield body
+        del body  # folded by the caller: not held while the next page is read
+        if not token:
+            return
+
+
+# The metadata-only forms of a list and of a watch's objects (what client-go's metadata informers
+# ask for: k8s.io/client-go/metadata), and plain JSON after them, for a server that knows neither
+PARTIAL_LIST = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1, application/json"
+PARTIAL_WATCH = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1, application/json"
+# the generated list functions' keywords, as the query parameters they are sent as
+_QUERY = {
+    "label_selector": "labelSelector",
+    "field_selector": "fieldSelector",
+    "limit": "limit",
+    "_continue": "continue",
+    "resource_version": "resourceVersion",
+    "timeout_seconds": "timeoutSeconds",
+    "allow_watch_bookmarks": "allowWatchBookmarks",
+    "watch": "watch",
+}
+
+
+def metadata_lister(api: client.ApiClient, path: str) -> ListFunc:
+    """A list (and watch) of the collection at ``path`` answered as ``PartialObjectMetadataList``
+    (a watch's objects as ``PartialObjectMetadata``): each object's metadata alone, its labels
+    included, without the spec and status that a Node's kubelet fills (images, conditions,
+    addresses). Called as the generated list functions are (``label_selector=``, ``watch=True``,
+    ``_preload_content=False``); the generated ones cannot ask for it, as they set ``Accept``
+    themselves. Answers raw, as ``list_raw`` and the watch read them."""
+
+    async def list_metadata(**kwargs: Any) -> Any:
+        watching = bool(kwargs.get("watch"))
+        query = [
+            (_QUERY[key], str(value).lower() if isinstance(value, bool) else value)
+            for key, value in kwargs.items()
+            if key in _QUERY and value not in (None, "")
+        ]
+        return await api.call_api(
+            path,
+            "GET",
+            query_params=query,
+            header_params={"Accept": PARTIAL_WATCH if watching else PARTIAL_LIST},
+            auth_settings=["BearerToken"],
+            _preload_content=False,
+            _return_http_data_only=True,
+            _request_timeout=kwargs.get("_request_timeout"),
+        )
+
+    return list_metadata
+
+
+class Fold(Protocol):
+    """What a cache does with a (re)list, page by page: ``begin`` as a list starts, ``page`` with each
+    page's objects (before the next is read), ``end`` once the last page is in (drop what the list did
+    not name). A list that fails midway ends without ``end``; the next list begins again."""
+
+    def begin(self) -> None: ...
+    def page(self, items: list[Obj]) -> None: ...
+    def end(self) -> None: ...
+
+
+class Collect:
+    """A ``Fold`` for a cache replaced whole: every page's objects handed to ``on_replace`` at the end."""
+
+    def __init__(self, on_replace: Callable[[list[Obj]], None]) -> None:
+        self.on_replace = on_replace
+        self.items: list[Obj] = []
+
+    def begin(self) -> None:
+        self.items = []
+
+    def page(self, items: list[Obj]) -> None:
+        self.items.extend(items)
+
+    def end(self) -> None:
+        items, self.items = self.items, []
+        self.on_replace(items)
+
+
 class Backoff:
     """Exponential backoff with full jitter (AWS architecture blog), reset after a success."""
 
@@ -146,7 +243,9 @@ class FailureStreak:
 class Informer:
     """List, then watch from the list's resourceVersion; relist on 410 Gone; back off on errors.
 
-    ``on_replace`` gets every object after each (re)list, ``on_event`` each watch event after that.
+    The list is read in pages of ``page_size`` (``list_pages``), each handed to ``fold`` before the
+    next is read; ``on_replace`` instead gets every object at once after each (re)list (``Collect``).
+    ``on_event`` gets each watch event after that.
     ``synced`` is set after the first successful list and stays set: the cache keeps answering
     from memory while the API is away. ``failing`` says since when the list or watch has failed
     (a refused watch after a good list included); a watch the server opens ends the streak.
@@ -157,15 +256,23 @@ class Informer:
         list_func: ListFunc,
         *,
         name: str,
-        on_replace: Callable[[list[Obj]], None],
         on_event: Callable[[str, Obj], None],
+        on_replace: Callable[[list[Obj]], None] | None = None,
+        fold: Fold | None = None,
+        page_size: int = PAGE_SIZE,
         label_selector: str | None = None,
         field_selector: str | None = None,
         watch_timeout: int = 300,
         backoff: Backoff | None = None,
     ) -> None:
         self.list_func, self.name = list_func, name
-        self.on_replace, self.on_event = on_replace, on_event
+        if on_replace is not None and fold is None:
+            fold = Collect(on_replace)
+        elif fold is None or on_replace is not None:
+            raise TypeError("an Informer takes one of fold and on_replace")
+        self.fold: Fold = fold
+        self.on_event = on_event
+        self.page_size = page_size
         self.label_selector = label_selector
         self.field_selector = field_selector
         self.watch_timeout = watch_timeout
@@ -189,7 +296,9 @@ class Informer:
                 raise
             except ApiException as exc:
                 if exc.status == 410:
-                    log.info("watch expired, relisting", extra={"informer": self.name})
+                    log.info(
+                        "watch or paged list expired (410 Gone), relisting", extra={"informer": self.name}
+                    )
                     continue
                 await self._pause(f"API error {one_line(exc)}")
             except Exception as exc:  # network errors of every kind: keep serving from the cache
@@ -205,9 +314,14 @@ class Informer:
         await asyncio.sleep(delay)
 
     async def _list(self) -> None:
-        body = await list_raw(self.list_func, **self._selector())
-        self.resource_version = str(body.get("metadata", {}).get("resourceVersion", ""))
-        self.on_replace(list(body.get("items") or []))
+        self.fold.begin()
+        version = ""
+        async for body in list_pages(self.list_func, limit=self.page_size, **self._selector()):
+            version = str(body.get("metadata", {}).get("resourceVersion", ""))
+            self.fold.page(list(body.get("items") or []))
+            del body  # not held while the next page is read
+        self.resource_version = version
+        self.fold.end()
         self.relists += 1
         self.synced.set()
         self.backoff.reset()

@@ -25,13 +25,12 @@ from kratos_admit.decisions.holds import template_mutable
 from kratos_admit.domain import vocabulary as v
 from kratos_admit.domain.raw import as_list, as_mapping
 from kratos_admit.domain.workload import kueue_queue
-from kratos_admit.edge.kube import list_raw, one_line
+from kratos_admit.edge.kube import list_pages, list_raw, one_line
 
 Obj = dict[str, Any]
 HeldKind = Literal["Job", "Pod"]
 MERGE_PATCH = "application/merge-patch+json"
 FIELD_MANAGER = "kratos-release"  # metadata.managedFields names what release wrote
-PAGE = 500  # objects per list call: a big cluster is read in pages, never at once
 RETRIES = 3  # conflicting writes re-read and tried again
 
 
@@ -155,16 +154,10 @@ class Releaser:
                 self.core.list_namespaced_pod if self.namespace else self.core.list_pod_for_all_namespaces
             )
         args = (self.namespace,) if self.namespace else ()
-        token = ""
-        while True:
-            extra = {"_continue": token} if token else {}
-            body = await list_raw(lister, *args, limit=PAGE, **extra)
+        async for body in list_pages(lister, *args):  # a big cluster is read in pages, never at once
             for obj in as_list(body.get("items")):
                 if isinstance(obj, dict):
                     yield obj
-            token = str(as_mapping(body.get("metadata")).get("continue") or "")
-            if not token:
-                return
 
     async def _apply(self, release: Release) -> Release:
         for _ in range(RETRIES):

@@ -54,6 +54,31 @@ class Watcher(Protocol):
     async def run(self) -> None: ...
 
 
+class CacheFold:
+    """A (re)list of the Job or Pod informer folded into its cache page by page (the Informer's
+    ``Fold``): each object stored and dispatched as its page comes, so the list is never held whole
+    beside the cache; those the list did not name are dropped at its end (mark and sweep)."""
+
+    def __init__(self, cache: Cache, dispatch: Callable[[Obj], None]) -> None:
+        self.cache, self.dispatch = cache, dispatch
+        self.listed: set[tuple[str, str]] = set()
+
+    def begin(self) -> None:
+        self.listed = set()
+
+    def page(self, items: list[Obj]) -> None:
+        for obj in items:
+            namespace, name, _, _ = meta_of(obj)
+            self.listed.add((namespace, name))
+            self.cache[(namespace, name)] = obj
+            self.dispatch(obj)
+
+    def end(self) -> None:
+        for key in self.cache.keys() - self.listed:
+            del self.cache[key]
+        self.listed = set()
+
+
 class Manager:
     def __init__(
         self,
@@ -138,7 +163,7 @@ class Manager:
             list_all,
             name=f"kratos-{kind.lower()}s",
             label_selector=v.WORKLOAD_LABEL,
-            on_replace=lambda items: self._replace(cache, items, kind),
+            fold=CacheFold(cache, lambda obj: self._dispatch(obj, kind)),
             on_event=lambda event, obj: self._event(cache, event, obj, kind),
             watch_timeout=watch_timeout,
         )
@@ -146,13 +171,6 @@ class Manager:
     def _dispatch(self, obj: Obj, kind: Kind) -> None:
         for controller in self.controllers:
             controller.watch(obj, kind)
-
-    def _replace(self, cache: Cache, items: list[Obj], kind: Kind) -> None:
-        cache.clear()
-        for obj in items:
-            namespace, name, _, _ = meta_of(obj)
-            cache[(namespace, name)] = obj
-            self._dispatch(obj, kind)
 
     def _event(self, cache: Cache, event: str, obj: Obj, kind: Kind) -> None:
         namespace, name, _, _ = meta_of(obj)
