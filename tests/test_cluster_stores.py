@@ -170,8 +170,9 @@ async def test_readiness_waits_for_the_first_sync():
 
 async def test_the_webhooks_copy_leaves_out_the_uids_the_controller_counted():
     """countedRuns and countedTelemetry (up to 256 Pod uids each) are the controller's, never read by
-    admission: the webhook's cached profile holds neither, from the list, a watch event and a GET,
-    and its decisions are those of the whole profile."""
+    admission, and so is all of the metadata but the name, namespace and resourceVersion (the
+    managedFields above all): the webhook's cached profile holds none of them, from the list, a
+    watch event and a GET, and its decisions are those of the whole profile."""
     from kratos_admit.admission.engine import answer
     from kratos_admit.admission.request import parse_review
     from kratos_admit.decisions.stores import StaticNodeStore, StaticProfileStore
@@ -185,6 +186,15 @@ async def test_the_webhooks_copy_leaves_out_the_uids_the_controller_counted():
             "countedTelemetry": [f"pod-uid-{i}" for i in range(256)],
             "observedRuns": 256,
         }
+        obj["metadata"] |= {
+            "uid": f"uid-{workload}",
+            "generation": 1,
+            "labels": {"team": "a"},
+            "managedFields": [
+                {"manager": "kratos-controller", "operation": "Update", "subresource": "status",
+                 "fieldsType": "FieldsV1", "fieldsV1": {"f:status": {"f:observations": {}, "f:countedRuns": {}}}}
+            ],
+        }  # fmt: skip
         return obj
 
     kube = KubeDouble()
@@ -200,8 +210,12 @@ async def test_the_webhooks_copy_leaves_out_the_uids_the_controller_counted():
             cached = profiles.get("team-a", workload)
             assert cached is not None and cached.status is not None
             assert cached.status.counted_runs == [] and cached.status.counted_telemetry == []
-            assert cached.status.observed_runs == 256 and len(cached.status.observations) == 1
+            assert cached.metadata.model_extra == {}, "no managedFields, uid, labels"
+            assert (cached.metadata.name, cached.metadata.namespace) == (f"{workload}-profile", "team-a")
             stored = kube.get(*PROFILES, "team-a", f"{workload}-profile")  # as the API server has it
+            assert stored is not None
+            assert cached.metadata.resource_version == stored["metadata"]["resourceVersion"]
+            assert cached.status.observed_runs == 256 and len(cached.status.observations) == 1
             whole = WorkloadProfile.model_validate(stored)
             assert len(whole.status.counted_runs) == 256  # type: ignore[union-attr]
             job = make_job("train", "team-a").label("gpu.scheduler.io/workload", workload).obj()

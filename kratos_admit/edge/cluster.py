@@ -50,6 +50,9 @@ def _profile(obj: Obj) -> WorkloadProfile | None:
     status = obj.get("status")
     if isinstance(status, dict) and not CONTROLLER_ONLY.isdisjoint(status):
         obj = {**obj, "status": {k: val for k, val in status.items() if k not in CONTROLLER_ONLY}}
+    meta = obj.get("metadata")
+    if isinstance(meta, dict) and not meta.keys() <= set(ADMISSION_METADATA):
+        obj = {**obj, "metadata": {k: meta[k] for k in ADMISSION_METADATA if k in meta}}
     try:
         return WorkloadProfile.model_validate(obj)
     except ValidationError as exc:
