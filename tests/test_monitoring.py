@@ -34,9 +34,14 @@ from kratos_controller.metrics import ControllerMetrics
 from tests.builders import make_job, make_pod, make_profile
 from tests.harness import (
     HOSTNAME,
+    JOBS,
     K8S_VERSION,
+    PODS,
     REPO,
+    api_server,
+    controller_running,
     engine,
+    eventually,
     free_port,
     github_anchor,
     make_ctx,
@@ -44,6 +49,7 @@ from tests.harness import (
     render,
     review_of,
 )
+from tests.kube_double import KubeDouble
 
 COMPONENT = REPO / "webhook-config" / "components" / "prometheus"
 OTHER_COMPONENTS = ["cert-manager", "failure-policy-ignore", "scheduler-kai"]
@@ -412,3 +418,26 @@ async def test_the_controller_exports_the_profiling_deadline_it_runs_with():
         await api.close()
     assert metrics.registry.get_sample_value("kratos_profiling_deadline_seconds") == 1800
     assert metrics.registry.get_sample_value("kratos_controller_leader") == 0
+
+
+async def test_the_controllers_cached_objects_are_counted_once_its_informers_have_synced():
+    """kratos_cached_objects{kind}: NaN until the informer's first list is read to its end (pages of
+    2 here), then the opted-in Jobs and Pods its cache holds; what is not opted in is never listed."""
+    kube = KubeDouble()
+    for i in range(5):
+        kube.put(*JOBS, make_job(f"train-{i}", "team-a").label(v.WORKLOAD_LABEL, "train").obj())
+    kube.put(*JOBS, make_job("not-ours", "team-a").unlabelled().obj())
+    kube.put(*PODS, make_pod("train-0-abcde", "team-a").label(v.WORKLOAD_LABEL, "train").obj())
+    async with api_server(kube) as server, controller_running(server) as running:
+        samples = running.metrics.registry.get_sample_value
+        assert samples("kratos_cached_objects", {"kind": "Job"}) != samples(
+            "kratos_cached_objects", {"kind": "Job"}
+        )
+        running.informer.page_size = 2
+        await eventually(lambda: running.informer.synced.is_set() and running.pod_informer.synced.is_set())
+        assert samples("kratos_cached_objects", {"kind": "Job"}) == 5
+        assert samples("kratos_cached_objects", {"kind": "Pod"}) == 1
+        kube.remove(*JOBS, "team-a", "train-4")
+        await eventually(lambda: samples("kratos_cached_objects", {"kind": "Job"}) == 4)
+    pages = [r.query for r in kube.requests if r.path == "/apis/batch/v1/jobs" and "watch" not in r.query]
+    assert [q.get("limit") for q in pages] == ["2", "2", "2"]

@@ -154,6 +154,12 @@ class Manager:
             self.controllers.append(self.telemetry)
         metrics.profiling_deadline.set(config.profiling_deadline_seconds)
         metrics.watch_held(lambda: [*self.jobs.values(), *self.pods.values()])
+        metrics.caches(
+            {
+                "Job": (self.informer.synced.is_set, self.jobs),
+                "Pod": (self.pod_informer.synced.is_set, self.pods),
+            }
+        )
 
     def _informer(
         self, list_all: Callable[..., Any], cache: Cache, kind: Kind, watch_timeout: int

@@ -4,7 +4,7 @@ objects KRATOS holds and for how long, calibration writes and telemetry queries.
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sized
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
@@ -96,6 +96,13 @@ class ControllerMetrics:
             ["result"],
             registry=self.registry,
         )
+        self.cached_objects = Gauge(
+            "kratos_cached_objects",
+            "Opted-in objects in the controller's informer caches, by kind (Job, Pod); NaN until the "
+            "informer's first list has been read to its end.",
+            ["kind"],
+            registry=self.registry,
+        )
         self.profiling_deadline = Gauge(
             "kratos_profiling_deadline_seconds",
             "The configured profilingDeadlineSeconds, for alerts on objects held longer.",
@@ -117,6 +124,14 @@ class ControllerMetrics:
         self.held_oldest_age.set_function(
             lambda: max(((clock() - since).total_seconds() for since in held()), default=0.0)
         )
+
+    def caches(self, kinds: Mapping[str, tuple[Callable[[], bool], Sized]]) -> None:
+        """Count each kind's cache at each scrape, once its informer has synced (``kinds``: kind ->
+        (synced, cache))."""
+        for kind, (synced, cache) in kinds.items():
+            self.cached_objects.labels(kind).set_function(
+                lambda synced=synced, cache=cache: float(len(cache)) if synced() else float("nan")
+            )
 
 
 def held_since(obj: Mapping[str, Any]) -> dt.datetime | None:
