@@ -43,7 +43,7 @@ from kratos_admit.simulation.inputs import load_cluster, load_trace
 from kratos_admit.simulation.knowledge import Learned, prediction_errors
 from kratos_admit.simulation.replay import simulate
 from kratos_admit.simulation.trace import Figures, Truth
-from kratos_controller.learning import calibrate, calibration_write_wait
+from kratos_controller.learning import calibrate, calibrate_samples, calibration_write_wait, profile_samples
 from tests.builders import A100, L4, L40S, T4, WORKLOAD_SHAPES, make_job, make_profile, trace_job
 from tests.harness import CATALOG, EXAMPLES, MIXED_CLUSTER, admit, engine, make_ctx
 
@@ -423,6 +423,28 @@ def test_the_controller_writes_the_configmap_only_when_the_fit_changes_and_keeps
     dates = {p: c.updated_at for p, c in changed.products.items()}
     assert dates[L4] == "2026-11-23T12:00:00Z"
     assert dates[A100] == "2026-11-23T10:00:00Z", "a product whose fit did not change keeps its date"
+
+
+def test_the_fit_folded_page_by_page_is_the_fit_of_the_whole_list_bookkeeping_and_all():
+    """The controller folds the profiles into samples a list page at a time (issue 51): the fit is the
+    same as of the whole list at once, and the counted Pod uids and managedFields the API server
+    sends with each profile change nothing."""
+    profiles = profile_dicts(drawn_truth(3, spread=0.2))
+    options: dict[str, Any] = {"namespace": "kratos-system", "catalog": CATALOG}
+    whole, _ = calibrate(profiles, None, reference_product=A100, now="2026-11-23T10:00:00Z", **options)
+    kept = [
+        p | {"metadata": {**p["metadata"], "uid": "u", "managedFields": [{"manager": "kratos-controller"}]},
+             "status": {**p["status"], "countedRuns": [f"pod-{i}" for i in range(256)]}}
+        for p in profiles
+    ]  # fmt: skip
+    samples = [
+        s
+        for i in range(0, len(kept), 2)
+        for s in profile_samples(kept[i : i + 2], catalog=CATALOG, reference_product=A100)
+    ]
+    paged, _ = calibrate_samples(samples, None, now="2026-11-23T10:00:00Z", **options)
+    assert paged.to_json() == whole.to_json()
+    assert kept[0]["status"]["countedRuns"], "the caller's objects are left as they were"
 
 
 def test_an_unreadable_configmap_is_replaced_by_the_fit():

@@ -113,6 +113,12 @@ async def test_calibration_is_written_from_observations_counted_once_and_used_fo
                 await eventually(lambda: calibration_configmap(kube))
                 first = factors(kube)
                 assert set(first) == set(PRODUCTS)
+                refits = [
+                    r.query for r in kube.requests
+                    if r.path == "/apis/gpu.scheduler.io/v1alpha1/workloadprofiles" and "watch" not in r.query
+                    and r.user.endswith(":kratos-controller")
+                ]  # fmt: skip
+                assert refits and all(q.get("limit") == "500" for q in refits), "the refit lists in pages"
                 # three more runs of stream on the L4, as long as the earlier ones
                 for i in range(3):
                     body: Any = job_of(f"stream-{i}", "stream")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -126,6 +126,27 @@ class TelemetryRecord(_Strict):
 
 
 MAX_COUNTED_RUNS = 256  # the Pod uids the observations remember, so no run is counted twice
+
+# What the controller keeps in a profile's status for its own bookkeeping and no decision reads: the
+# Pod uids counted into its observations and telemetry (up to MAX_COUNTED_RUNS each), three quarters
+# of a mature profile (docs/benchmarks.md, "Memory").
+BOOKKEEPING = frozenset({"countedRuns", "countedTelemetry"})
+# What a decision reads of a profile's metadata: where it is, and its resourceVersion (the hints
+# record's ``profile`` reference). The API server's managedFields (an entry per writer naming every
+# field it wrote), uid, labels and the rest are read by none.
+READ_METADATA = ("name", "namespace", "resourceVersion")
+
+
+def as_read(obj: Mapping[str, Any]) -> Mapping[str, Any]:
+    """A profile object as the decisions read it (the webhook's cache, the calibration's fit): without
+    the controller's bookkeeping and with only the metadata they read. The object itself when it has
+    nothing to leave out; never a changed copy of what the caller holds."""
+    status, meta = obj.get("status"), obj.get("metadata")
+    if isinstance(status, Mapping) and not BOOKKEEPING.isdisjoint(status):
+        obj = {**obj, "status": {k: val for k, val in status.items() if k not in BOOKKEEPING}}
+    if isinstance(meta, Mapping) and not meta.keys() <= set(READ_METADATA):
+        obj = {**obj, "metadata": {k: meta[k] for k in READ_METADATA if k in meta}}
+    return obj
 
 
 class ProfileCondition(_Strict):

@@ -21,7 +21,7 @@ from pydantic import ValidationError
 
 from kratos_admit.decisions.stores import ProfileIndex
 from kratos_admit.domain import vocabulary as v
-from kratos_admit.domain.profile import WorkloadProfile
+from kratos_admit.domain.profile import WorkloadProfile, as_read
 from kratos_admit.edge.kube import Informer, is_status, metadata_lister, one_line
 from kratos_admit.model.calibration import (
     CONFIGMAP_KEY,
@@ -36,23 +36,10 @@ log = logging.getLogger("kratos.stores")
 Obj = dict[str, Any]
 
 
-# What the controller keeps in a profile's status and admission never reads: the Pod uids counted
-# into its observations and telemetry (up to 256 each), three quarters of a mature profile's memory
-# in the webhook's cache (docs/benchmarks.md, "Memory"). The webhook's copy leaves them out.
-CONTROLLER_ONLY = frozenset({"countedRuns", "countedTelemetry"})
-# What admission reads of a profile's metadata: where it is and its resourceVersion (the hints
-# record's ``profile`` reference). The rest, the API server's managedFields above all (an entry per
-# writer, each naming every field it wrote), the webhook's copy leaves out too.
-ADMISSION_METADATA = ("name", "namespace", "resourceVersion")
-
-
 def _profile(obj: Obj) -> WorkloadProfile | None:
-    status = obj.get("status")
-    if isinstance(status, dict) and not CONTROLLER_ONLY.isdisjoint(status):
-        obj = {**obj, "status": {k: val for k, val in status.items() if k not in CONTROLLER_ONLY}}
-    meta = obj.get("metadata")
-    if isinstance(meta, dict) and not meta.keys() <= set(ADMISSION_METADATA):
-        obj = {**obj, "metadata": {k: meta[k] for k in ADMISSION_METADATA if k in meta}}
+    """The webhook's copy of a profile: as the decisions read it (``as_read``: no countedRuns, no
+    managedFields), so the cache holds nothing admission never reads."""
+    obj = dict(as_read(obj))
     try:
         return WorkloadProfile.model_validate(obj)
     except ValidationError as exc:

@@ -1,6 +1,6 @@
 """The calibration controller: every GPU product's calibration (and every workload's shares) refitted
-from all profiles' counted runs, into the ConfigMap ``kratos-gpu-calibration`` (``learning.calibrate``
-decides; this applies, at the write cadence of ``learning.calibration_write_wait``)."""
+from all profiles' counted runs (listed a page at a time, each folded into the fit's samples), into the
+ConfigMap ``kratos-gpu-calibration`` (``learning.calibrate_samples`` decides; this applies, at the write cadence of ``learning.calibration_write_wait``)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,13 @@ import asyncio
 import datetime as dt
 import logging
 
-from kratos_admit.model.calibration import CONFIGMAP_NAME, NO_CALIBRATION, Calibration
-from kratos_controller.learning import calibrate, calibration_write_wait, current_calibration
+from kratos_admit.model.calibration import CONFIGMAP_NAME, NO_CALIBRATION, Calibration, Sample
+from kratos_controller.learning import (
+    calibrate_samples,
+    calibration_write_wait,
+    current_calibration,
+    profile_samples,
+)
 from kratos_controller.runtime import Shared, WorkQueue, reconcile_backoff, reconcile_failed
 
 log = logging.getLogger("kratos.controller")
@@ -48,12 +53,16 @@ class CalibrationController:
         namespace = key[0]
         shared, config = self.shared, self.shared.config
         configmap = await shared.io.get_configmap(namespace, CONFIGMAP_NAME)
-        calibration, action = calibrate(
-            await shared.io.all_profiles(),
+        samples: list[Sample] = []
+        async for page in shared.io.profile_pages():  # folded into samples a page at a time
+            samples += profile_samples(
+                page, catalog=shared.catalog, reference_product=config.reference_product
+            )
+        calibration, action = calibrate_samples(
+            samples,
             configmap,
             namespace=namespace,
             catalog=shared.catalog,
-            reference_product=config.reference_product,
             now=dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         )
         self.current = calibration

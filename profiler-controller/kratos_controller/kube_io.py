@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -15,7 +15,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 from kratos_admit.domain import vocabulary as v
 from kratos_admit.domain.raw import as_list, as_mapping
-from kratos_admit.edge.kube import is_status, list_raw, one_line
+from kratos_admit.edge.kube import is_status, list_pages, list_raw, one_line
 from kratos_controller import actions
 from kratos_controller import reconcile as rc
 from kratos_controller.faults import timestamp
@@ -186,9 +186,14 @@ class KubeIO:
             raise
         return found
 
-    async def all_profiles(self) -> list[Obj]:
-        body = await list_raw(self.custom.list_cluster_custom_object, v.GROUP, v.VERSION, v.PROFILE_PLURAL)
-        return [p for p in as_list(body.get("items")) if isinstance(p, dict)]
+    async def profile_pages(self) -> AsyncIterator[list[Obj]]:
+        """Every WorkloadProfile, a page at a time (``list_pages``): a caller folds each before the
+        next is read, so a cluster's mature profiles (their counted Pod uids and all) are never held
+        at once."""
+        async for body in list_pages(
+            self.custom.list_cluster_custom_object, v.GROUP, v.VERSION, v.PROFILE_PLURAL
+        ):
+            yield [p for p in as_list(body.get("items")) if isinstance(p, dict)]
 
     async def get_configmap(self, namespace: str, name: str) -> Obj | None:
         """The ConfigMap's name and data (what the calibration reads), or None when it is absent."""

@@ -16,6 +16,7 @@ from kratos_admit.domain import vocabulary as v
 from kratos_admit.domain.profile import (
     ProfileStatus,
     WorkloadProfile,
+    as_read,
     with_runs,
 )
 from kratos_admit.domain.raw import as_list, as_mapping, string_map
@@ -26,6 +27,7 @@ from kratos_admit.model.calibration import (
     NO_CALIBRATION,
     Calibration,
     CalibrationError,
+    Sample,
     keep_unchanged_dates,
     moved_beyond_noise,
     parse_calibration,
@@ -142,6 +144,22 @@ def calibration_write_wait(
     return interval - since_write
 
 
+def profile_samples(
+    profiles: Iterable[Mapping[str, Any]], *, catalog: Catalog, reference_product: str
+) -> list[Sample]:
+    """The calibration's samples of these profile objects (their observations), each read as the
+    decisions read it (``as_read``: without the Pod uids counted) and dropped once read; an invalid
+    one gives none. The controller folds a list page by page through this, so only the samples of
+    the whole list are ever held together."""
+    parsed = []
+    for raw in profiles:
+        try:
+            parsed.append(WorkloadProfile.model_validate(as_read(raw)))
+        except ValidationError:
+            continue
+    return samples_of(parsed, catalog, reference_product=reference_product)
+
+
 def calibrate(
     profiles: Iterable[Mapping[str, Any]],
     configmap: Mapping[str, Any] | None,
@@ -151,20 +169,24 @@ def calibrate(
     reference_product: str,
     now: str,
 ) -> tuple[Calibration, PublishConfigMap | None]:
-    """The calibration fitted from every profile's observations, and the write of the ConfigMap when
-    it differs from what the ConfigMap holds. A product whose fit did not change keeps its
-    ``updatedAt``, so the same runs (counted twice, replayed, after a restart) write nothing."""
-    parsed = []
-    for raw in profiles:
-        try:
-            parsed.append(WorkloadProfile.model_validate(raw))
-        except ValidationError:
-            continue
+    """The calibration fitted from every profile's observations (``calibrate_samples``)."""
+    samples = profile_samples(profiles, catalog=catalog, reference_product=reference_product)
+    return calibrate_samples(samples, configmap, namespace=namespace, catalog=catalog, now=now)
+
+
+def calibrate_samples(
+    samples: list[Sample],
+    configmap: Mapping[str, Any] | None,
+    *,
+    namespace: str,
+    catalog: Catalog,
+    now: str,
+) -> tuple[Calibration, PublishConfigMap | None]:
+    """The calibration fitted from the samples of every profile's observations, and the write of the
+    ConfigMap when it differs from what the ConfigMap holds. A product whose fit did not change keeps
+    its ``updatedAt``, so the same runs (counted twice, replayed, after a restart) write nothing."""
     before = current_calibration(configmap)
-    fitted = fit_calibration(
-        samples_of(parsed, catalog, reference_product=reference_product), catalog, updated_at=now
-    )
-    fitted = keep_unchanged_dates(fitted, before)
+    fitted = keep_unchanged_dates(fit_calibration(samples, catalog, updated_at=now), before)
     if configmap is not None and same_calibration(fitted, before):
         return before, None
     return fitted, PublishConfigMap(namespace, CONFIGMAP_NAME, {CONFIGMAP_KEY: fitted.to_json()})

@@ -54,6 +54,16 @@ class Watcher(Protocol):
     async def run(self) -> None: ...
 
 
+def unmanaged(obj: Obj) -> Obj:
+    """``obj`` (as listed or watched: the cache's own) without ``metadata.managedFields``, which no
+    controller reads and writes never send back (they are JSON patches of what changed): an entry per
+    writer naming every field it wrote, a good part of a cached Pod."""
+    meta = obj.get("metadata")
+    if isinstance(meta, dict):
+        meta.pop("managedFields", None)
+    return obj
+
+
 class CacheFold:
     """A (re)list of the Job or Pod informer folded into its cache page by page (the Informer's
     ``Fold``): each object stored and dispatched as its page comes, so the list is never held whole
@@ -70,7 +80,7 @@ class CacheFold:
         for obj in items:
             namespace, name, _, _ = meta_of(obj)
             self.listed.add((namespace, name))
-            self.cache[(namespace, name)] = obj
+            self.cache[(namespace, name)] = unmanaged(obj)
             self.dispatch(obj)
 
     def end(self) -> None:
@@ -183,7 +193,7 @@ class Manager:
         if event == "DELETED":
             cache.pop((namespace, name), None)
             return
-        cache[(namespace, name)] = obj
+        cache[(namespace, name)] = unmanaged(obj)
         self._dispatch(obj, kind)
 
     async def _resync(self) -> None:

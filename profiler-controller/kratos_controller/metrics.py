@@ -129,9 +129,11 @@ class ControllerMetrics:
         """Count each kind's cache at each scrape, once its informer has synced (``kinds``: kind ->
         (synced, cache))."""
         for kind, (synced, cache) in kinds.items():
-            self.cached_objects.labels(kind).set_function(
-                lambda synced=synced, cache=cache: float(len(cache)) if synced() else float("nan")
-            )
+            self.cached_objects.labels(kind).set_function(_counted(synced, cache))
+
+
+def _counted(synced: Callable[[], bool], cache: Sized) -> Callable[[], float]:
+    return lambda: float(len(cache)) if synced() else float("nan")
 
 
 def held_since(obj: Mapping[str, Any]) -> dt.datetime | None:
