@@ -2,16 +2,19 @@
 
     .venv/bin/python bench/memory_bench.py                       # 5,000 Nodes, 20,000 WorkloadProfiles
     .venv/bin/python bench/memory_bench.py --nodes 500 --profiles 2000
+    .venv/bin/python bench/memory_bench.py --page-size 0 --whole-nodes   # as before issue 51's cuts
 
 The caches are the webhook's own classes (``ClusterNodeStore``, ``ClusterProfileStore``, the engine's
-``DecisionCache``) filled in process, as a relist fills them, from objects built the way the API
-server returns them: Nodes labelled by GPU Feature Discovery with the status a kubelet reports
-(capacity, conditions, addresses, images), and WorkloadProfiles as the controller writes them,
-first just profiled (metrics, time shares, GPU), then mature (observations on three products and
-the countedRuns list at its cap of ``MAX_COUNTED_RUNS`` Pod uids). Each step gives the
-Python memory each cache holds after a full collection (tracemalloc), the peak of a relist (the
-listed objects and the parsed cache both alive) and the growth of the resident set (``VmRSS``),
-which keeps what the allocator freed for reuse.
+``DecisionCache``) filled in process as their informers fill them on a relist: the list arrives as
+JSON in pages of ``--page-size`` objects (the Informer's ``limit``; 0: the whole list at once), each
+page parsed and folded into the cache before the next is made. Nodes are labelled by GPU Feature
+Discovery and carry the status a kubelet reports (capacity, conditions, addresses, images), sent as
+``PartialObjectMetadata`` (their metadata alone) as the Node store asks for them, or whole with
+``--whole-nodes``; WorkloadProfiles are as the controller writes them, first just profiled (metrics,
+time shares, GPU), then mature (observations on three products and the countedRuns list at its cap
+of ``MAX_COUNTED_RUNS`` Pod uids). Each step gives the Python memory each cache holds after a full
+collection (tracemalloc), the peak of a relist (a page as sent and parsed, and the cache) and the
+growth of the resident set (``VmRSS``), which keeps what the allocator freed for reuse.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from kratos_admit.admission.engine import AdmissionEngine, review
 from kratos_admit.domain import vocabulary as v
 from kratos_admit.domain.profile import MAX_COUNTED_RUNS
 from kratos_admit.edge.cluster import ClusterNodeStore, ClusterProfileStore
+from kratos_admit.edge.kube import PAGE_SIZE, Fold
 
 PRODUCTS = (
     ("NVIDIA-A100-SXM4-80GB", "81920", "8", "0"),
@@ -143,6 +147,8 @@ def profile(index: int, *, mature: bool) -> dict[str, Any]:
 
 
 TRACING = [True]  # --no-trace: resident set only (tracemalloc's own records grow it by as much again)
+PAGE = [PAGE_SIZE]  # --page-size: objects a list page (0: the whole list at once)
+WHOLE_NODES = [False]  # --whole-nodes: Nodes sent whole, not as PartialObjectMetadata
 
 
 def trace(start: bool) -> tuple[int, int]:
@@ -161,20 +167,32 @@ Row = tuple[str, float, float, float]
 TOTAL = "the webhook's resident set"  # what, MiB held by it, MiB at the peak, resident set growth MiB
 
 
-def step(name: str, build: Callable[[], list[dict[str, Any]]], load: Callable[[list[dict[str, Any]]], None],
-         rows: list[Row]) -> None:  # fmt: skip
+def step(name: str, build: Callable[[int], dict[str, Any]], count: int, fold: Fold, rows: list[Row]) -> None:
     """What a relist leaves held (traced by tracemalloc after a full collection, the listed objects
-    dropped), its peak (the listed objects and the parsed cache both alive), and the growth of the
-    resident set (which keeps what the allocator freed for reuse)."""
+    dropped), its peak (a page as sent and as parsed, and the cache), and the growth of the resident
+    set (which keeps what the allocator freed for reuse)."""
     before = settled_rss()
     trace(True)
-    items = build()
-    load(items)
-    del items
+    size = PAGE[0] or count
+    fold.begin()
+    for start in range(0, count, size):
+        sent = json.dumps({"items": [build(i) for i in range(start, min(count, start + size))]}).encode()
+        body = json.loads(sent)  # as list_raw reads a page: the bytes, then the parsed page
+        del sent
+        fold.page(body["items"])
+        del body
+    fold.end()
     gc.collect()
     held, peak = trace(False)
     rows.append((name, held / 2**20, peak / 2**20, settled_rss() - before))
     print(f"{name}: {rows[-1][1]:.1f} MiB held, peak {rows[-1][2]:.1f} MiB", file=sys.stderr)
+
+
+def as_sent(obj: dict[str, Any]) -> dict[str, Any]:
+    """A Node as the API server sends it to the Node store: its metadata alone, unless --whole-nodes."""
+    if WHOLE_NODES[0]:
+        return obj
+    return {"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1", "metadata": obj["metadata"]}
 
 
 def fill_decisions(count: int, rows: list[Row]) -> AdmissionEngine:
@@ -208,22 +226,19 @@ async def measure(nodes: int, profiles: int, decisions: int) -> list[Row]:
     try:
         node_store = ClusterNodeStore(api)
         profile_store = ClusterProfileStore(api)
-        step(
-            f"{nodes:,} GPU Nodes (ClusterNodeStore)",
-            lambda: [node(i) for i in range(nodes)],
-            node_store._replace,
-            rows,
-        )
+        step(f"{nodes:,} GPU Nodes (ClusterNodeStore)", lambda i: as_sent(node(i)), nodes, node_store, rows)
         assert len(node_store.gpu_products()) == len(PRODUCTS)
         step(f"{profiles:,} WorkloadProfiles just profiled (ClusterProfileStore)",
-             lambda: [profile(i, mature=False) for i in range(profiles)], profile_store._replace, rows)  # fmt: skip
+             lambda i: profile(i, mature=False), profiles, profile_store, rows)  # fmt: skip
         assert len(profile_store) == profiles
         rows.append(
             (f"{TOTAL}: {nodes:,} Nodes, {profiles:,} profiles just profiled", 0.0, 0.0, settled_rss())
         )
-        profile_store._replace([])
+        profile_store.begin()
+        profile_store.end()  # a relist that named none: the cache empty again
+        assert len(profile_store) == 0
         step(f"{profiles:,} mature WorkloadProfiles ({MAX_COUNTED_RUNS} countedRuns each)",
-             lambda: [profile(i, mature=True) for i in range(profiles)], profile_store._replace, rows)  # fmt: skip
+             lambda i: profile(i, mature=True), profiles, profile_store, rows)  # fmt: skip
         assert len(profile_store) == profiles
         engine = fill_decisions(decisions, rows)
         rows.append(
@@ -249,8 +264,13 @@ def main(argv: list[str] | None = None) -> int:
         "--decisions", type=int, default=1024, help="decision cache entries (its default size)"
     )
     parser.add_argument("--no-trace", action="store_true", help="the resident set only, without tracemalloc")
+    parser.add_argument(
+        "--page-size", type=int, default=PAGE_SIZE, help="objects a list page (0: the whole list at once)"
+    )
+    parser.add_argument("--whole-nodes", action="store_true", help="Nodes sent whole, not as their metadata")
     args = parser.parse_args(argv)
     TRACING[0] = not args.no_trace
+    PAGE[0], WHOLE_NODES[0] = args.page_size, args.whole_nodes
     start = settled_rss()
     rows = asyncio.run(measure(args.nodes, args.profiles, args.decisions))
     print("| what | held MiB | peak MiB (the relist) | resident set growth MiB |")

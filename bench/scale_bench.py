@@ -1,0 +1,385 @@
+"""KRATOS's webhook and controller against a real API server filled like the largest clusters.
+
+    .venv/bin/python bench/scale_bench.py --kubeconfig K fill --nodes 5000 --profiles 20000
+    .venv/bin/python bench/scale_bench.py --kubeconfig K fill --pods 50000 --jobs 10000
+    .venv/bin/python bench/scale_bench.py --kubeconfig K measure webhook
+    .venv/bin/python bench/scale_bench.py --kubeconfig K measure controller
+
+``fill`` creates what is missing (it counts what is there first, so a second run adds nothing):
+GPU Nodes labelled as GPU Feature Discovery labels them, with the status a kubelet reports (capacity,
+conditions, addresses, ten images) written through the status subresource; mature WorkloadProfiles as
+the controller writes them (observations on three products, ``countedRuns`` at its cap); Pods bound
+to those Nodes (no kubelet runs them: they stay Pending) and suspended Jobs (so no Job controller
+makes Pods of them), a quarter of each labelled ``gpu.scheduler.io/workload``, the label KRATOS's
+informers select. Use a server of its own (an etcd and a kube-apiserver, no scheduler, no
+controllers): nothing else then moves what is measured.
+
+``measure`` starts ``kratos-admit webhook`` or ``kratos-admit controller`` as a process against that
+server and samples its resident set (``VmRSS`` of ``/proc/PID/status``) every 50 ms: the peak until
+it is Ready (its ``/readyz``: for the webhook, every cache synced) and its caches are whole (for the
+controller, ``kratos_cached_objects`` counted for Jobs and Pods), the time to each, the resident set once settled,
+and then the API server's requests per minute at rest (``apiserver_request_total`` over
+``--rest`` seconds, by verb and resource, less what the server asked of itself over as long a time
+before the process started: the process is the server's only client). Prints a
+JSON line with the figures and the commit measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import functools
+import json
+import os
+import ssl
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+from kubernetes_asyncio import client
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from memory_bench import node, profile  # the same objects as the in-process benchmark
+
+from kratos_admit.domain import vocabulary as v
+from kratos_admit.edge.kube import api_client, is_status, list_pages, metadata_lister
+
+NAMESPACES = 200  # team-0 .. team-199, as memory_bench's profiles
+WORKERS = 32  # creates in flight
+Obj = dict[str, Any]
+
+
+def commit(python: str) -> str:
+    """The commit of the kratos_admit that ``python`` imports (+dirty: with changes)."""
+    where = subprocess.run([python, "-c", "import kratos_admit; print(kratos_admit.__file__)"],
+                           check=True, capture_output=True, text=True, cwd="/").stdout.strip()  # fmt: skip
+    tree = str(Path(where).parent)
+    found = subprocess.run(
+        ["git", "-C", tree, "rev-parse", "--short", "HEAD"], check=False, capture_output=True, text=True
+    )
+    dirty = subprocess.run(["git", "-C", tree, "status", "--porcelain", "--untracked-files=no"],
+                           check=False, capture_output=True, text=True).stdout.strip()  # fmt: skip
+    return found.stdout.strip() + ("+dirty" if dirty else "")
+
+
+async def together(calls: list[Callable[[], Awaitable[Any]]]) -> None:
+    """Every call, ``WORKERS`` at a time; one the server was too busy for tried again."""
+    gate = asyncio.Semaphore(WORKERS)
+
+    async def one(call: Callable[[], Awaitable[Any]]) -> None:
+        async with gate:
+            for attempt in range(5):
+                try:
+                    await call()
+                    return
+                except client.ApiException as exc:
+                    if is_status(exc, 409):  # made by an earlier, interrupted fill
+                        return
+                    if not is_status(exc, 429, 500, 503, 504) or attempt == 4:
+                        raise
+                    await asyncio.sleep(0.5 * 2**attempt)
+
+    await asyncio.gather(*(one(c) for c in calls))
+
+
+async def names(list_func: Any, *args: Any, needs: str = "") -> set[str]:
+    """namespace/name of the objects listed (with a ``needs`` field, only those that have it)."""
+    found: set[str] = set()
+    async for body in list_pages(list_func, *args, limit=5000):
+        found.update(
+            f"{i['metadata'].get('namespace', '')}/{i['metadata']['name']}"
+            for i in body.get("items") or []
+            if not needs or needs in i
+        )
+    return found
+
+
+def pod(index: int) -> Obj:
+    labels = {"app": f"app-{index % 500}"} | (
+        {v.WORKLOAD_LABEL: f"workload-{index % 2000}"} if index % 4 == 0 else {}
+    )
+    return {
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": f"pod-{index:06d}", "namespace": f"team-{index % NAMESPACES}", "labels": labels},
+        "spec": {"nodeName": f"gpu-node-{index % 5000:05d}", "restartPolicy": "Never",
+                 "automountServiceAccountToken": False,
+                 "containers": [{"name": "main", "image": "nvcr.io/nvidia/pytorch:24.05-py3",
+                                 "command": ["python", "train.py", "--epochs", "10"],
+                                 "resources": {"limits": {"nvidia.com/gpu": "1"}, "requests": {"cpu": "4", "memory": "16Gi"}},
+                                 "env": [{"name": "NCCL_DEBUG", "value": "WARN"}]}],
+                 "tolerations": [{"key": v.GPU_TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"}]},
+    }  # fmt: skip
+
+
+def job(index: int) -> Obj:
+    labels = {"app": f"app-{index % 500}"} | (
+        {v.WORKLOAD_LABEL: f"workload-{index % 2000}"} if index % 4 == 0 else {}
+    )
+    template = pod(index)
+    return {
+        "apiVersion": "batch/v1", "kind": "Job",
+        "metadata": {"name": f"job-{index:06d}", "namespace": f"team-{index % NAMESPACES}", "labels": labels},
+        "spec": {"suspend": True, "backoffLimit": 0,
+                 "template": {"metadata": {"labels": labels}, "spec": {**template["spec"], "nodeName": None}}},
+    }  # fmt: skip
+
+
+async def fill(api: client.ApiClient, args: argparse.Namespace) -> None:
+    # Any: they are given plain dicts, which the generated clients send as they are
+    core: Any = client.CoreV1Api(api)
+    custom: Any = client.CustomObjectsApi(api)
+    batch: Any = client.BatchV1Api(api)
+    started = time.monotonic()
+    have = await names(core.list_namespace)
+    wanted = [f"team-{i}" for i in range(NAMESPACES)] + ["kratos-system"]
+    await together(
+        [
+            functools.partial(core.create_namespace, {"metadata": {"name": n}})
+            for n in wanted
+            if f"/{n}" not in have
+        ]
+    )
+    accounts = await names(core.list_service_account_for_all_namespaces)  # no controller-manager: none made
+    await together([
+        functools.partial(core.create_namespaced_service_account, n, {"metadata": {"name": "default"}})
+        for n in wanted if f"{n}/default" not in accounts
+    ])  # fmt: skip
+    have = await names(metadata_lister(api, "/api/v1/nodes"))
+
+    async def make_node(i: int) -> None:
+        obj = node(i)
+        status = obj.pop("status")
+        obj["metadata"] = {
+            k: val for k, val in obj["metadata"].items() if k in ("name", "labels", "annotations")
+        }
+        try:
+            await core.create_node(obj)
+        except client.ApiException as exc:  # made by an interrupted fill, perhaps without its status
+            if not is_status(exc, 409):
+                raise
+        await core.patch_node_status(
+            obj["metadata"]["name"], {"status": status}, _content_type="application/merge-patch+json"
+        )
+
+    await together(
+        [functools.partial(make_node, i) for i in range(args.nodes) if f"/gpu-node-{i:05d}" not in have]
+    )
+    print(f"nodes: {args.nodes} ({time.monotonic() - started:.0f} s)", file=sys.stderr)
+    have = await names(
+        custom.list_cluster_custom_object, v.GROUP, v.VERSION, v.PROFILE_PLURAL, needs="status"
+    )
+
+    async def make_profile(i: int) -> None:
+        obj = profile(i, mature=True)
+        status = obj.pop("status")
+        meta = obj["metadata"]
+        obj["metadata"] = {"name": meta["name"], "namespace": meta["namespace"]}
+        try:
+            await custom.create_namespaced_custom_object(
+                v.GROUP, v.VERSION, meta["namespace"], v.PROFILE_PLURAL, obj
+            )
+        except client.ApiException as exc:  # made by an interrupted fill, perhaps without its status
+            if not is_status(exc, 409):
+                raise
+        await custom.patch_namespaced_custom_object_status(
+            v.GROUP,
+            v.VERSION,
+            meta["namespace"],
+            v.PROFILE_PLURAL,
+            meta["name"],
+            {"status": status},
+            _content_type="application/merge-patch+json",
+        )
+
+    await together([
+        functools.partial(make_profile, i) for i in range(args.profiles)
+        if f"team-{i % NAMESPACES}/workload-{i}-profile" not in have
+    ])  # fmt: skip
+    print(f"profiles: {args.profiles} ({time.monotonic() - started:.0f} s)", file=sys.stderr)
+    have = await names(metadata_lister(api, "/api/v1/pods"))
+    await together([
+        functools.partial(core.create_namespaced_pod, f"team-{i % NAMESPACES}", pod(i)) for i in range(args.pods)
+        if f"team-{i % NAMESPACES}/pod-{i:06d}" not in have
+    ])  # fmt: skip
+    print(f"pods: {args.pods} ({time.monotonic() - started:.0f} s)", file=sys.stderr)
+    have = await names(metadata_lister(api, "/apis/batch/v1/jobs"))
+    await together([
+        functools.partial(batch.create_namespaced_job, f"team-{i % NAMESPACES}", job(i)) for i in range(args.jobs)
+        if f"team-{i % NAMESPACES}/job-{i:06d}" not in have
+    ])  # fmt: skip
+    print(f"jobs: {args.jobs} ({time.monotonic() - started:.0f} s)", file=sys.stderr)
+
+
+def rss_mib(pid: int) -> float:
+    with contextlib.suppress(FileNotFoundError, ProcessLookupError):
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
+async def sampled(pid: int, seconds: float) -> float:
+    """The highest resident set over ``seconds``, sampled every 50 ms."""
+    peak, until = 0.0, time.monotonic() + seconds
+    while time.monotonic() < until:
+        peak = max(peak, rss_mib(pid))
+        await asyncio.sleep(0.05)
+    return peak
+
+
+async def requests_by(api: client.ApiClient) -> Counter[str]:
+    """apiserver_request_total by verb and resource (what every client asked so far)."""
+    response = await api.call_api("/metrics", "GET", auth_settings=["BearerToken"], _preload_content=False,
+                                  _return_http_data_only=True)  # fmt: skip
+    text = (await response.read()).decode()
+    found: Counter[str] = Counter()
+    for line in text.splitlines():
+        if not line.startswith("apiserver_request_total{"):
+            continue
+        labels = dict(
+            p.split("=", 1) for p in line[line.index("{") + 1 : line.rindex("}")].split(",") if "=" in p
+        )
+        resource = labels.get("resource", '""').strip('"')
+        if resource:
+            found[f"{labels.get('verb', '').strip(chr(34))} {resource}"] += int(float(line.rsplit(" ", 1)[1]))
+    return found
+
+
+async def measure(api: client.ApiClient, args: argparse.Namespace) -> dict[str, Any]:
+    work = Path(tempfile.mkdtemp(prefix="kratos-scale-"))
+    exe = [args.python, "-m", "kratos_admit"]
+    subprocess.run([*exe, "certs", "generate", "--service", "kratos-webhook", "--namespace", "kratos-system",
+                    "--out", str(work)], check=True, capture_output=True, cwd=work)  # fmt: skip
+    env = dict(os.environ, KRATOS_LOG_LEVEL="WARNING")
+    if args.process == "webhook":
+        command = [*exe, "webhook", "--listen", "127.0.0.1:18443", "--tls-cert", str(work / "tls.crt"),
+                   "--tls-key", str(work / "tls.key"), "--signing-key", str(work / "signing.key"),
+                   "--kubeconfig", str(args.kubeconfig)]  # fmt: skip
+        ready_url = "https://127.0.0.1:18443/readyz"
+    else:
+        command = [
+            *exe,
+            "controller",
+            "--signing-key",
+            str(work / "signing.key"),
+            "--kubeconfig",
+            str(args.kubeconfig),
+        ]
+        env |= {"KRATOS_CONTROLLER_METRICS_LISTEN": "127.0.0.1:19090", "POD_NAME": "kratos-scale-bench"}
+        ready_url = "http://127.0.0.1:19090/readyz"
+    insecure = ssl.create_default_context()
+    insecure.check_hostname, insecure.verify_mode = False, ssl.CERT_NONE
+    # the API server's own requests (its lease, the kubernetes Service's endpoints, its informers'
+    # watches ending), counted over the same time with nothing else running, are taken off the process's
+    quiet_from = await requests_by(api)
+    await asyncio.sleep(args.rest)
+    quiet = await requests_by(api) - quiet_from
+    before = await requests_by(api)
+    started = time.monotonic()
+    with (work / "stderr").open("wb") as stderr:
+        # run from elsewhere: from the checkout, ``-m`` would import the checkout's kratos_admit, not --python's
+        process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=stderr, cwd=work)
+    peak, ready_s = 0.0, None
+    try:
+        async with aiohttp.ClientSession() as http:
+            while ready_s is None and time.monotonic() - started < args.timeout:
+                peak = max(peak, rss_mib(process.pid))
+                if process.poll() is not None:
+                    raise SystemExit(
+                        f"{args.process} exited {process.returncode}: {(work / 'stderr').read_text()[-2000:]}"
+                    )
+                with contextlib.suppress(aiohttp.ClientError, OSError, asyncio.TimeoutError):
+                    async with http.get(
+                        ready_url, ssl=insecure, timeout=aiohttp.ClientTimeout(total=0.5)
+                    ) as answer:
+                        if answer.status == 200:
+                            ready_s = time.monotonic() - started
+                await asyncio.sleep(0.05)
+            synced_s = ready_s if args.process == "webhook" else None  # the webhook is Ready once synced
+            while args.process == "controller" and time.monotonic() - started < args.timeout:
+                # a controller is Ready as a standby too: its caches are whole once both kinds are counted
+                peak = max(peak, rss_mib(process.pid))
+                with contextlib.suppress(aiohttp.ClientError, OSError, asyncio.TimeoutError):
+                    async with http.get("http://127.0.0.1:19090/metrics") as answer:
+                        counted = [
+                            line for line in (await answer.text()).splitlines()
+                            if line.startswith("kratos_cached_objects{")
+                        ]  # fmt: skip
+                    if not counted:
+                        break  # a version without the gauge: no time to say
+                    if all(not line.endswith("NaN") for line in counted):
+                        synced_s = time.monotonic() - started
+                        break
+                await asyncio.sleep(0.1)
+            at_ready = rss_mib(process.pid)
+            peak = max(peak, await sampled(process.pid, args.settle))
+            settled = rss_mib(process.pid)
+            rest_from = await requests_by(api)
+            peak = max(peak, await sampled(process.pid, args.rest))
+            rest = await requests_by(api) - rest_from - quiet
+            scale = (time.monotonic() - started - args.rest) / args.rest  # the start's share of quiet
+            listed = rest_from - before - Counter({k: round(n * scale) for k, n in quiet.items()})
+    finally:
+        process.terminate()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(timeout=20)
+        if process.poll() is None:
+            process.kill()
+    per_minute = {k: round(n * 60 / args.rest, 1) for k, n in sorted(rest.items())}
+    return {
+        "commit": commit(args.python), "process": args.process, "readySeconds": None if ready_s is None else round(ready_s, 1),
+        "syncedSeconds": None if synced_s is None else round(synced_s, 1),
+        "peakMiB": round(peak, 1), "atReadyMiB": round(at_ready, 1), "settledMiB": round(settled, 1),
+        "startRequests": dict(sorted(listed.items())), "restRequestsPerMinute": per_minute,
+        "restRequestsPerMinuteTotal": round(sum(rest.values()) * 60 / args.rest, 1),
+    }  # fmt: skip
+
+
+async def main_async(args: argparse.Namespace) -> int:
+    api = await api_client(args.kubeconfig)
+    try:
+        if args.command == "fill":
+            await fill(api, args)
+        else:
+            print(json.dumps(await measure(api, args)))
+    finally:
+        await api.close()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--kubeconfig", type=Path, required=True)
+    sub = parser.add_subparsers(dest="command", required=True)
+    filling = sub.add_parser("fill", help="create the Nodes, profiles, Pods and Jobs that are missing")
+    filling.add_argument("--nodes", type=int, default=5000)
+    filling.add_argument("--profiles", type=int, default=20000)
+    filling.add_argument("--pods", type=int, default=0)
+    filling.add_argument("--jobs", type=int, default=0)
+    measuring = sub.add_parser("measure", help="start the webhook or the controller and sample it")
+    measuring.add_argument("process", choices=("webhook", "controller"))
+    measuring.add_argument("--settle", type=float, default=20.0, help="seconds after Ready before 'settled'")
+    measuring.add_argument(
+        "--rest", type=float, default=60.0, help="seconds the requests at rest are counted over"
+    )
+    measuring.add_argument("--timeout", type=float, default=600.0, help="give up if not Ready by then")
+    measuring.add_argument(
+        "--python",
+        default=sys.executable,
+        help="the interpreter whose kratos_admit is measured (an older checkout's)",
+    )
+    return asyncio.run(main_async(parser.parse_args(argv)))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
