@@ -152,7 +152,7 @@ async def fill(api: client.ApiClient, args: argparse.Namespace) -> None:
         functools.partial(core.create_namespaced_service_account, n, {"metadata": {"name": "default"}})
         for n in wanted if f"{n}/default" not in accounts
     ])  # fmt: skip
-    have = await names(metadata_lister(api, "/api/v1/nodes"))
+    have = await names(metadata_lister(api, "/api/v1/nodes")) if args.nodes else set()
 
     async def make_node(i: int) -> None:
         obj = node(i)
@@ -173,8 +173,10 @@ async def fill(api: client.ApiClient, args: argparse.Namespace) -> None:
         [functools.partial(make_node, i) for i in range(args.nodes) if f"/gpu-node-{i:05d}" not in have]
     )
     print(f"nodes: {args.nodes} ({time.monotonic() - started:.0f} s)", file=sys.stderr)
-    have = await names(
-        custom.list_cluster_custom_object, v.GROUP, v.VERSION, v.PROFILE_PLURAL, needs="status"
+    have = (
+        await names(custom.list_cluster_custom_object, v.GROUP, v.VERSION, v.PROFILE_PLURAL, needs="status")
+        if args.profiles
+        else set()
     )
 
     async def make_profile(i: int) -> None:
@@ -204,18 +206,17 @@ async def fill(api: client.ApiClient, args: argparse.Namespace) -> None:
         if f"team-{i % NAMESPACES}/workload-{i}-profile" not in have
     ])  # fmt: skip
     print(f"profiles: {args.profiles} ({time.monotonic() - started:.0f} s)", file=sys.stderr)
-    have = await names(metadata_lister(api, "/api/v1/pods"))
-    await together([
-        functools.partial(core.create_namespaced_pod, f"team-{i % NAMESPACES}", pod(i)) for i in range(args.pods)
-        if f"team-{i % NAMESPACES}/pod-{i:06d}" not in have
-    ])  # fmt: skip
-    print(f"pods: {args.pods} ({time.monotonic() - started:.0f} s)", file=sys.stderr)
-    have = await names(metadata_lister(api, "/apis/batch/v1/jobs"))
-    await together([
-        functools.partial(batch.create_namespaced_job, f"team-{i % NAMESPACES}", job(i)) for i in range(args.jobs)
-        if f"team-{i % NAMESPACES}/job-{i:06d}" not in have
-    ])  # fmt: skip
-    print(f"jobs: {args.jobs} ({time.monotonic() - started:.0f} s)", file=sys.stderr)
+    workloads: list[tuple[str, str, Any, Callable[[int], Obj], int]] = [
+        ("pods", "/api/v1/pods", core.create_namespaced_pod, pod, args.pods),
+        ("jobs", "/apis/batch/v1/jobs", batch.create_namespaced_job, job, args.jobs),
+    ]
+    for kind, path, create, build, count in workloads:
+        have = await names(metadata_lister(api, path)) if count else set()
+        await together([
+            functools.partial(create, f"team-{i % NAMESPACES}", build(i)) for i in range(count)
+            if f"team-{i % NAMESPACES}/{kind[:-1]}-{i:06d}" not in have
+        ])  # fmt: skip
+        print(f"{kind}: {count} ({time.monotonic() - started:.0f} s)", file=sys.stderr)
 
 
 def rss_mib(pid: int) -> float:
