@@ -429,7 +429,7 @@ def test_the_fit_folded_page_by_page_is_the_fit_of_the_whole_list_bookkeeping_an
     """The controller folds the profiles into samples a list page at a time (issue 51): the fit is the
     same as of the whole list at once, and the counted Pod uids and managedFields the API server
     sends with each profile change nothing."""
-    profiles = profile_dicts(drawn_truth(3, spread=0.2))
+    profiles: list[dict[str, Any]] = [dict(p) for p in profile_dicts(drawn_truth(3, spread=0.2))]
     options: dict[str, Any] = {"namespace": "kratos-system", "catalog": CATALOG}
     whole, _ = calibrate(profiles, None, reference_product=A100, now="2026-11-23T10:00:00Z", **options)
     kept = [
