@@ -78,12 +78,6 @@ class ProfileIndex:
         if key is not None:
             self._by_key.pop(key, None)
 
-    def replace(self, profiles: Iterable[WorkloadProfile]) -> None:
-        self._by_key.clear()
-        self._key_by_name.clear()
-        for profile in profiles:
-            self.put(profile)
-
     def get(self, namespace: str, workload: str) -> WorkloadProfile | None:
         return self._by_key.get((namespace, workload))
 
