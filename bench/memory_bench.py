@@ -229,16 +229,16 @@ async def measure(nodes: int, profiles: int, decisions: int) -> list[Row]:
         step(f"{nodes:,} GPU Nodes (ClusterNodeStore)", lambda i: as_sent(node(i)), nodes, node_store, rows)
         assert len(node_store.gpu_products()) == len(PRODUCTS)
         step(f"{profiles:,} WorkloadProfiles just profiled (ClusterProfileStore)",
-             lambda i: profile(i, mature=False), profiles, profile_store, rows)  # fmt: skip
+             lambda i: profile(i, mature=False), profiles, profile_store.informer.fold, rows)  # fmt: skip
         assert len(profile_store) == profiles
         rows.append(
             (f"{TOTAL}: {nodes:,} Nodes, {profiles:,} profiles just profiled", 0.0, 0.0, settled_rss())
         )
-        profile_store.begin()
-        profile_store.end()  # a relist that named none: the cache empty again
+        profile_store.informer.fold.begin()
+        profile_store.informer.fold.end()  # a relist that named none: the cache empty again
         assert len(profile_store) == 0
         step(f"{profiles:,} mature WorkloadProfiles ({MAX_COUNTED_RUNS} countedRuns each)",
-             lambda i: profile(i, mature=True), profiles, profile_store, rows)  # fmt: skip
+             lambda i: profile(i, mature=True), profiles, profile_store.informer.fold, rows)  # fmt: skip
         assert len(profile_store) == profiles
         engine = fill_decisions(decisions, rows)
         rows.append(

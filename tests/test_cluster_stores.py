@@ -249,13 +249,13 @@ async def test_a_relist_is_read_in_pages_each_folded_before_the_next_is_read():
     seen: list[int] = []
     async with stores_running(kube) as (profiles, _):
         profiles.informer.page_size = 2
-        fold = profiles.page
+        fold = profiles.informer.fold.page
 
         def page(items: list[dict[str, object]]) -> None:
             seen.append(len(profiles))  # what the index held when this page came
             fold(items)
 
-        profiles.page = page  # type: ignore[method-assign]
+        profiles.informer.fold.page = page  # type: ignore[method-assign]
         await eventually(profiles.ready)
         assert len(profiles) == 7
     listed = lists_of(kube, "/apis/gpu.scheduler.io/v1alpha1/workloadprofiles")
@@ -274,13 +274,13 @@ async def test_a_relist_keeps_answering_from_the_cache_and_drops_what_it_did_not
         await eventually(profiles.ready)
         profiles.informer.page_size = 2
         answering: list[bool] = []
-        fold = profiles.page
+        fold = profiles.informer.fold.page
 
         def page(items: list[dict[str, object]]) -> None:
             answering.append(all(profiles.get("team-a", f"w{i}") is not None for i in range(1, 5)))
             fold(items)
 
-        profiles.page = page  # type: ignore[method-assign]
+        profiles.informer.fold.page = page  # type: ignore[method-assign]
         kube.down = True
         await asyncio.sleep(0.3)
         kube.remove(*PROFILES, "team-a", "w0-profile")
@@ -299,7 +299,7 @@ async def test_a_continue_token_past_compaction_starts_the_list_over():
         kube.put(*PROFILES, profile(f"w{i}"))
     async with stores_running(kube) as (profiles, _):
         profiles.informer.page_size = 2
-        fold = profiles.page
+        fold = profiles.informer.fold.page
         compacted: list[bool] = []
 
         def page(items: list[dict[str, object]]) -> None:
@@ -309,7 +309,7 @@ async def test_a_continue_token_past_compaction_starts_the_list_over():
                 kube.compact()  # the next page's token now points before the compaction
             fold(items)
 
-        profiles.page = page  # type: ignore[method-assign]
+        profiles.informer.fold.page = page  # type: ignore[method-assign]
         await eventually(profiles.ready)
         assert len(profiles) == 6 and profiles.get("team-a", "late") is not None
         assert profiles.informer.relists == 1, "only a list read to its end counts"

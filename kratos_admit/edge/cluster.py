@@ -22,7 +22,7 @@ from pydantic import ValidationError
 from kratos_admit.decisions.stores import ProfileIndex
 from kratos_admit.domain import vocabulary as v
 from kratos_admit.domain.profile import WorkloadProfile, as_read
-from kratos_admit.edge.kube import Informer, is_status, metadata_lister, one_line
+from kratos_admit.edge.kube import Informer, Key, Sweep, is_status, metadata_lister, one_line
 from kratos_admit.model.calibration import (
     CONFIGMAP_KEY,
     CONFIGMAP_NAME,
@@ -62,36 +62,27 @@ class ClusterProfileStore:
         self.get_timeout = get_timeout
         self.negative_ttl = negative_ttl
         self._absent: dict[tuple[str, str], float] = {}
-        self._listed: set[tuple[str, str]] = set()  # (namespace, name) named by the list being read
+        # a (re)list is folded page by page (mark and sweep): each page's profiles are parsed into the
+        # index as they come, so neither the whole list as sent nor a second index is ever held; those
+        # the list did not name are dropped at its end. Meanwhile admission answers from the index.
         self.informer = Informer(
             functools.partial(self.custom.list_cluster_custom_object, v.GROUP, v.VERSION, v.PROFILE_PLURAL),
             name="workloadprofiles",
-            fold=self,
+            fold=Sweep(
+                self._listed, self.index.names, lambda key: self.index.remove(*key), self._absent.clear
+            ),
             on_event=self._event,
         )
 
-    # a (re)list, folded page by page (the Informer's Fold): each page's profiles are parsed into the
-    # index as they come, so neither the whole list as sent nor a second index is ever held; those the
-    # list did not name are dropped at its end. Meanwhile admission answers from the index as it is.
-    def begin(self) -> None:
-        self._listed = set()
-
-    def page(self, items: list[Obj]) -> None:
-        for obj in items:
-            meta = obj.get("metadata", {})
-            named = (str(meta.get("namespace", "")), str(meta.get("name", "")))
-            self._listed.add(named)
-            profile = _profile(obj)
-            if profile is None:
-                self.index.remove(*named)
-            else:
-                self.index.put(profile)
-
-    def end(self) -> None:
-        for named in self.index.names() - self._listed:
+    def _listed(self, obj: Obj) -> Key:
+        meta = obj.get("metadata", {})
+        named = (str(meta.get("namespace", "")), str(meta.get("name", "")))
+        profile = _profile(obj)
+        if profile is None:
             self.index.remove(*named)
-        self._listed = set()
-        self._absent.clear()
+        else:
+            self.index.put(profile)
+        return named
 
     def _event(self, kind: str, obj: Obj) -> None:
         meta = obj.get("metadata", {})

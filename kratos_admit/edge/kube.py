@@ -12,7 +12,7 @@ import logging
 import os
 import random
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -186,6 +186,39 @@ class Fold(Protocol):
     def begin(self) -> None: ...
     def page(self, items: list[Obj]) -> None: ...
     def end(self) -> None: ...
+
+
+Key = tuple[str, str]  # (namespace, name)
+
+
+class Sweep:
+    """A ``Fold`` for a cache kept by key, by mark and sweep: each page's objects ``store``d as they
+    come (it returns the object's key), so the cache answers throughout a relist and never holds a
+    second copy; once the last page is in, every key of ``keys()`` the list did not name is
+    ``drop``ped. ``on_end`` runs after that."""
+
+    def __init__(
+        self,
+        store: Callable[[Obj], Key],
+        keys: Callable[[], Iterable[Key]],
+        drop: Callable[[Key], None],
+        on_end: Callable[[], None] = lambda: None,
+    ) -> None:
+        self.store, self.keys, self.drop, self.on_end = store, keys, drop, on_end
+        self.listed: set[Key] = set()
+
+    def begin(self) -> None:
+        self.listed = set()
+
+    def page(self, items: list[Obj]) -> None:
+        for obj in items:
+            self.listed.add(self.store(obj))
+
+    def end(self) -> None:
+        for key in set(self.keys()) - self.listed:
+            self.drop(key)
+        self.listed = set()
+        self.on_end()
 
 
 class Collect:

@@ -27,7 +27,7 @@ from kubernetes_asyncio import client
 from kratos_admit.domain import vocabulary as v
 from kratos_admit.domain.config import Config
 from kratos_admit.domain.workload import Kind
-from kratos_admit.edge.kube import Informer
+from kratos_admit.edge.kube import Informer, Sweep
 from kratos_admit.edge.kueue import KueueApi
 from kratos_admit.edge.prometheus import Prometheus
 from kratos_admit.model.catalog import Catalog, load_catalog
@@ -62,31 +62,6 @@ def unmanaged(obj: Obj) -> Obj:
     if isinstance(meta, dict):
         meta.pop("managedFields", None)
     return obj
-
-
-class CacheFold:
-    """A (re)list of the Job or Pod informer folded into its cache page by page (the Informer's
-    ``Fold``): each object stored and dispatched as its page comes, so the list is never held whole
-    beside the cache; those the list did not name are dropped at its end (mark and sweep)."""
-
-    def __init__(self, cache: Cache, dispatch: Callable[[Obj], None]) -> None:
-        self.cache, self.dispatch = cache, dispatch
-        self.listed: set[tuple[str, str]] = set()
-
-    def begin(self) -> None:
-        self.listed = set()
-
-    def page(self, items: list[Obj]) -> None:
-        for obj in items:
-            namespace, name, _, _ = meta_of(obj)
-            self.listed.add((namespace, name))
-            self.cache[(namespace, name)] = unmanaged(obj)
-            self.dispatch(obj)
-
-    def end(self) -> None:
-        for key in self.cache.keys() - self.listed:
-            del self.cache[key]
-        self.listed = set()
 
 
 class Manager:
@@ -179,7 +154,7 @@ class Manager:
             list_all,
             name=f"kratos-{kind.lower()}s",
             label_selector=v.WORKLOAD_LABEL,
-            fold=CacheFold(cache, lambda obj: self._dispatch(obj, kind)),
+            fold=Sweep(lambda obj: self._cached(cache, obj, kind), cache.keys, cache.__delitem__),
             on_event=lambda event, obj: self._event(cache, event, obj, kind),
             watch_timeout=watch_timeout,
         )
@@ -189,12 +164,19 @@ class Manager:
             controller.watch(obj, kind)
 
     def _event(self, cache: Cache, event: str, obj: Obj, kind: Kind) -> None:
-        namespace, name, _, _ = meta_of(obj)
         if event == "DELETED":
+            namespace, name, _, _ = meta_of(obj)
             cache.pop((namespace, name), None)
             return
+        self._cached(cache, obj, kind)
+
+    def _cached(self, cache: Cache, obj: Obj, kind: Kind) -> tuple[str, str]:
+        """``obj`` stored (without managedFields) and told to every controller; its key. A relist's
+        pages come here one object at a time (the Informer's ``Sweep``), as the watch's events do."""
+        namespace, name, _, _ = meta_of(obj)
         cache[(namespace, name)] = unmanaged(obj)
         self._dispatch(obj, kind)
+        return namespace, name
 
     async def _resync(self) -> None:
         while True:
