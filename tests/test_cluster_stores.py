@@ -382,3 +382,51 @@ async def test_the_double_answers_metadata_only_requests_as_the_real_server_does
             assert json.loads(await expired.read())["reason"] == "Expired"
         finally:
             await api.close()
+
+
+# --- issue 51: every profile held packed, the few read last held parsed ------------------------------
+
+
+def test_the_packed_index_answers_as_the_parsed_one_and_keeps_only_the_last_read_parsed():
+    """Each profile held as its model's JSON; a read parses it once and keeps the parsed model among
+    the ``parsed`` most recently read. What a read returns equals what was put, whether it was still
+    parsed or parsed anew; a profile renamed for the same workload replaces the old one."""
+    from kratos_admit.decisions.stores import PackedProfileIndex, ProfileIndex
+    from kratos_admit.domain.profile import WorkloadProfile, as_read
+
+    def mature(i: int) -> WorkloadProfile:
+        obj = profile(f"w{i}")
+        obj["status"] |= {
+            "observations": [{"product": "NVIDIA-L40S", "runs": i + 1, "meanSeconds": f"{40 + i}.5"}],
+            "observedRuns": i + 1,
+        }
+        obj["metadata"] |= {"resourceVersion": str(100 + i)}
+        return WorkloadProfile.model_validate(as_read(obj))
+
+    models = [mature(i) for i in range(10)]
+    packed, plain = PackedProfileIndex(parsed=3), ProfileIndex()
+    for model in models:
+        packed.put(model)
+        plain.put(model)
+    assert len(packed) == len(plain) == 10 and packed.names() == plain.names()
+    assert packed.get("team-a", "w9") is models[9], "the last put is still parsed"
+    again = packed.get("team-a", "w0")
+    assert again is not None and again is not models[0], "fell out of the parsed few: parsed anew"
+    assert again == models[0] and again.status == models[0].status
+    assert packed.get("team-a", "w0") is again, "and now kept parsed"
+    for i, model in enumerate(models):
+        assert packed.get("team-a", f"w{i}") == plain.get("team-a", f"w{i}") == model
+    assert len(packed._parsed) == 3, "never more than the parsed few"
+    assert packed.profiles() == plain.profiles()
+
+    renamed = mature(4).model_copy(
+        update={"metadata": models[4].metadata.model_copy(update={"name": "other"})}
+    )
+    for index in (packed, plain):
+        index.put(renamed)
+        index.remove("team-a", models[4].metadata.name)  # the old name's delete comes after: the new stays
+        found = index.get("team-a", "w4")
+        assert found is not None and found.metadata.name == "other" and len(index) == 10
+        index.remove("team-a", "other")
+        assert index.get("team-a", "w4") is None and len(index) == 9
+    assert packed.get("team-a", "absent") is None

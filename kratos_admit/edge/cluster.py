@@ -19,7 +19,7 @@ from typing import Any
 from kubernetes_asyncio import client
 from pydantic import ValidationError
 
-from kratos_admit.decisions.stores import ProfileIndex
+from kratos_admit.decisions.stores import PackedProfileIndex
 from kratos_admit.domain import vocabulary as v
 from kratos_admit.domain.profile import WorkloadProfile, as_read
 from kratos_admit.edge.kube import Informer, Key, Sweep, is_status, metadata_lister, one_line
@@ -58,7 +58,7 @@ def _profile(obj: Obj) -> WorkloadProfile | None:
 class ClusterProfileStore:
     def __init__(self, api: client.ApiClient, *, get_timeout: float = 1.0, negative_ttl: float = 1.0) -> None:
         self.custom = client.CustomObjectsApi(api)
-        self.index = ProfileIndex()
+        self.index = PackedProfileIndex()
         self.get_timeout = get_timeout
         self.negative_ttl = negative_ttl
         self._absent: dict[tuple[str, str], float] = {}
