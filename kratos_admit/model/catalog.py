@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass
 from functools import cached_property
 from importlib import resources
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -18,6 +20,7 @@ _CC = r"^[0-9]+\.[0-9]+$"
 _SUFFIXES = re.compile(r"(-MIG-[0-9]+g\.[0-9]+gb(?:\.me)?)?(-SHARED)?$")
 _MIG = re.compile(r"-MIG-(?P<profile>(?P<g>[0-9]+)g\.(?P<m>[0-9]+)gb(?:\.me)?)(?:-SHARED)?$")
 _MIG_PROFILE = re.compile(r"^(?P<g>[0-9]+)g\.(?P<m>[0-9]+)gb(?:\.me)?$")
+LinkKind = Literal["NVLink", "PCIe"]
 
 # Kernels do not reach datasheet peaks. Where no measurement of a product is published, its
 # sustained figure is the datasheet's times the factor of its architecture (FP32) or memory type
@@ -73,6 +76,9 @@ FP64_FACTOR: dict[str, float] = {
     "Blackwell": 0.93,  # assumed as Hopper
 }
 DEFAULT_FACTOR = 0.85  # an architecture or memory type this table does not know
+# A PCIe x16 link's bandwidth, both directions together, as NVIDIA's datasheets print it: Gen3 "16*2 =
+# 32 GB/s" (V100), Gen4 "PCIe Gen4 x16: 64GB/s bidirectional" (L40, L40S, A40), Gen5 128 GB/s (H100).
+PCIE_X16_GBS: dict[int, float] = {3: 32.0, 4: 64.0, 5: 128.0}
 # the field that holds each unit's measured (or calibrated) sustained figure
 MEASURED_FIELD: dict[Unit, str] = {
     "tensor": "measured_tensor_tflops",
@@ -80,6 +86,21 @@ MEASURED_FIELD: dict[Unit, str] = {
     "fp64": "measured_fp64_tflops",
     "memory": "measured_bandwidth_gbs",
 }
+
+
+@dataclass(frozen=True, slots=True)
+class Link:
+    """A link between GPUs: its kind, bandwidth (GB/s, both directions together) and generation."""
+
+    kind: LinkKind
+    gbs: float
+    generation: int | None = None
+
+    def __str__(self) -> str:
+        gen = f" Gen{self.generation}" if self.kind == "PCIe" and self.generation else (
+            f" {self.generation}" if self.generation else ""
+        )  # fmt: skip
+        return f"{self.kind}{gen} {self.gbs:g} GB/s"
 
 
 class GpuProduct(BaseModel):
@@ -108,6 +129,46 @@ class GpuProduct(BaseModel):
     measured_tensor_tflops: float | None = Field(default=None, alias="measuredTensorTflops", gt=0)
     measured_fp64_tflops: float | None = Field(default=None, alias="measuredFp64Tflops", gt=0)
     measured_source: str | None = Field(default=None, alias="measuredSource")
+    # links (DESIGN "The interconnect"): NVLink per GPU, both directions, and how many GPUs one NVLink
+    # domain joins (8 over an HGX board's NVSwitches, 2 over a bridge); the PCIe host link
+    nvlink_generation: int | None = Field(default=None, alias="nvlinkGeneration", gt=0)
+    nvlink_gbs: float | None = Field(default=None, alias="nvlinkGBs", gt=0)
+    nvlink_gpus: int = Field(default=0, alias="nvlinkGPUs", ge=0)
+    pcie_generation: int | None = Field(default=None, alias="pcieGeneration", ge=1)
+    pcie_gbs: float | None = Field(default=None, alias="pcieGBs", gt=0)  # x16, both ways; else by generation
+    link_source: str = Field(default="", alias="linkSource")
+
+    @model_validator(mode="after")
+    def _links_whole(self) -> GpuProduct:
+        if self.nvlink_gbs is not None and self.nvlink_gpus < 2:
+            raise ValueError("nvlinkGBs needs nvlinkGPUs (at least 2): how many GPUs one NVLink domain joins")
+        if (
+            self.pcie_gbs is None
+            and self.pcie_generation is not None
+            and self.pcie_generation not in PCIE_X16_GBS
+        ):
+            raise ValueError(
+                f"pcieGeneration {self.pcie_generation} has no known x16 bandwidth: give pcieGBs"
+            )
+        return self
+
+    @property
+    def pcie_bandwidth_gbs(self) -> float | None:
+        """The PCIe x16 host link's bandwidth, both directions: ``pcieGBs``, else by its generation."""
+        if self.pcie_gbs is not None:
+            return self.pcie_gbs
+        return PCIE_X16_GBS.get(self.pcie_generation) if self.pcie_generation is not None else None
+
+    def link(self, gpus: int) -> Link | None:
+        """The link a workload on ``gpus`` GPUs moves its data over on this product: NVLink where they
+        all fit one NVLink domain of it (inside one node), else PCIe (between cards without a bridge,
+        and to the network); None on one GPU, or where the catalog has no figure for that link."""
+        if gpus <= 1:
+            return None
+        if self.nvlink_gbs is not None and gpus <= self.nvlink_gpus:
+            return Link("NVLink", self.nvlink_gbs, self.nvlink_generation)
+        pcie = self.pcie_bandwidth_gbs
+        return Link("PCIe", pcie, self.pcie_generation) if pcie is not None else None
 
     @model_validator(mode="after")
     def _measurements_cited(self) -> GpuProduct:
@@ -212,6 +273,8 @@ class GpuProduct(BaseModel):
                 "measured_fp64_tflops": self.sustained_fp64_tflops * compute,
                 "sm_count": max(1, round(self.sm_count * compute)),
                 "mig_profiles": (),
+                "nvlink_gbs": None,  # a MIG instance has no NVLink to another GPU (no peer-to-peer)
+                "nvlink_gpus": 0,
             }
         )
 
