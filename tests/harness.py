@@ -960,6 +960,12 @@ _DCGM_HELP = {
     "DCGM_FI_PROF_PIPE_FP64_ACTIVE": ("Ratio of cycles the fp64 pipes are active (in %).", "gauge"),
     "DCGM_FI_PROF_PIPE_FP32_ACTIVE": ("Ratio of cycles the fp32 pipes are active (in %).", "gauge"),
     "DCGM_FI_PROF_PIPE_FP16_ACTIVE": ("Ratio of cycles the fp16 pipes are active (in %).", "gauge"),
+    # the links, as dcgm-exporter 4.x's counters files word and type them (PROF_NVLINK_* as users add them)
+    "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL": ("Total number of NVLink bandwidth counters for all lanes.", "counter"),
+    "DCGM_FI_PROF_PCIE_TX_BYTES": ("The rate of data transmitted over the PCIe bus - including both protocol headers and data payloads - in bytes per second.", "gauge"),
+    "DCGM_FI_PROF_PCIE_RX_BYTES": ("The rate of data received over the PCIe bus - including both protocol headers and data payloads - in bytes per second.", "gauge"),
+    "DCGM_FI_PROF_NVLINK_TX_BYTES": ("The number of bytes of active NvLink tx (transmit) data including both header and payload.", "gauge"),
+    "DCGM_FI_PROF_NVLINK_RX_BYTES": ("The number of bytes of active NvLink rx (read) data including both header and payload.", "gauge"),
 }  # fmt: skip
 
 

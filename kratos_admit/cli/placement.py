@@ -14,7 +14,7 @@ from kratos_admit.domain.config import Config
 from kratos_admit.domain.profile import WorkloadProfile
 from kratos_admit.domain.vocabulary import UNITS, Unit
 from kratos_admit.model.calibration import NO_CALIBRATION, Calibration, FactorSupport
-from kratos_admit.model.catalog import Catalog, mig_profile_of
+from kratos_admit.model.catalog import Catalog, Link, mig_profile_of
 from kratos_admit.model.ranking import (
     SCALED_UNITS,
     RankedProduct,
@@ -23,7 +23,7 @@ from kratos_admit.model.ranking import (
     throughput_shares,
     unit_figures,
 )
-from kratos_admit.model.telemetry import derive, nsight_compute_figures
+from kratos_admit.model.telemetry import LINK_COUNTERS, derive_record, nsight_compute_figures
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +41,10 @@ class PlacementRow:
     fp64_from: str
     bandwidth_gbs: float
     bandwidth_from: str
+    # the link a workload on several GPUs gets on the product, its GB/s both ways, and where that
+    # figure comes from ("NVLink 4, datasheet: ..."); "-" on one GPU, where no link scales its time
+    interconnect_gbs: float | str
+    interconnect_from: str
     relative_time: float
     # "model", "calibrated" or "observed"; "model + 1 run" where the workload's own runs there,
     # fewer than minObservedRuns, were weighed with the model's figure
@@ -101,11 +105,19 @@ def placement_rows(
     catalog: Catalog,
     config: Config,
     calibration: Calibration = NO_CALIBRATION,
+    gpus: int = 1,
 ) -> list[PlacementRow]:
-    """One row per ranked product, best first; empty when the profile gives nothing to rank by."""
-    ranked = ranking_of(profile, node_products, config=config, catalog=catalog, calibration=calibration)
+    """One row per ranked product, best first; empty when the profile gives nothing to rank by.
+    ``gpus``: the GPUs the workload runs on together (a gang's), whose link scales its interconnect."""
+    ranked = ranking_of(
+        profile, node_products, config=config, catalog=catalog, calibration=calibration, gpus=gpus
+    )
     reference = reference_of(
-        profile, catalog=catalog, calibration=calibration, min_calibration_runs=config.min_calibration_runs
+        profile,
+        catalog=catalog,
+        calibration=calibration,
+        min_calibration_runs=config.min_calibration_runs,
+        gpus=gpus,
     )
     rests_on = f"{reference.product}: {reference.figures}" if reference is not None else "-"
     rows = []
@@ -115,6 +127,7 @@ def placement_rows(
             r, catalog, profile=profile, calibration=calibration, minimum=config.min_calibration_runs
         )
         figures = unit_figures(entry)
+        link = entry.link(gpus)
         rows.append(
             PlacementRow(
                 product=entry.product,
@@ -128,6 +141,8 @@ def placement_rows(
                 fp64_from=sources["fp64"],
                 bandwidth_gbs=round(figures["memory"]),
                 bandwidth_from=sources["memory"],
+                interconnect_gbs=round(link.gbs, 1) if link is not None else "-",
+                interconnect_from=_link_source(link, entry.link_source, gpus),
                 relative_time=round(r.relative_time, 3),
                 time_from=f"{r.source} + {r.weighed_runs} run{'s' if r.weighed_runs > 1 else ''}"
                 if r.weighed_runs
@@ -139,6 +154,14 @@ def placement_rows(
     return rows
 
 
+def _link_source(link: Link | None, source: str, gpus: int) -> str:
+    if link is None:
+        return "one GPU: no link" if gpus <= 1 else "no link figure in the catalog"
+    return (
+        f"{link.kind}{f' {link.generation}' if link.generation else ''}, datasheet: {source or 'not cited'}"
+    )
+
+
 def placement_header(
     profile: WorkloadProfile,
     config: Config,
@@ -147,6 +170,7 @@ def placement_header(
     catalog: Catalog,
     summary: str | None = None,
     calibration: Calibration = NO_CALIBRATION,
+    gpus: int = 1,
 ) -> list[str]:
     """What the rows rest on: the profile's figures (``summary``: the runner summary file it was read
     from, as the controller would write it), its time shares by unit, the reference GPU, the strategy,
@@ -174,8 +198,13 @@ def placement_header(
             f"a product are weighed with the model's figure there, which counts as one run)"
         )
     lines += _shares_lines(profile)
-    lines += _reference_lines(profile, config, catalog, calibration)
-    lines += _source_lines(profile)
+    if gpus > 1:
+        lines.append(
+            f"on {gpus} GPUs together: its interconnect time scales by the link it gets on each product "
+            "(NVLink where they fit one NVLink domain, else PCIe); the network between nodes is not measured"
+        )
+    lines += _reference_lines(profile, config, catalog, calibration, gpus)
+    lines += _source_lines(profile, catalog)
     for o in status.observations if status else []:
         why = (
             "used" if o.product in used
@@ -201,7 +230,7 @@ _RESTS_ON = {
 
 
 def _reference_lines(
-    profile: WorkloadProfile, config: Config, catalog: Catalog, calibration: Calibration
+    profile: WorkloadProfile, config: Config, catalog: Catalog, calibration: Calibration, gpus: int = 1
 ) -> list[str]:
     """The product the profile was measured on and, per unit its time uses, what the figures its
     shares are converted with rest on: every row the model predicts rests on them."""
@@ -210,6 +239,7 @@ def _reference_lines(
         catalog=catalog,
         calibration=calibration,
         min_calibration_runs=config.min_calibration_runs,
+        gpus=gpus,
     )
     if found is None:
         return []
@@ -228,7 +258,13 @@ def _shares_lines(profile: WorkloadProfile) -> list[str]:
     if status is None or shares is None:
         return []
     carried = status.time_shares is not None and status.time_shares.fractions() is not None
-    said = ", ".join(f"{unit} {shares.get(unit, 0.0):.0%}" for unit in UNITS)
+    said = ", ".join(
+        f"{unit} {shares.get(unit, 0.0):.0%}"
+        if unit != "interconnect" or unit in shares
+        else f"{unit} unmeasured"
+        for unit in UNITS
+        if unit != "interconnect" or unit in shares or status.source == "telemetry"
+    )
     origin = (
         "the profile's timeShares"
         if carried
@@ -237,7 +273,7 @@ def _shares_lines(profile: WorkloadProfile) -> list[str]:
     return [f"time shares: {said} ({origin})"]
 
 
-def _source_lines(profile: WorkloadProfile) -> list[str]:
+def _source_lines(profile: WorkloadProfile, catalog: Catalog) -> list[str]:
     """Where the bound type and metrics come from, and for a telemetry profile the DCGM counters
     the mapping used (docs/ranking.md "Telemetry profiles")."""
     status = profile.status
@@ -256,11 +292,16 @@ def _source_lines(profile: WorkloadProfile) -> list[str]:
             f"telemetry on {record.product}: {record.runs} runs, {record.seconds} GPU-seconds ({role})"
         )
     if telemetry_figures and best is not None:
-        derived = derive({name: float(value) for name, value in best.counters.items()})
+        derived, links = derive_record(best, catalog)
         used = ", ".join(f"{name} {best.counters[name]}" for name in derived.used)
         lines.append(f"counters used: {used or 'none'}")
         if derived.reason:
             lines.append(f"bound type unknown: {derived.reason}")
+        if links.activity is not None:
+            rates = ", ".join(f"{kind} {rate:.1f} GB/s" for kind, rate in sorted(links.rates.items()))
+            lines.append(f"interconnect: links {links.activity:.0%} busy ({rates}, both ways)")
+        elif any(name in LINK_COUNTERS for name in best.counters) or links.rates:
+            lines.append(f"interconnect unmeasured: {links.reason}")
     return lines
 
 
@@ -270,6 +311,9 @@ def format_table(rows: list[PlacementRow]) -> str:
     columns = list(PlacementRow.__dataclass_fields__)
     if all(r.labels == r.product for r in rows):
         columns.remove("labels")
+    if all(r.interconnect_gbs == "-" for r in rows):  # one GPU: no link scales anything
+        columns.remove("interconnect_gbs")
+        columns.remove("interconnect_from")
     cells = [[str(asdict(r)[c]) for c in columns] for r in rows]
     widths = [max([len(c), *(len(row[i]) for row in cells)]) for i, c in enumerate(columns)]
     header = [c.upper().replace("_", " ") for c in columns]

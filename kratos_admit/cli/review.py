@@ -99,8 +99,22 @@ def add_placement_command(commands: Any) -> None:
         "the cluster's calibration: ConfigMap kratos-gpu-calibration as YAML, or its calibration.json",
     )
     placement.add_argument(
+        "--gpus",
+        type=_gpu_count,
+        default=1,
+        metavar="N",
+        help="the GPUs the workload runs on together (a gang's: Pods x GPUs each); its interconnect time "
+        "scales by the link it gets on each product (default: 1, no link)",
+    )
+    placement.add_argument(
         "-o", "--output", choices=("table", "json"), default="table", help="a table for people, or JSON rows"
     )
+
+
+def _gpu_count(value: str) -> int:
+    if not value.isdigit() or int(value) < 1:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a GPU count (a whole number, 1 or more)")
+    return int(value)
 
 
 def _check_body_sizes(documents: list[Document], *, config: Config, namespace: str | None, user: str) -> None:
@@ -190,13 +204,15 @@ def cmd_placement(args: argparse.Namespace, stdout: TextIO, stderr: TextIO, stdi
     nodes = FileNodeStore(args.nodes).gpu_products()
     calibration = load_calibration(args.calibration) if args.calibration else NO_CALIBRATION
     catalog = load_catalog(config.catalog_file)
-    rows = placement_rows(profile, nodes, catalog=catalog, config=config, calibration=calibration)
+    rows = placement_rows(
+        profile, nodes, catalog=catalog, config=config, calibration=calibration, gpus=args.gpus
+    )
     if args.output == "json":
         stdout.write(as_json([dataclasses.asdict(r) for r in rows]) + "\n")
     else:
         summary = str(args.summary) if args.summary is not None else None
         header = placement_header(
-            profile, config, rows, summary=summary, catalog=catalog, calibration=calibration
+            profile, config, rows, summary=summary, catalog=catalog, calibration=calibration, gpus=args.gpus
         )
         stdout.write("\n".join(header) + "\n\n")
         stdout.write(format_table(rows) if rows else "no product to rank: the profile has no figures\n")

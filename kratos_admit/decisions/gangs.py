@@ -36,6 +36,20 @@ class Gang:
     why: str
     peers: tuple[tuple[str, str], ...] = ()
     doubt: str = ""
+    gpus: int = 1  # GPUs per Pod
+    # its Pods, where admission sees them all (an Indexed Job's parallelism, a lone Pod); None where
+    # others come from elsewhere (a JobSet's other Jobs, a training operator's other Pods)
+    pods: int | None = 1
+
+    @property
+    def total_gpus(self) -> int:
+        """The GPUs it runs on together, as far as admission sees: what sets its link on a product."""
+        return self.gpus * (self.pods or 1)
+
+    @property
+    def across_nodes(self) -> bool:
+        """Its Pods may run on several nodes, whose network no counter KRATOS reads measures."""
+        return self.pods is None or self.pods > 1
 
 
 def read_gang(workload: Workload, gpus: PodGpus) -> Gang | None:
@@ -74,9 +88,30 @@ def read_gang(workload: Workload, gpus: PodGpus) -> Gang | None:
             (reasons if not found[1] else doubts).append(found[0] or found[1])
     if not reasons and not doubts:
         return None
-    return Gang(
-        "; ".join(reasons + doubts), tuple(sorted(peers.items())), "; ".join(doubts) if not reasons else ""
+    elsewhere = bool(peers.keys() - {v.JOB_NAME_LABEL}) or any(
+        str(as_mapping(ref).get("kind", "")) in v.GANG_OWNER_KINDS
+        for ref in as_list(meta.raw.get("ownerReferences"))
     )
+    pods = None if elsewhere else _pods(workload)
+    return Gang(
+        "; ".join(reasons + doubts),
+        tuple(sorted(peers.items())),
+        "; ".join(doubts) if not reasons else "",
+        gpus=max(gpus.effective_gpus, 1),
+        pods=pods,
+    )
+
+
+def _pods(workload: Workload) -> int | None:
+    """A Job's Pods that run at once (its parallelism; None where it cannot be read), a Pod's 1."""
+    if workload.kind != "Job":
+        indexed = (
+            v.JOB_COMPLETION_INDEX in workload.metadata.labels
+            or v.JOB_COMPLETION_INDEX in workload.metadata.annotations
+        )
+        return None if indexed else 1
+    raw = as_mapping(workload.raw.get("spec")).get("parallelism", 1)
+    return 1 if raw == 0 else parse_positive_integer(raw)
 
 
 def _job_reasons(workload: Workload, peers: dict[str, str], doubts: list[str]) -> list[str]:

@@ -280,6 +280,7 @@ def ranked_hint(
     catalog: Catalog,
     calibration: Calibration,
     key: str = "",
+    gpus: int = 1,
 ) -> RankedHint:
     """The ranking, whether its preferred affinity was added (a user's own product preference wins),
     the exploration it carries (for config ``explorationShare`` of Jobs, ``key``: namespace/name, the
@@ -292,6 +293,7 @@ def ranked_hint(
         catalog=catalog,
         annotations=annotations,
         calibration=calibration,
+        gpus=gpus,
     )
     explored = exploration(
         ranked,
@@ -307,7 +309,11 @@ def ranked_hint(
         ranked = explored_first(ranked, explored.product)
     added = _prefer_products(pod_spec, ranked)
     reference = reference_of(
-        profile, catalog=catalog, calibration=calibration, min_calibration_runs=config.min_calibration_runs
+        profile,
+        catalog=catalog,
+        calibration=calibration,
+        min_calibration_runs=config.min_calibration_runs,
+        gpus=gpus,
     )
     return RankedHint(ranked, added, explored if added else None, reference if ranked else None)
 
@@ -320,10 +326,11 @@ def ranking_of(
     catalog: Catalog,
     annotations: Mapping[str, str] | None = None,
     calibration: Calibration = NO_CALIBRATION,
+    gpus: int = 1,
 ) -> list[RankedProduct]:
     """The ranking the configuration asks for (strategy, reference, observed runs, calibration),
-    within the object's own GPU minimums when ``annotations`` has them: what hints and the placement
-    report show."""
+    within the object's own GPU minimums when ``annotations`` has them, for a workload on ``gpus``
+    GPUs together: what hints and the placement report show."""
     found = annotations or {}
     return rank_gpu_products(
         profile,
@@ -336,7 +343,22 @@ def ranking_of(
         min_observed_runs=config.min_observed_runs,
         calibration=calibration,
         min_calibration_runs=config.min_calibration_runs,
+        gpus=gpus,
     )
+
+
+def _interconnect_note(gang: Gang | None, profile: WorkloadProfile | None) -> str:
+    """What the hints record says of a gang's interconnect (DESIGN "The interconnect"): that the
+    network between nodes is not measured, where its Pods may run on several; that its links were
+    not measured, where its profile has no interconnect share; "" for one Pod whose links were."""
+    if gang is None:
+        return ""
+    if gang.across_nodes:
+        return "unmeasured across nodes"
+    shares = profile.status.time_shares if profile is not None and profile.status is not None else None
+    if profile is not None and (shares is None or shares.interconnect is None):
+        return "unmeasured"
+    return ""
 
 
 def _apply_hold(
@@ -433,6 +455,7 @@ def apply_hints(
             catalog=catalog,
             calibration=calibration,
             key=object_key(metadata, namespace) if gang is None else "",
+            gpus=gang.total_gpus if gang is not None else 1,
         )
         ranked, explored, reference = hint.ranked, hint.explored, hint.reference
         if hint.added:
@@ -464,6 +487,7 @@ def apply_hints(
         explore=explored,
         gang=gang.why if gang is not None else "",
         reference=reference,
+        interconnect=_interconnect_note(gang, profile if ready else None),
     )
     for block in [metadata] if kind == "Pod" else [metadata, pod_meta]:
         block_annotations = child(block, "annotations")

@@ -26,12 +26,14 @@ def hints_record(
     explore: Exploration | None = None,
     gang: str = "",
     reference: Reference | None = None,
+    interconnect: str = "",
 ) -> str:
     """The gpu.scheduler.io/hints annotation: what was injected and why (memoised, it repeats).
     ``profile`` is empty and ``reason`` says why when only base hints were given; ``explore`` names
     the product this Job was sent first to measure a figure, and why; ``gang`` what made it a gang;
     ``reference`` the product the ranked profile was measured on and what its figures rest on
-    (``calibrated``, ``measured`` in the catalog, or the ``datasheet``'s times a factor)."""
+    (``calibrated``, ``measured`` in the catalog, or the ``datasheet``'s times a factor);
+    ``interconnect`` what is not measured of a gang's links (``unmeasured across nodes``)."""
     record: dict[str, object] = {
         "profile": profile or None,
         "boundType": bound_type,
@@ -45,6 +47,8 @@ def hints_record(
         record["measuredOn"] = {"product": reference.product, "figures": reference.figures}
     if gang:
         record["gang"] = gang
+    if interconnect:
+        record["interconnect"] = interconnect
     if explore is not None:
         record["explore"] = explore.product.product.product
         record["exploreReason"] = explore.reason

@@ -59,14 +59,21 @@ class TimeShares(_Strict):
     fp32: str = "0.00"
     fp64: str = "0.00"
     memory: str = "0.00"
+    # None: not measured (Nsight Compute never measures it; telemetry without the link counters).
+    # Never read as 0: a gang's time on its links, unmeasured, is in none of the other shares either.
+    interconnect: str | None = None
     latency: str = "0.00"
 
     def fractions(self) -> dict[v.Unit, float] | None:
-        """The shares as floats, or None when one is not a number, negative, or they sum to nothing."""
+        """The shares as floats, or None when one is not a number, negative, or they sum to nothing.
+        An unmeasured interconnect has no entry."""
         found: dict[v.Unit, float] = {}
         for unit in v.UNITS:
+            raw = getattr(self, unit)
+            if raw is None:
+                continue
             try:
-                value = float(getattr(self, unit))
+                value = float(raw)
             except ValueError:
                 return None
             if not value >= 0:  # also refuses NaN

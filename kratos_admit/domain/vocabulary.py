@@ -53,8 +53,9 @@ PRIORITIES: Final = ("high", "normal", "low")
 BoundType = Literal["compute", "memory", "balanced", "latency", "unknown"]
 BOUND_TYPES: Final[tuple[BoundType, ...]] = get_args(BoundType)
 # the units a kernel's time belongs to (DESIGN "The unit that does the work"), in the order the
-# summary and the profile's status list them
-Unit = Literal["tensor", "fp32", "fp64", "memory", "latency"]
+# summary and the profile's status list them; and the interconnect (DESIGN "The interconnect"): the
+# time a gang's GPUs spend moving data between them, which only telemetry measures
+Unit = Literal["tensor", "fp32", "fp64", "memory", "interconnect", "latency"]
 UNITS: Final[tuple[Unit, ...]] = get_args(Unit)
 Strategy = Literal["performance", "cost", "balanced"]  # config hintStrategy, docs/ranking.md
 # the two forms of the profiling rewrite (docs/profiling-forms.md): the annotation names one of them,

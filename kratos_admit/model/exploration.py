@@ -44,7 +44,8 @@ _FIGURE_NAME: dict[Unit, str] = {"tensor": "tensor", "fp32": "FP32", "fp64": "FP
 
 def explored_figure(profile: WorkloadProfile) -> Unit | None:
     """The figure a workload's runs measure: that of its largest unit by time share (tensor, FP32,
-    FP64 or memory; none when latency is the largest, whose time no figure scales). A profile
+    FP64 or memory; none when latency or the interconnect is the largest: no figure of a product's own
+    scales latency, and a link's is the datasheet's, which exploring cannot improve). A profile
     written before the units model goes by its bound type: FP32 for compute-bound, bandwidth for
     memory-bound, none for a latency-bound or balanced one, whose runs the fit cannot pin on either
     (calibration's DOMINANT)."""
@@ -53,8 +54,8 @@ def explored_figure(profile: WorkloadProfile) -> Unit | None:
         return None
     fractions = status.time_shares.fractions() if status.time_shares is not None else None
     if fractions is not None:
-        largest = max(v.UNITS, key=lambda u: fractions[u])
-        return None if largest == "latency" else largest
+        largest = max(v.UNITS, key=lambda u: fractions.get(u, 0.0))
+        return None if largest in ("latency", "interconnect") else largest  # no product figure scales them
     return "fp32" if status.bound_type == "compute" else "memory" if status.bound_type == "memory" else None
 
 

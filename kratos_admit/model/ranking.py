@@ -7,7 +7,10 @@ The model predicts the workload's runtime on product P relative to the GPU it wa
 The shares are where its GPU time went, by the unit that bound each kernel (``profile_shares``);
 each figure is a *sustained* one (a cited measurement, else datasheet x a documented factor): dense
 FP16/BF16 tensor, FP32, FP64 (on FP64 tensor cores where P has them) and DRAM bandwidth; a MIG
-slice counts as its share of the GPU. Latency time scales with none of them.
+slice counts as its share of the GPU. Latency time scales with none of them. A workload on more than
+one GPU (``gpus``) has its interconnect time scaled by the link it gets on each product (NVLink where
+its GPUs fit one NVLink domain, else PCIe: ``GpuProduct.link``); on one GPU, that time stays as it
+is, as latency's does.
 
 Calibration (``calibration.py``) replaces a product's catalog figures with the cluster's own once it
 rests on ``minCalibrationRuns`` runs from at least two workloads, and a workload that ran on two
@@ -63,6 +66,7 @@ class RankedProduct:
     # the model ran on the cluster's calibrated figures (this product's or the reference's)
     calibrated: bool = False
     weighed_runs: int = 0  # the model weighed with this many runs of its own (fewer than minObservedRuns)
+    link: str = ""  # the link a workload on several GPUs gets here (``Link``), "" on one GPU
 
     @property
     def source(self) -> RankingSource:
@@ -77,6 +81,8 @@ class RankedProduct:
         }
         if self.weighed_runs:
             found["weighedRuns"] = self.weighed_runs  # the workload's own runs the model was weighed with
+        if self.link:
+            found["link"] = self.link
         return found
 
 
@@ -113,20 +119,31 @@ def throughput_shares(profile: WorkloadProfile) -> tuple[float, float] | None:
 
 
 SCALED_UNITS: tuple[Unit, ...] = ("tensor", "fp32", "fp64", "memory")  # latency time stays as it is
+LINK: Unit = "interconnect"  # scaled by a link's figure where the workload has one on both products
 
 
-def unit_figures(product: GpuProduct) -> dict[Unit, float]:
-    """The product's sustained figure for each scaled unit (TFLOP/s; GB/s for memory)."""
-    return {unit: figure for unit in SCALED_UNITS if (figure := product.sustained(unit)) is not None}
+def unit_figures(product: GpuProduct, gpus: int = 1) -> dict[Unit, float]:
+    """The product's sustained figure for each scaled unit (TFLOP/s; GB/s for memory) and, for a
+    workload on ``gpus`` > 1 GPUs, the bandwidth of the link it gets there (GB/s both ways)."""
+    figures = {unit: figure for unit in SCALED_UNITS if (figure := product.sustained(unit)) is not None}
+    link = product.link(gpus)
+    if link is not None:
+        figures[LINK] = link.gbs
+    return figures
 
 
 def relative_time_by_units(
     shares: Mapping[Unit, float], *, reference: Mapping[Unit, float], product: Mapping[Unit, float]
 ) -> float:
     """Time on ``product`` relative to ``reference`` (where the shares were measured): each scaled
-    unit's share times the reference's figure over the product's, plus the latency share."""
+    unit's share times the reference's figure over the product's, plus the latency share. The
+    interconnect's share scales by the links' figures where both products have one for the workload
+    (it runs on more than one GPU), else it stays as it is."""
     scaled = sum(shares.get(u, 0.0) * reference[u] / product[u] for u in SCALED_UNITS if shares.get(u))
-    return scaled + shares.get("latency", 0.0)
+    link = shares.get(LINK, 0.0)
+    if link and LINK in reference and LINK in product:
+        link *= reference[LINK] / product[LINK]
+    return scaled + link + shares.get("latency", 0.0)
 
 
 def roofline_relative_time(
@@ -248,8 +265,11 @@ def rank_gpu_products(
     min_observed_runs: int = 3,
     calibration: Calibration = NO_CALIBRATION,
     min_calibration_runs: int = 5,
+    gpus: int = 1,
 ) -> list[RankedProduct]:
     """Products best first, weights 1..100 (the best gets 100). Unknown products get no entry.
+    ``gpus``: how many GPUs the workload runs on together (a gang's), which sets the link its
+    interconnect time scales by on each product.
 
     The ranking depends only on the profile's figures, the cluster's products and the config, so
     it is computed once per distinct input and served from a bounded cache after that.
@@ -275,6 +295,7 @@ def rank_gpu_products(
             min_observed_runs=min_observed_runs,
             calibration=calibration,
             min_calibration_runs=min_calibration_runs,
+            gpus=gpus,
         )
     )
 
@@ -300,7 +321,9 @@ class Reference:
 
 
 def figure_source(entry: GpuProduct, unit: Unit, calibration: Calibration, min_runs: int) -> FigureSource:
-    """Where the ranking's figure for ``unit`` of catalog ``entry`` comes from."""
+    """Where the ranking's figure for ``unit`` of catalog ``entry`` comes from (a link's: its datasheet)."""
+    if unit == LINK:
+        return "datasheet"
     own = calibration.get(entry.product)
     if own is not None and own.support(unit).qualifies(min_runs):
         return "calibrated"
@@ -308,7 +331,12 @@ def figure_source(entry: GpuProduct, unit: Unit, calibration: Calibration, min_r
 
 
 def reference_of(
-    profile: WorkloadProfile, *, catalog: Catalog, calibration: Calibration, min_calibration_runs: int
+    profile: WorkloadProfile,
+    *,
+    catalog: Catalog,
+    calibration: Calibration,
+    min_calibration_runs: int,
+    gpus: int = 1,
 ) -> Reference | None:
     """The measuring product of a profile the model reads, and what its figures rest on (the hints
     record's ``measuredOn``, ``placement``); None when the profile gives nothing to rank by or names
@@ -319,7 +347,8 @@ def reference_of(
     entry = catalog.lookup(reading.profiled) if reading is not None and reading.profiled else None
     if reading is None or entry is None:
         return None
-    units = [u for u, share in reading.shares if u in SCALED_UNITS and share > 0]
+    scaled = (*SCALED_UNITS, LINK) if entry.link(gpus) is not None else SCALED_UNITS
+    units = [u for u, share in reading.shares if u in scaled and share > 0]
     if reading.figures is not None:  # read against the figures a re-fit of its runs gave
         return Reference(entry.product, tuple((u, "calibrated") for u in units))
     return Reference(
@@ -352,6 +381,7 @@ def _rank(
     min_observed_runs: int,
     calibration: Calibration,
     min_calibration_runs: int,
+    gpus: int = 1,
 ) -> tuple[RankedProduct, ...]:
     reference = (catalog.placement(profiled) if profiled else None) or catalog.lookup(reference_product)
     if reference is None:
@@ -381,10 +411,10 @@ def _rank(
         labels_by_product.setdefault(entry.product, (entry, []))[1].append(label)
     if not labels_by_product:
         return ()
-    by_unit, figures = dict(shares), unit_figures(reference)
+    by_unit, figures = dict(shares), unit_figures(reference, gpus)
     model = roofline_relative_time if roofline else relative_time_by_units
     modelled = {
-        name: model(by_unit, reference=figures, product=unit_figures(entry))
+        name: model(by_unit, reference=figures, product=unit_figures(entry, gpus))
         for name, (entry, _) in labels_by_product.items()
     }
     measured = _observed_by_product(
@@ -424,6 +454,7 @@ def _rank(
             seen,
             name in calibrated,
             weighed.get(name, 0),
+            str(link) if (link := entry.link(gpus)) is not None else "",
         )
         for score, entry, labels, rel, seen, name in scored
     ]

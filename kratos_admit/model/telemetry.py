@@ -3,8 +3,10 @@
 dcgm-exporter's samples (labels and a value) -> the series of one Pod -> per GPU (a whole GPU, or
 one MIG instance) the mean of each counter -> the mean over the Pod's GPUs -> ``smThroughput``,
 ``memoryThroughput`` and a bound type by the runner's speed-of-light rule, and the time shares of the
-units (``tensor``, ``fp32``, ``fp64``, ``memory``, ``latency``) from the pipe counters and DRAM. Also
-a reader of the Prometheus text exposition, for captures of ``/metrics`` and for tests.
+units (``tensor``, ``fp32``, ``fp64``, ``memory``, ``latency``) from the pipe counters and DRAM, and
+for a run whose GPUs move data between them (``linked``) ``interconnect`` from the link counters
+(``link_activity``). Also a reader of the Prometheus text exposition, for captures of ``/metrics``
+and for tests.
 
 Layer: decisions (no I/O; ``kratos_admit/prometheus.py`` asks Prometheus and hands samples here).
 """
@@ -29,6 +31,7 @@ from kratos_admit.domain.profile import (
     TelemetryRecord,
     TimeShares,
 )
+from kratos_admit.model.catalog import Catalog, GpuProduct
 
 PREFIX: Final = "DCGM_FI_PROF_"
 GR_ENGINE_ACTIVE: Final = "DCGM_FI_PROF_GR_ENGINE_ACTIVE"
@@ -45,10 +48,25 @@ EXTENDED_COUNTERS: Final = (SM_ACTIVE, SM_OCCUPANCY, PIPE_FP16_ACTIVE, PIPE_FP32
 COUNTERS: Final = DEFAULT_COUNTERS + EXTENDED_COUNTERS
 # each the share of cycles one kind of arithmetic pipe was busy: compute throughput as a share of peak
 PIPE_COUNTERS: Final = (PIPE_TENSOR_ACTIVE, PIPE_FP16_ACTIVE, PIPE_FP32_ACTIVE, PIPE_FP64_ACTIVE)
+# Links (DCGM's dcgm_fields.h, docs/ranking.md "The interconnect"): rates in bytes per second of the whole
+# GPU, all its links (1009-1012; PROF_NVLINK_* in no counters file dcgm-exporter ships), and field 449,
+# NVLink transmit and receive together in MB/s (in dcgm-exporter's defaults, typed counter)
+PCIE_TX_BYTES: Final = "DCGM_FI_PROF_PCIE_TX_BYTES"
+PCIE_RX_BYTES: Final = "DCGM_FI_PROF_PCIE_RX_BYTES"
+NVLINK_TX_BYTES: Final = "DCGM_FI_PROF_NVLINK_TX_BYTES"
+NVLINK_RX_BYTES: Final = "DCGM_FI_PROF_NVLINK_RX_BYTES"
+NVLINK_BANDWIDTH_TOTAL: Final = "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL"
+LINK_COUNTERS: Final = (
+    NVLINK_TX_BYTES,
+    NVLINK_RX_BYTES,
+    NVLINK_BANDWIDTH_TOTAL,
+    PCIE_TX_BYTES,
+    PCIE_RX_BYTES,
+)
 # a device field every GPU row has in every dcgm-exporter counters file, profiling or not: a GPU of
 # the Pod that has this but no profiling counter is a GPU without them (consumer boards, some MIG)
 PRESENCE: Final = "DCGM_FI_DEV_GPU_UTIL"
-QUERIED: Final = (*COUNTERS, PRESENCE)
+QUERIED: Final = (*COUNTERS, *LINK_COUNTERS, PRESENCE)
 
 # the runner's speed-of-light rule (runner/kratos_runner/summary.py, Nsight Compute's SOLBottleneck)
 SOL_THRESHOLD: Final = 60.0
@@ -58,7 +76,15 @@ SOL_GAP: Final = 10.0
 # in a bf16 GEMM, the FMA pipe at 84 % in an FP32 FMA loop and 78 % in an FP32 GEMM, DRAM at 82 % in a
 # STREAM triad and an fp16 GEMV; DCGM's pipe counters are the same ratio (of the peak sustained
 # elapsed cycles), and DRAM_ACTIVE its DRAM figure. FP64 on the CUDA cores is taken as the FMA pipe.
-SATURATION: Final[Mapping[v.Unit, float]] = {"tensor": 0.9, "fp32": 0.8, "fp64": 0.8, "memory": 0.8}
+# A link: NCCL's all-reduce on an H100 SXM moved 749 of the 900 GB/s its NVLink has both ways
+# (NVIDIA/nccl#1264); no PCIe figure was found, so PCIe is read the same.
+SATURATION: Final[Mapping[v.Unit, float]] = {
+    "tensor": 0.9,
+    "fp32": 0.8,
+    "fp64": 0.8,
+    "memory": 0.8,
+    "interconnect": 0.83,
+}
 # the counters that show each unit's activity (``unit_activity``)
 UNIT_COUNTERS: Final[Mapping[v.Unit, tuple[str, ...]]] = {
     "tensor": (PIPE_TENSOR_ACTIVE,),
@@ -172,7 +198,8 @@ def pod_query(name: str, *, namespace: str, pod: str, seconds: float, labels: Te
 
 @dataclass(frozen=True)
 class PodTelemetry:
-    """What one Pod's series say: per counter the mean over the Pod's GPUs of each GPU's mean."""
+    """What one Pod's series say: per counter the mean over the Pod's GPUs of each GPU's mean (a link
+    counter's in bytes or MB per second, the others' ratios)."""
 
     counters: dict[str, float]
     gpus: tuple[str, ...]  # every GPU (or MIG instance) the Pod's series name
@@ -215,7 +242,7 @@ def pod_telemetry(samples: Iterable[Sample], labels: TelemetryLabels) -> PodTele
     samples = list(samples)
     gpus = per_gpu(samples, labels)
     counters: dict[str, float] = {}
-    for name in COUNTERS:
+    for name in (*COUNTERS, *LINK_COUNTERS):
         found = [c[name] for c in gpus.values() if name in c]
         if found:
             counters[name] = sum(found) / len(found)
@@ -246,12 +273,14 @@ def _percent(value: float) -> str:
     return f"{min(max(value, 0.0), 1.0) * 100:.2f}"
 
 
-def derive(counters: Mapping[str, float]) -> Derived:
+def derive(counters: Mapping[str, float], interconnect: float | None = None) -> Derived:
     """``smThroughput`` = the busiest arithmetic pipe present, ``memoryThroughput`` = DRAM_ACTIVE,
     both as percent of peak; then the speed-of-light rule. SM_ACTIVE and GR_ENGINE_ACTIVE say how
     much of the time work was resident, not how much of the peak it reached: they never count as
     throughput. With only the default counters, a run whose graphics engine was busy but whose
-    tensor pipe and DRAM were not may be CUDA-core compute as much as latency: that is ``unknown``."""
+    tensor pipe and DRAM were not may be CUDA-core compute as much as latency: that is ``unknown``.
+    ``interconnect`` is the links' activity (``link_activity``) of a run whose GPUs moved data between
+    them: it takes its share of the time as the units do; None leaves the interconnect unmeasured."""
     pipes = [name for name in PIPE_COUNTERS if name in counters]
     metrics: dict[str, str] = {}
     used: list[str] = []
@@ -272,7 +301,10 @@ def derive(counters: Mapping[str, float]) -> Derived:
         used += [SM_OCCUPANCY, SM_ACTIVE]
 
     def made(bound: v.BoundType, reason: str = "", also: tuple[str, ...] = ()) -> Derived:
-        shares = None if bound == "unknown" else time_shares(unit_activity(counters))
+        activity = unit_activity(counters)
+        if interconnect is not None:
+            activity["interconnect"] = min(max(interconnect, 0.0), 1.0)
+        shares = None if bound == "unknown" else time_shares(activity)
         return Derived(bound, sm, mem, occupancy, (*used, *also), reason, metrics, shares)
 
     if sm is None or mem is None:
@@ -319,14 +351,19 @@ def time_shares(activity: Mapping[v.Unit, float]) -> TimeShares | None:
     ``s * c``, so ``activity / c`` (at most 1) is the share of the run it bound if it bound it alone.
     Units that add up to more than the whole run were busy at the same time: the time they shared
     goes to the busiest, as a kernel's time goes to its busiest unit, so each unit in turn, busiest
-    first, takes its share of the time still unclaimed. What no unit claims is ``latency`` (small or
-    dependent kernels, and time the GPU sat idle). None with no unit seen."""
+    first, takes its share of the time still unclaimed. The interconnect comes after them all: a
+    collective that ran while a unit computed was hidden behind it (as DDP overlaps its all-reduce
+    with the backward pass), so its share is the time its links were busy that no unit claimed, the
+    communication the step waited for. What no one claims is ``latency`` (small or dependent kernels,
+    and time the GPU sat idle). So the units' shares are those a run without link counters gets, and
+    on one GPU, where no link scales it, the interconnect's time ranks as the latency it was before.
+    None with no unit seen."""
     if not activity:
         return None
     busy = {unit: min(value / SATURATION[unit], 1.0) for unit, value in activity.items()}
     left = 1.0
     claimed: dict[v.Unit, float] = {}
-    for unit in sorted(busy, key=lambda u: (-busy[u], v.UNITS.index(u))):
+    for unit in sorted(busy, key=lambda u: (u == "interconnect", -busy[u], v.UNITS.index(u))):
         claimed[unit] = min(busy[unit], left)
         left -= claimed[unit]
     claimed["latency"] = max(left, 0.0)
@@ -336,13 +373,65 @@ def time_shares(activity: Mapping[v.Unit, float]) -> TimeShares | None:
 def _hundredths(fractions: Mapping[v.Unit, float]) -> dict[str, str]:
     """Fractions as strings with two decimals summing to exactly 1.00, as the runner writes them (the
     hundredths lost to rounding down go to the units that lost the most, the first unit of equals
-    first). Rounded to 1e-9 first, so that float noise never decides between equal remainders."""
-    exact = {unit: round(100.0 * fractions.get(unit, 0.0), 9) for unit in v.UNITS}
+    first). Rounded to 1e-9 first, so that float noise never decides between equal remainders. The
+    interconnect only where it was measured (it has an entry)."""
+    units = [u for u in v.UNITS if u != "interconnect" or u in fractions]
+    exact = {unit: round(100.0 * fractions.get(unit, 0.0), 9) for unit in units}
     whole = {unit: math.floor(value) for unit, value in exact.items()}
-    lost = sorted(v.UNITS, key=lambda u: (-round(exact[u] - whole[u], 9), v.UNITS.index(u)))
+    lost = sorted(units, key=lambda u: (-round(exact[u] - whole[u], 9), units.index(u)))
     for unit in lost[: max(100 - sum(whole.values()), 0)]:
         whole[unit] += 1
-    return {unit: f"{whole[unit] / 100:.2f}" for unit in v.UNITS}
+    return {unit: f"{whole[unit] / 100:.2f}" for unit in units}
+
+
+# --- the links ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LinkReading:
+    """The links' activity over a run: the busier of NVLink's and PCIe's achieved rate (both
+    directions) over the product's figure for that link; or, None, why it is unmeasured."""
+
+    activity: float | None
+    rates: Mapping[str, float] = field(default_factory=dict)  # NVLink, PCIe: GB/s both ways
+    missing: tuple[str, ...] = ()  # the counters that would have measured it
+    reason: str = ""
+
+
+def link_rates(counters: Mapping[str, float]) -> dict[str, float]:
+    """GB/s both directions together, per link the counters measure: NVLink from PROF_NVLINK_TX/RX
+    (bytes/s), else NVLINK_BANDWIDTH_TOTAL (MB/s, both ways already); PCIe from PROF_PCIE_TX/RX."""
+    rates: dict[str, float] = {}
+    if NVLINK_TX_BYTES in counters and NVLINK_RX_BYTES in counters:
+        rates["NVLink"] = (counters[NVLINK_TX_BYTES] + counters[NVLINK_RX_BYTES]) / 1e9
+    elif NVLINK_BANDWIDTH_TOTAL in counters:
+        rates["NVLink"] = counters[NVLINK_BANDWIDTH_TOTAL] / 1e3
+    if PCIE_TX_BYTES in counters and PCIE_RX_BYTES in counters:
+        rates["PCIe"] = (counters[PCIE_TX_BYTES] + counters[PCIE_RX_BYTES]) / 1e9
+    return {link: max(rate, 0.0) for link, rate in rates.items()}
+
+
+def link_activity(counters: Mapping[str, float], product: GpuProduct | None) -> LinkReading:
+    """How busy the run kept its links, read as DRAM_ACTIVE is for memory: each link's achieved rate
+    over the product's figure for it (NVLink's where the catalog has one, PCIe's x16), the busier of
+    the two. Unmeasured (never 0) when a link the product has shows no counter, or the catalog has no
+    figure: the missing counters are named."""
+    rates = link_rates(counters)
+    missing: list[str] = []
+    if product is not None and product.nvlink_gbs is not None and "NVLink" not in rates:
+        missing.append(f"{NVLINK_TX_BYTES}/{NVLINK_RX_BYTES} (or {NVLINK_BANDWIDTH_TOTAL})")
+    if "PCIe" not in rates:
+        missing.append(f"{PCIE_TX_BYTES}/{PCIE_RX_BYTES}")
+    if missing:
+        return LinkReading(None, rates, tuple(missing), "no " + " and no ".join(missing))
+    pcie = product.pcie_bandwidth_gbs if product is not None else None
+    if product is None or pcie is None:
+        what = product.product if product is not None else "a product the catalog does not know"
+        return LinkReading(None, rates, (), f"the catalog has no link figures for {what}")
+    busy = [rates["PCIe"] / pcie]
+    if product.nvlink_gbs is not None:
+        busy.append(rates["NVLink"] / product.nvlink_gbs)
+    return LinkReading(min(max(busy), 1.0), rates)
 
 
 # --- folding a run into the WorkloadProfile's status -------------------------------------------------
@@ -357,11 +446,23 @@ class TelemetryRun:
     seconds: float
     gpus: int
     counters: Mapping[str, float]
+    # its GPUs move data between them (more than one GPU, or a Pod of a gang): only then do its link
+    # counters say anything of the workload's interconnect, and are folded in
+    linked: bool = False
 
 
 def ratio(value: float) -> str:
-    """A counter as the status stores it: ``0.71``, ``0.0047``, ``0``."""
-    return f"{round(value, 4):g}"
+    """A counter as the status stores it: ``0.71``, ``0.0047``, ``0``; a link's rate (bytes or MB
+    per second) to four significant digits, ``1.234e+11``."""
+    return f"{round(value, 4):g}" if abs(value) < 1000 else f"{value:.4g}"
+
+
+def derive_record(record: TelemetryRecord, catalog: Catalog | None) -> tuple[Derived, LinkReading]:
+    """``derive`` of a product's folded counters, with its links' activity where they were folded."""
+    counters = {name: float(value) for name, value in record.counters.items()}
+    entry = catalog.placement(record.product) if catalog is not None else None
+    links = link_activity(counters, entry)
+    return derive(counters, links.activity), links
 
 
 def folded(records: Iterable[TelemetryRecord], run: TelemetryRun) -> list[TelemetryRecord]:
@@ -374,6 +475,8 @@ def folded(records: Iterable[TelemetryRecord], run: TelemetryRun) -> list[Teleme
     before = float(seen.seconds) if seen else 0.0
     counters = dict(seen.counters) if seen else {}
     for name, value in run.counters.items():
+        if name in LINK_COUNTERS and not run.linked:
+            continue
         old = counters.get(name)
         mean = value if old is None else (float(old) * before + value * weight) / (before + weight)
         counters[name] = ratio(mean)
@@ -403,11 +506,17 @@ def measuring_product(seconds: Mapping[str, float], known: Callable[[str], bool]
 
 
 def with_telemetry(
-    status: ProfileStatus | None, run: TelemetryRun, *, now: str, known: Callable[[str], bool] | None = None
+    status: ProfileStatus | None,
+    run: TelemetryRun,
+    *,
+    now: str,
+    known: Callable[[str], bool] | None = None,
+    catalog: Catalog | None = None,
 ) -> ProfileStatus | None:
     """The profile's status with ``run`` folded in (None when that Pod was counted already). With
     no Nsight Compute figures, the profile is Ready from telemetry: the product ``measuring_product``
-    picks gives ``gpu.product`` and, by ``derive``, the bound type and metrics."""
+    picks gives ``gpu.product`` and, by ``derive``, the bound type and metrics; the interconnect's
+    share where its link counters were folded and ``catalog`` has that product's link figures."""
     if status is not None and run.uid in status.counted_telemetry:
         return None
     current = status or ProfileStatus(phase="Ready", source="telemetry")
@@ -417,7 +526,7 @@ def with_telemetry(
     if not nsight_compute_figures(current):
         best_product = measuring_product({r.product: float(r.seconds) for r in records}, known)
         best = next(r for r in records if r.product == best_product)
-        derived = derive({name: float(value) for name, value in best.counters.items()})
+        derived, _ = derive_record(best, catalog)
         runs = sum(r.runs for r in records)
         note = f"from DCGM telemetry of {runs} run(s), {best.seconds} GPU-seconds on {best.product}"
         update |= {

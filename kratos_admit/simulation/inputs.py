@@ -86,7 +86,11 @@ class _TraceJob(_Strict):
         if self.time_shares is None:
             return None
         total = sum(float(x) for x in self.time_shares.values())
-        return {u: float(self.time_shares.get(u, 0.0)) / total for u in v.UNITS}
+        return {
+            u: float(self.time_shares.get(u, 0.0)) / total
+            for u in v.UNITS
+            if u != "interconnect" or u in self.time_shares  # unmeasured unless given
+        }
 
 
 class _Trace(_Strict):

@@ -208,14 +208,19 @@ def figure_of(job: TraceJob) -> Figure | None:
     bandwidth for memory-bound."""
     if job.time_shares is not None:
         unit = max(v.UNITS, key=lambda u: job.time_shares.get(u, 0.0) if job.time_shares else 0.0)
-        return None if unit == "latency" else "bandwidth" if unit == "memory" else unit
+        if unit == "memory":
+            return "bandwidth"
+        return unit if unit in ("tensor", "fp32", "fp64") else None  # latency, interconnect: no figure
     bound = bound_type(job.shares[0] * 100, job.shares[1] * 100)
     return "fp32" if bound == "compute" else "bandwidth" if bound == "memory" else None
 
 
 def time_shares_status(shares: Mapping[Unit, float]) -> dict[str, str]:
-    """Time shares as a profile's ``status.timeShares`` writes them: fractions as strings."""
-    return {unit: f"{shares.get(unit, 0.0):.4f}" for unit in v.UNITS}
+    """Time shares as a profile's ``status.timeShares`` writes them: fractions as strings (the
+    interconnect only where it was measured)."""
+    return {
+        unit: f"{shares.get(unit, 0.0):.4f}" for unit in v.UNITS if unit != "interconnect" or unit in shares
+    }
 
 
 def job_manifest(job: TraceJob, name: str | None = None) -> dict[str, Any]:

@@ -19,6 +19,7 @@ from kratos_admit.domain.profile import (
     as_read,
     with_runs,
 )
+from kratos_admit.domain.quantity import parse_positive_integer
 from kratos_admit.domain.raw import as_list, as_mapping, string_map
 from kratos_admit.domain.signing import signature_valid, signed_role
 from kratos_admit.model.calibration import (
@@ -36,7 +37,7 @@ from kratos_admit.model.calibration import (
 )
 from kratos_admit.model.calibration_fit import fit_calibration
 from kratos_admit.model.catalog import Catalog
-from kratos_admit.model.telemetry import PodTelemetry, TelemetryRun, with_telemetry
+from kratos_admit.model.telemetry import PodTelemetry, TelemetryRun, link_activity, with_telemetry
 from kratos_controller.actions import Obj, PublishConfigMap, PublishProfile, RecordObservations
 from kratos_controller.faults import finished, timestamp
 
@@ -206,11 +207,26 @@ class TelemetryDue:
     node: str
     end: dt.datetime
     seconds: float
+    # its GPUs move data between them: more than one GPU, or a Pod of a gang (an Indexed Job's, a
+    # JobSet's, a training operator's): its link counters make the interconnect share
+    linked: bool = False
 
 
 def _asks_for_gpus(container: Mapping[str, Any]) -> bool:
     limits = as_mapping(as_mapping(container.get("resources")).get("limits"))
     return any(str(k) == v.GPU_RESOURCE or str(k).startswith(v.MIG_RESOURCE_PREFIX) for k in limits)
+
+
+def _linked(labels: Mapping[str, str], containers: list[Mapping[str, Any]]) -> bool:
+    """The Pod's GPUs move data between them: it holds more than one whole GPU, or it is a Pod of a
+    gang (its labels say so: the index of an Indexed Job, a JobSet's or training operator's name)."""
+    if v.JOB_COMPLETION_INDEX in labels or any(labels.get(key) for key in v.GANG_POD_LABELS):
+        return True
+    gpus = 0
+    for container in containers:
+        count = as_mapping(as_mapping(container.get("resources")).get("limits")).get(v.GPU_RESOURCE)
+        gpus += parse_positive_integer(count) or 0
+    return gpus > 1
 
 
 def telemetry_due(
@@ -250,7 +266,14 @@ def telemetry_due(
     if started is None:
         return None
     due = TelemetryDue(
-        str(meta["uid"]), str(meta.get("namespace", "")), str(meta.get("name", "")), workload, node, now, 0.0
+        str(meta["uid"]),
+        str(meta.get("namespace", "")),
+        str(meta.get("name", "")),
+        workload,
+        node,
+        now,
+        0.0,
+        _linked(labels, [as_mapping(c) for c in as_list(spec.get("containers"))]),
     )
     if phase == "Succeeded" and ended is not None and ended > started:
         return dataclasses.replace(due, end=ended, seconds=(ended - started).total_seconds())
@@ -268,7 +291,7 @@ def telemetry_run(due: TelemetryDue, found: PodTelemetry, product: str) -> Telem
     """What the run adds to the profile; None when Prometheus had no profiling counter for it."""
     if not found.counters or not product:
         return None
-    return TelemetryRun(due.uid, product, due.seconds, len(found.gpus), found.counters)
+    return TelemetryRun(due.uid, product, due.seconds, len(found.gpus), found.counters, due.linked)
 
 
 def record_telemetry(
@@ -281,7 +304,7 @@ def record_telemetry(
     was counted (``measuring_product``)."""
     known = catalog.measured_ground if catalog is not None else None
     if profile is None:
-        status = with_telemetry(None, run, now=now, known=known)
+        status = with_telemetry(None, run, now=now, known=known, catalog=catalog)
         if status is None:
             return None
         name = v.profile_name(due.workload)
@@ -291,11 +314,28 @@ def record_telemetry(
         current = ProfileStatus.model_validate(profile.get("status") or {"phase": "Profiling"})
     except ValidationError:
         return None
-    return _recorded(profile, with_telemetry(current, run, now=now, known=known))
+    return _recorded(profile, with_telemetry(current, run, now=now, known=known, catalog=catalog))
 
 
 def counted_telemetry(profile: Obj | None, uid: str) -> bool:
     return uid in as_list(as_mapping(as_mapping(profile).get("status")).get("countedTelemetry"))
+
+
+def missing_links_note(
+    due: TelemetryDue, found: PodTelemetry, product: str, catalog: Catalog, url: str
+) -> str | None:
+    """Why a linked run's interconnect is unmeasured, naming the link counters Prometheus lacks for
+    it; None when its links were measured (or it is no linked run)."""
+    if not due.linked:
+        return None
+    reading = link_activity(found.counters, catalog.placement(product) if product else None)
+    if not reading.missing:
+        return None
+    return (
+        f"Prometheus at {url} has no {' and no '.join(reading.missing)} for Pod {due.namespace}/{due.pod}, "
+        f"whose GPUs move data between them: its interconnect share is unmeasured (not 0) until "
+        "dcgm-exporter's counters file has them (the telemetry component's does)"
+    )
 
 
 def missing_counters_note(due: TelemetryDue, found: PodTelemetry, url: str) -> str:

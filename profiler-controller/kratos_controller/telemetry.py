@@ -22,6 +22,7 @@ from kratos_controller.learning import (
     TelemetryDue,
     counted_telemetry,
     missing_counters_note,
+    missing_links_note,
     record_telemetry,
     telemetry_due,
     telemetry_run,
@@ -160,6 +161,9 @@ class TelemetryController:
             note = missing_counters_note(due, found, url)
             await self._unavailable(due, profile, note, detail="missing/" + ",".join(found.missing))
         product = await shared.io.product_of(due.node) or product_of(samples, settings.labels)
+        unlinked = missing_links_note(due, found, product, shared.catalog, url)
+        if unlinked is not None and not found.missing:  # one Event per cause: the profiling counters' first
+            await self._unavailable(due, profile, unlinked, detail="links")
         run = telemetry_run(due, found, product)
         now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         action = (
