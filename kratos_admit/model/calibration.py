@@ -329,7 +329,9 @@ def samples_of(
     profiles: Iterable[WorkloadProfile], catalog: Catalog, *, reference_product: str
 ) -> list[Sample]:
     """Every observation of a Ready profile with throughputs, as a sample (products the catalog does
-    not know are left out; ``-SHARED`` variants pool into their product, by running mean)."""
+    not know are left out; ``-SHARED`` variants pool into their product, by running mean). A profile
+    with a measured interconnect share (a gang's) is left out: its runs' times turn on the link it got
+    on each product, which the fit has no term for, and would be read as the units' figures."""
     found: list[Sample] = []
     for profile in profiles:
         status = profile.status
@@ -338,6 +340,8 @@ def samples_of(
         sm, mem = status.metrics.percent("sm_throughput"), status.metrics.percent("memory_throughput")
         profiled = catalog.placement(status.gpu.product or reference_product)
         fractions = status.time_shares.fractions() if status.time_shares is not None else None
+        if fractions is not None and fractions.get("interconnect", 0.0) > 0:
+            continue
         shares = tuple((u, fractions[u]) for u in FACTOR_UNITS if fractions[u] > 0) if fractions else ()
         if profiled is None or (not shares and (sm is None or mem is None)):
             continue

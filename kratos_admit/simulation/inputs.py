@@ -40,7 +40,8 @@ class _TraceJob(_Strict):
     name: str = Field(pattern=v.DNS1123_LABEL.pattern, max_length=MAX_JOB_NAME)
     workload: str = Field(pattern=v.DNS1123_LABEL.pattern, max_length=v.DNS1123_LABEL_MAX)
     arrival: float = Field(ge=0)
-    gpus: int = Field(ge=1)
+    gpus: int = Field(ge=1)  # per Pod
+    pods: int = Field(default=1, ge=1)  # of its gang: all start together, on one product
     reference_product: str = Field(alias="referenceProduct")
     reference_seconds: float = Field(alias="referenceSeconds", gt=0)
     metrics: dict[str, str | float]
@@ -105,6 +106,9 @@ class _TruthProduct(_Strict):
     # optional: the catalog's sustained figure where absent
     sustained_tensor_tflops: float | None = Field(default=None, alias="sustainedTensorTflops", gt=0)
     sustained_fp64_tflops: float | None = Field(default=None, alias="sustainedFp64Tflops", gt=0)
+    # a GPU's links, both ways (the catalog's where absent): what a gang's interconnect time moves over
+    nvlink_gbs: float | None = Field(default=None, alias="nvlinkGBs", gt=0)
+    pcie_gbs: float | None = Field(default=None, alias="pcieGBs", gt=0)
 
 
 class _Truth(_Strict):
@@ -146,6 +150,7 @@ def load_trace(path: Path, catalog: Catalog) -> Trace:
                 reference_seconds=job.reference_seconds,
                 metrics={k: str(val) for k, val in job.metrics.items()},
                 time_shares=job.unit_shares(),
+                pods=job.pods,
             )
         )
     return Trace(
@@ -215,5 +220,7 @@ def load_truth(path: Path | None, catalog: Catalog) -> Truth:
             entry.sustained_bandwidth_gbs,
             entry.sustained_tensor_tflops,
             entry.sustained_fp64_tflops,
+            entry.nvlink_gbs,
+            entry.pcie_gbs,
         )
     return Truth(catalog, figures)

@@ -132,12 +132,17 @@ def worst_errors(
             )
         assert profile.status is not None
         ranked_now = ranking_of(
-            profile, node_products, config=config, catalog=catalog, calibration=learned.current()
+            profile,
+            node_products,
+            config=config,
+            catalog=catalog,
+            calibration=learned.current(),
+            gpus=job.total_gpus,
         )
 
         def true_seconds(label: str, job: TraceJob = job, seconds: float = seconds) -> float:
             return seconds * truth.relative_time(
-                job.runtime_shares, reference=job.reference_product, product=label
+                job.runtime_shares, reference=job.reference_product, product=label, gpus=job.total_gpus
             )
 
         observed: dict[str, tuple[float, int]] = {}

@@ -36,7 +36,15 @@ from kratos_admit.simulation.replay import (
     simulation_result,
 )
 from kratos_admit.simulation.scheduling import SimNode
-from kratos_admit.simulation.trace import LEARNING, POLICIES, Policy, PolicyResult, Trace, Truth
+from kratos_admit.simulation.trace import (
+    LEARNING,
+    POLICIES,
+    Policy,
+    PolicyResult,
+    SimulationError,
+    Trace,
+    Truth,
+)
 
 log = logging.getLogger("kratos.simulate")
 MERGE_PATCH = "application/merge-patch+json"
@@ -194,7 +202,7 @@ class _Driver:
         await self.core.patch_namespaced_pod_status(name, self.namespace, status, _content_type=MERGE_PATCH)  # type: ignore[call-arg]
         with contextlib.suppress(ApiException):  # a terminal Pod goes at once; it frees its GPUs either way
             await self.core.delete_namespaced_pod(name, self.namespace, grace_period_seconds=0)
-        self.run.done(entry, self.nodes[node_name], seconds, self.now())
+        self.run.done(entry, [self.nodes[node_name]], seconds, self.now())
 
     async def run_policy(self) -> PolicyResult:
         arrivals = sorted(self.run.trace.jobs, key=lambda j: j.arrival)
@@ -249,7 +257,14 @@ async def simulate_on_cluster(
     policies: Sequence[Policy] = POLICIES,
 ) -> SimulationResult:
     """Every policy on the cluster behind ``api``, one after the other; Nodes, namespaces and the
-    RuntimeClass it made are deleted at the end, whatever happens."""
+    RuntimeClass it made are deleted at the end, whatever happens. One Pod per Job: a gang of several
+    Pods (``pods``) runs only in the model, where it is placed whole."""
+    several = next((j for j in trace.jobs if j.pods > 1), None)
+    if several is not None:
+        raise SimulationError(
+            f"Job {several.name}: pods {several.pods}: --kubeconfig runs one Pod per Job; a gang of "
+            "several Pods runs in the model only (leave out --kubeconfig)"
+        )
     core, node_api = client.CoreV1Api(api), client.NodeV1Api(api)
     by_name = {NODE_PREFIX + n.name: n for n in nodes}
     made_runtime_class = False

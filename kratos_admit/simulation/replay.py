@@ -51,7 +51,7 @@ from kratos_admit.model.calibration import samples_of
 from kratos_admit.model.calibration_fit import fit_calibration
 from kratos_admit.model.catalog import Catalog
 from kratos_admit.model.telemetry import measuring_product
-from kratos_admit.simulation.knowledge import Learned, SimulatedProfiles, knowledge_of
+from kratos_admit.simulation.knowledge import Learned, SimulatedProfiles, knowledge_of, worst_errors
 from kratos_admit.simulation.scheduling import ClusterState, PodRequest, SimNode, schedule
 from kratos_admit.simulation.trace import (
     LEARNING,
@@ -78,6 +78,9 @@ class SimulationResult:
     products: dict[str, ProductKnowledge] = field(default_factory=dict)
     # what kratos-no-exploration knew at the end (empty where it did not run): exploration's gain
     without_exploration: dict[str, ProductKnowledge] = field(default_factory=dict)
+    # a trace with gangs: the prediction error over the gangs' workloads and the single-GPU ones apart
+    gang_prediction_error: dict[str, float] = field(default_factory=dict)
+    single_prediction_error: dict[str, float] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         found: dict[str, Any] = {
@@ -88,6 +91,13 @@ class SimulationResult:
         if self.products:  # DESIGN's three keys per product stay as they are; the figures beside them
             found["figureErrors"] = {p: k.figures_dict() for p, k in sorted(self.products.items())}
             found["explored"] = {p: k.explored for p, k in sorted(self.products.items())}
+        if any(r.gangs for r in self.policies.values()):  # beside DESIGN's keys: gangs and the rest apart
+            found["meanJctApart"] = {name: r.apart() for name, r in self.policies.items()}
+        if self.gang_prediction_error or self.single_prediction_error:
+            found["predictionErrorApart"] = {
+                "gangs": {p: round(e, 4) for p, e in sorted(self.gang_prediction_error.items())},
+                "singleGpu": {p: round(e, 4) for p, e in sorted(self.single_prediction_error.items())},
+            }
         if self.without_exploration:
             found["withoutExploration"] = {
                 "predictionError": {
@@ -193,62 +203,99 @@ class PolicyRun:
 
     # --- placement -------------------------------------------------------------------------------
 
+    def _true_time(self, job: TraceJob, product: str) -> float:
+        return self.truth.relative_time(
+            job.runtime_shares, reference=job.reference_product, product=product, gpus=job.total_gpus
+        )
+
     def _place(self, entry: Pending) -> SimNode | None:
         if self.policy != "oracle":
             return schedule(entry.pod, self.state, self.rng)
         free = [n for n in self.state.nodes if self.state.free_gpus(n) >= entry.pod.gpus]
         if not free:
             return None
-        times = {
-            n.product: self.truth.relative_time(
-                entry.job.runtime_shares, reference=entry.job.reference_product, product=n.product
-            )
-            for n in free
-        }
+        times = {n.product: self._true_time(entry.job, n.product) for n in free}
         best = min(times.values())
         return schedule(entry.pod, self.state, self.rng, among=[n for n in free if times[n.product] == best])
+
+    def _place_gang(self, entry: Pending) -> list[SimNode] | None:
+        """A gang of Pods placed whole on one product, or None: it waits (as Kueue, KAI and Volcano
+        admit a gang, all or nothing). The product is the one the scheduler binds its first Pod to
+        (the oracle: the truly fastest) among those with room for every Pod; the others follow it,
+        as the gang's inter-Pod affinity on the product asks."""
+        products = {n.product for n in self.state.nodes if n.product}
+        while products:
+            among = [n for n in self.state.nodes if n.product in products]
+            if self.policy == "oracle":  # the truly fastest product with room for the whole gang
+                best = min(products, key=lambda p: (self._true_time(entry.job, p), p))
+                among = [n for n in among if n.product == best]
+            first = schedule(entry.pod, self.state, self.rng, among=among)
+            if first is None and self.policy == "oracle":
+                products.discard(best)
+                continue
+            if first is None:
+                return None
+            placed = self._fill(entry, first)
+            if placed is not None:
+                return placed
+            products.discard(first.product)
+        return None
+
+    def _fill(self, entry: Pending, first: SimNode) -> list[SimNode] | None:
+        """Nodes of ``first``'s product for each of the gang's Pods, ``first`` first, then the nodes
+        with the most free GPUs (packed, as its Pods prefer each other); None when they do not fit."""
+        free = {n.name: self.state.free_gpus(n) for n in self.state.nodes if n.product == first.product}
+        others = (n for n in self.state.nodes if n.product == first.product and n is not first)
+        order = [first, *sorted(others, key=lambda n: (-free[n.name], n.name))]
+        placed: list[SimNode] = []
+        for node in order:
+            while len(placed) < entry.job.pods and free[node.name] >= entry.pod.gpus:
+                free[node.name] -= entry.pod.gpus
+                placed.append(node)
+        return placed if len(placed) == entry.job.pods else None
 
     def _schedule_pending(self, now: float) -> None:
         waiting: list[Pending] = []
         while self.pending:
             entry = heapq.heappop(self.pending)
-            node = self._place(entry)
-            if node is None:
+            if entry.job.pods > 1 and not entry.profiling:
+                nodes = self._place_gang(entry)
+            else:
+                node = self._place(entry)
+                nodes = [node] if node is not None else None
+            if nodes is None:
                 waiting.append(entry)
                 continue
-            self.state.bind(node, entry.pod)
-            seconds = self.started(entry, node.product)
+            for node in nodes:
+                self.state.bind(node, entry.pod)
+            node = nodes[0]
+            seconds = self.started(entry, node.product, pods=len(nodes))
             if self.policy not in ("default", "oracle") and not entry.profiling:
                 # counted before its end at a tie: the run that ends is counted in the profile
                 window = min(seconds, self.config.telemetry.window_seconds)
-                self._event(now + window, "telemetry", (entry.job, node, window * entry.pod.gpus))
-            self._event(now + seconds, "done", (entry, node, seconds))
+                self._event(
+                    now + window, "telemetry", (entry.job, node, window * entry.pod.gpus * len(nodes))
+                )
+            self._event(now + seconds, "done", (entry, nodes, seconds))
         for entry in waiting:
             heapq.heappush(self.pending, entry)
 
-    def started(self, entry: Pending, product: str) -> float:
-        """How long ``entry`` runs on ``product`` (a profiling run: the trace's profiling time); its
-        GPU time is counted."""
+    def started(self, entry: Pending, product: str, *, pods: int = 1) -> float:
+        """How long ``entry`` runs on ``product`` (a profiling run: the trace's profiling time); the
+        GPU time of its ``pods`` is counted."""
         if entry.profiling:
             seconds = self.trace.profiling_seconds
         else:
             seconds = (
-                entry.job.reference_seconds
-                * self.truth.relative_time(
-                    entry.job.runtime_shares, reference=entry.job.reference_product, product=product
-                )
-                * self.noise[entry.job.name]
+                entry.job.reference_seconds * self._true_time(entry.job, product) * self.noise[entry.job.name]
             )
-        self.gpu_seconds += seconds * entry.pod.gpus
+        self.gpu_seconds += seconds * entry.pod.gpus * pods
         return seconds
 
     def true_weights(self, job: TraceJob) -> dict[str, int]:
         """The oracle's preference as node-affinity weights: 100 for the truly fastest product,
         the others in proportion to their speed."""
-        times = {
-            p: self.truth.relative_time(job.runtime_shares, reference=job.reference_product, product=p)
-            for p in self.products
-        }
+        times = {p: self._true_time(job, p) for p in self.products}
         best = min(times.values())
         return {p: max(1, round(100 * best / t)) for p, t in times.items()}
 
@@ -257,8 +304,10 @@ class PolicyRun:
 
     # --- completions -----------------------------------------------------------------------------
 
-    def done(self, entry: Pending, node: SimNode, seconds: float, now: float) -> None:
-        self.state.release(node, entry.pod)
+    def done(self, entry: Pending, nodes: Sequence[SimNode], seconds: float, now: float) -> None:
+        for node in nodes:
+            self.state.release(node, entry.pod)
+        node = nodes[0]
         job = entry.job
         if entry.profiling:
             self._profiled(job, node, now)
@@ -352,8 +401,8 @@ class PolicyRun:
                     job, node, gpu_seconds = payload
                     self._telemetry(job, node, gpu_seconds, now)
                 else:
-                    entry, node, seconds = payload
-                    self.done(entry, node, seconds, now)
+                    entry, nodes, seconds = payload
+                    self.done(entry, nodes, seconds, now)
             self._schedule_pending(now)
         return self.result()
 
@@ -370,6 +419,7 @@ class PolicyRun:
             jct=tuple(self.finished[j.name] - j.arrival for j in self.trace.jobs),
             makespan=max(self.finished.values()) - first,
             gpu_seconds=self.gpu_seconds,
+            gangs=tuple(j.gang for j in self.trace.jobs) if any(j.gang for j in self.trace.jobs) else (),
         )
 
 
@@ -419,6 +469,18 @@ def simulation_result(
     if "kratos" not in results:
         return SimulationResult(results, {}, learned)
     errors, products = knowledge_of(learned, trace, nodes, truth=truth, config=config, catalog=catalog)
+    apart: dict[bool, dict[str, float]] = {}
+    if any(job.gang for job in trace.jobs):
+        node_products = frozenset(n.product for n in nodes if n.product)
+        for gang in (True, False):
+            jobs = [job for job in trace.jobs if job.gang == gang]
+            apart[gang] = (
+                worst_errors(
+                    learned, jobs, truth=truth, node_products=node_products, config=config, catalog=catalog
+                )[0]
+                if jobs
+                else {}
+            )
     return SimulationResult(
         results,
         errors,
@@ -427,4 +489,6 @@ def simulation_result(
         knowledge_of(without, trace, nodes, truth=truth, config=config, catalog=catalog)[1]
         if without
         else {},
+        apart.get(True, {}),
+        apart.get(False, {}),
     )

@@ -32,6 +32,9 @@ def _versus(default_jct: float, jct: float) -> str:
 def format_results(result: SimulationResult) -> str:
     header = ["POLICY", "MEAN JCT s", "P95 JCT s", "MAKESPAN s", "GPU-HOURS", "MEAN JCT VS DEFAULT"]
     default = result.policies.get("default")
+    gangs = any(r.gangs for r in result.policies.values())
+    if gangs:  # a trace with gangs: their JCT and the single-GPU Jobs' apart
+        header += ["GANGS MEAN JCT s", "SINGLE-GPU MEAN JCT s"]
     rows = []
     for name, r in result.policies.items():
         ratio = _versus(default.mean_jct, r.mean_jct) if default and name != "default" else "-"
@@ -44,6 +47,7 @@ def format_results(result: SimulationResult) -> str:
                 f"{r.gpu_seconds / 3600:.1f}",
                 ratio,
             ]
+            + ([_seconds(r.mean_jct_of(True)), _seconds(r.mean_jct_of(False))] if gangs else [])
         )
     widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(header)]
     lines = [
@@ -98,7 +102,21 @@ def format_results(result: SimulationResult) -> str:
             )
         w = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
         lines += ["  " + "  ".join(c.ljust(x) for c, x in zip(row, w, strict=True)).rstrip() for row in table]
+    for what, errors in (
+        ("gangs", result.gang_prediction_error),
+        ("single-GPU Jobs", result.single_prediction_error),
+    ):
+        if errors:
+            worst = max(errors, key=lambda p: errors[p])
+            lines.append(
+                f"prediction error over the {what}' workloads alone: worst {errors[worst]:.1%} ({worst}); "
+                + ", ".join(f"{p} {e:.1%}" for p, e in sorted(errors.items()))
+            )
     return "\n".join(lines) + "\n"
+
+
+def _seconds(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0f}"
 
 
 def _percent(value: float | None) -> str:

@@ -11,7 +11,7 @@ from typing import Any, Literal
 from kratos_admit.domain import vocabulary as v
 from kratos_admit.domain.vocabulary import Unit
 from kratos_admit.model.catalog import Catalog, GpuProduct
-from kratos_admit.model.ranking import SCALED_UNITS, relative_time_by_units, unit_figures
+from kratos_admit.model.ranking import LINK, SCALED_UNITS, relative_time_by_units, unit_figures
 
 Policy = Literal["default", "kratos-static", "kratos-no-exploration", "kratos", "oracle"]
 POLICIES: tuple[Policy, ...] = ("default", "kratos-static", "kratos-no-exploration", "kratos", "oracle")
@@ -36,6 +36,17 @@ class TraceJob:
     # where its GPU time goes on reference_product, by unit (normalised to sum 1), as a profile's
     # status.timeShares; None for a trace written before the units model (``metrics`` alone)
     time_shares: Mapping[Unit, float] | None = None
+    pods: int = 1  # Pods of its gang, each on ``gpus`` GPUs; all start together on one product
+
+    @property
+    def total_gpus(self) -> int:
+        """The GPUs it runs on together: what sets the link its interconnect time moves over."""
+        return self.gpus * self.pods
+
+    @property
+    def gang(self) -> bool:
+        """A gang (DESIGN "Distributed training"): on more than one GPU, never profiled."""
+        return self.total_gpus > 1
 
     @property
     def shares(self) -> tuple[float, float]:
@@ -64,6 +75,8 @@ class Figures:
     bandwidth_gbs: float
     tensor_tflops: float | None = None
     fp64_tflops: float | None = None
+    nvlink_gbs: float | None = None  # a GPU's NVLink, both ways (None: the catalog's)
+    pcie_gbs: float | None = None  # its PCIe x16 link, both ways (None: the catalog's)
 
 
 # a Job's shares: by unit (the units model), or (SM, memory) throughputs (a trace from before it)
@@ -92,16 +105,19 @@ class Truth:
                     "measured_bandwidth_gbs": figures.bandwidth_gbs,
                     "measured_tensor_tflops": figures.tensor_tflops,
                     "measured_fp64_tflops": figures.fp64_tflops,
+                    "nvlink_gbs": figures.nvlink_gbs if entry.nvlink_gbs is not None else None,
+                    "pcie_gbs": figures.pcie_gbs,
                 }
                 entry = entry.model_copy(update={k: x for k, x in update.items() if x is not None})
             found = self._products[label] = entry
         return found
 
-    def relative_time(self, shares: Shares, *, reference: str, product: str) -> float:
+    def relative_time(self, shares: Shares, *, reference: str, product: str, gpus: int = 1) -> float:
         """Runtime on ``product`` over runtime on ``reference``: the ranking's units model (each unit's
-        share times the reference's figure over the product's, plus latency) for shares by unit; the
-        roofline the ranking used before it (the larger of the FP32 and bandwidth terms, plus the
-        idle share) for (SM, memory) throughputs, so a trace written then keeps its runtimes."""
+        share times the reference's figure over the product's, the interconnect's by the link ``gpus``
+        GPUs get, plus latency) for shares by unit; the roofline the ranking used before it (the larger
+        of the FP32 and bandwidth terms, plus the idle share) for (SM, memory) throughputs, so a trace
+        written then keeps its runtimes."""
         if isinstance(shares, tuple):
             sm, mem = shares
             there, here = self.product(reference), self.product(product)
@@ -110,8 +126,8 @@ class Truth:
             return max(compute, memory) + (1 - max(sm, mem))
         return relative_time_by_units(
             shares,
-            reference=unit_figures(self.product(reference)),
-            product=unit_figures(self.product(product)),
+            reference=unit_figures(self.product(reference), gpus),
+            product=unit_figures(self.product(product), gpus),
         )
 
     def measured_on(self, job: TraceJob, product: str) -> dict[str, str]:
@@ -119,7 +135,9 @@ class Truth:
         rescaled to that product's runtime, so the model read from there predicts the same truth."""
         sm, mem = job.shares
         reference, here = self.product(job.reference_product), self.product(product)
-        relative = self.relative_time(job.runtime_shares, reference=job.reference_product, product=product)
+        relative = self.relative_time(
+            job.runtime_shares, reference=job.reference_product, product=product, gpus=job.total_gpus
+        )
         sm_here = sm * reference.sustained_fp32_tflops / here.sustained_fp32_tflops / relative
         mem_here = mem * reference.sustained_bandwidth_gbs / here.sustained_bandwidth_gbs / relative
         metrics = dict(job.metrics)
@@ -133,13 +151,19 @@ class Truth:
         predicts the same truth."""
         if job.time_shares is None:
             return None
-        relative = self.relative_time(job.time_shares, reference=job.reference_product, product=product)
-        there = unit_figures(self.product(job.reference_product))
-        here = unit_figures(self.product(product))
+        gpus = job.total_gpus
+        relative = self.relative_time(
+            job.time_shares, reference=job.reference_product, product=product, gpus=gpus
+        )
+        there = unit_figures(self.product(job.reference_product), gpus)
+        here = unit_figures(self.product(product), gpus)
         shares: dict[Unit, float] = {
             unit: job.time_shares.get(unit, 0.0) * there[unit] / here[unit] / relative
             for unit in SCALED_UNITS
         }
+        if LINK in job.time_shares:  # measured: scaled by the links where both have one
+            scale = there[LINK] / here[LINK] if LINK in there and LINK in here else 1.0
+            shares[LINK] = job.time_shares[LINK] * scale / relative
         shares["latency"] = job.time_shares.get("latency", 0.0) / relative
         return shares
 
@@ -159,6 +183,14 @@ class PolicyResult:
     jct: tuple[float, ...]  # each Job's completion time (finish - arrival), in trace order
     makespan: float
     gpu_seconds: float
+    gangs: tuple[bool, ...] = ()  # whether each Job is a gang, in trace order (empty: none is)
+
+    def mean_jct_of(self, gang: bool) -> float | None:
+        """The mean JCT of the gangs (True) or of the single-GPU Jobs; None when the trace has none."""
+        found = [
+            t for t, g in zip(self.jct, self.gangs or (False,) * len(self.jct), strict=True) if g == gang
+        ]
+        return sum(found) / len(found) if found else None
 
     @property
     def mean_jct(self) -> float:
@@ -176,6 +208,13 @@ class PolicyResult:
             "p95JctSeconds": round(self.p95_jct, 1),
             "makespanSeconds": round(self.makespan, 1),
             "gpuHours": round(self.gpu_seconds / 3600, 2),
+        }
+
+    def apart(self) -> dict[str, float | None]:
+        """The mean JCT of the gangs and of the single-GPU Jobs apart (None: the trace has none)."""
+        return {
+            key: None if (mean := self.mean_jct_of(gang)) is None else round(mean, 1)
+            for key, gang in (("gangs", True), ("singleGpu", False))
         }
 
 
@@ -225,13 +264,19 @@ def time_shares_status(shares: Mapping[Unit, float]) -> dict[str, str]:
 
 def job_manifest(job: TraceJob, name: str | None = None) -> dict[str, Any]:
     """The Job a user would submit for one trace entry: the workload label, its GPUs, an absolute
-    command (so the first one can be profiled)."""
+    command (so the first one can be profiled); a gang of several Pods an Indexed Job of them."""
     labels = {v.WORKLOAD_LABEL: job.workload}
+    several = (
+        {"completionMode": "Indexed", "parallelism": job.pods, "completions": job.pods}
+        if job.pods > 1
+        else {}
+    )  # a gang of Pods, as the Kubernetes docs' "Job with Pod-to-Pod Communication" writes one
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
         "metadata": {"name": name or job.name, "namespace": NAMESPACE, "labels": dict(labels)},
         "spec": {
+            **several,
             "template": {
                 "metadata": {"labels": dict(labels)},
                 "spec": {
@@ -245,7 +290,7 @@ def job_manifest(job: TraceJob, name: str | None = None) -> dict[str, Any]:
                         }
                     ],
                 },
-            }
+            },
         },
     }
 
