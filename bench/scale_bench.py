@@ -4,15 +4,19 @@
     .venv/bin/python bench/scale_bench.py --kubeconfig K fill --pods 50000 --jobs 10000
     .venv/bin/python bench/scale_bench.py --kubeconfig K measure webhook
     .venv/bin/python bench/scale_bench.py --kubeconfig K measure controller
+    .venv/bin/python bench/scale_bench.py --kubeconfig K empty
 
 ``fill`` creates what is missing (it counts what is there first, so a second run adds nothing):
 GPU Nodes labelled as GPU Feature Discovery labels them, with the status a kubelet reports (capacity,
-conditions, addresses, ten images) written through the status subresource; mature WorkloadProfiles as
+conditions, addresses, ten images) written through the status subresource, each tainted
+``kratos.dev/scale-fill:NoSchedule`` from its creation (no kubelet runs a Pod bound to it: on a
+cluster with a scheduler, as the faults tier's, none is ever placed there); mature WorkloadProfiles as
 the controller writes them (observations on three products, ``countedRuns`` at its cap); Pods bound
 to those Nodes (no kubelet runs them: they stay Pending) and suspended Jobs (so no Job controller
 makes Pods of them), a quarter of each labelled ``gpu.scheduler.io/workload``, the label KRATOS's
 informers select. Use a server of its own (an etcd and a kube-apiserver, no scheduler, no
-controllers): nothing else then moves what is measured.
+controllers): nothing else then moves what is measured. ``empty`` deletes the fill's Nodes and its
+team-* namespaces, with all in them (the faults tier fills its cluster so, then empties it).
 
 ``measure`` starts ``kratos-admit webhook`` or ``kratos-admit controller`` as a process against that
 server and samples its resident set (``VmRSS`` of ``/proc/PID/status``) every 50 ms: the peak until
@@ -32,6 +36,7 @@ import contextlib
 import functools
 import json
 import os
+import re
 import ssl
 import subprocess
 import sys
@@ -53,6 +58,7 @@ from kratos_admit.domain import vocabulary as v
 from kratos_admit.edge.kube import api_client, is_status, list_pages, metadata_lister
 
 NAMESPACES = 200  # team-0 .. team-199, as memory_bench's profiles
+FILL_TAINT = "kratos.dev/scale-fill"  # on every Node the fill makes: no kubelet would run its Pods
 WORKERS = 32  # creates in flight
 Obj = dict[str, Any]
 
@@ -132,7 +138,7 @@ def job(index: int) -> Obj:
     }  # fmt: skip
 
 
-async def fill(api: client.ApiClient, args: argparse.Namespace) -> None:
+async def fill(api: client.ApiClient, *, nodes: int, profiles: int, pods: int = 0, jobs: int = 0) -> None:
     # Any: they are given plain dicts, which the generated clients send as they are
     core: Any = client.CoreV1Api(api)
     custom: Any = client.CustomObjectsApi(api)
@@ -152,7 +158,7 @@ async def fill(api: client.ApiClient, args: argparse.Namespace) -> None:
         functools.partial(core.create_namespaced_service_account, n, {"metadata": {"name": "default"}})
         for n in wanted if f"{n}/default" not in accounts
     ])  # fmt: skip
-    have = await names(metadata_lister(api, "/api/v1/nodes")) if args.nodes else set()
+    have = await names(metadata_lister(api, "/api/v1/nodes")) if nodes else set()
 
     async def make_node(i: int) -> None:
         obj = node(i)
@@ -160,6 +166,7 @@ async def fill(api: client.ApiClient, args: argparse.Namespace) -> None:
         obj["metadata"] = {
             k: val for k, val in obj["metadata"].items() if k in ("name", "labels", "annotations")
         }
+        obj["spec"]["taints"].append({"key": FILL_TAINT, "value": "true", "effect": "NoSchedule"})
         try:
             await core.create_node(obj)
         except client.ApiException as exc:  # made by an interrupted fill, perhaps without its status
@@ -170,12 +177,12 @@ async def fill(api: client.ApiClient, args: argparse.Namespace) -> None:
         )
 
     await together(
-        [functools.partial(make_node, i) for i in range(args.nodes) if f"/gpu-node-{i:05d}" not in have]
+        [functools.partial(make_node, i) for i in range(nodes) if f"/gpu-node-{i:05d}" not in have]
     )
-    print(f"nodes: {args.nodes} ({time.monotonic() - started:.0f} s)", file=sys.stderr)
+    print(f"nodes: {nodes} ({time.monotonic() - started:.0f} s)", file=sys.stderr)
     have = (
         await names(custom.list_cluster_custom_object, v.GROUP, v.VERSION, v.PROFILE_PLURAL, needs="status")
-        if args.profiles
+        if profiles
         else set()
     )
 
@@ -202,13 +209,13 @@ async def fill(api: client.ApiClient, args: argparse.Namespace) -> None:
         )
 
     await together([
-        functools.partial(make_profile, i) for i in range(args.profiles)
+        functools.partial(make_profile, i) for i in range(profiles)
         if f"team-{i % NAMESPACES}/workload-{i}-profile" not in have
     ])  # fmt: skip
-    print(f"profiles: {args.profiles} ({time.monotonic() - started:.0f} s)", file=sys.stderr)
+    print(f"profiles: {profiles} ({time.monotonic() - started:.0f} s)", file=sys.stderr)
     workloads: list[tuple[str, str, Any, Callable[[int], Obj], int]] = [
-        ("pods", "/api/v1/pods", core.create_namespaced_pod, pod, args.pods),
-        ("jobs", "/apis/batch/v1/jobs", batch.create_namespaced_job, job, args.jobs),
+        ("pods", "/api/v1/pods", core.create_namespaced_pod, pod, pods),
+        ("jobs", "/apis/batch/v1/jobs", batch.create_namespaced_job, job, jobs),
     ]
     for kind, path, create, build, count in workloads:
         have = await names(metadata_lister(api, path)) if count else set()
@@ -217,6 +224,29 @@ async def fill(api: client.ApiClient, args: argparse.Namespace) -> None:
             if f"team-{i % NAMESPACES}/{kind[:-1]}-{i:06d}" not in have
         ])  # fmt: skip
         print(f"{kind}: {count} ({time.monotonic() - started:.0f} s)", file=sys.stderr)
+
+
+async def empty(api: client.ApiClient) -> None:
+    """Delete what ``fill`` made: its Nodes (``gpu-node-NNNNN``) and the team-* namespaces, whose
+    namespace controller (where one runs) deletes all in them; kratos-system stays."""
+    core: Any = client.CoreV1Api(api)
+
+    async def gone(delete: Callable[[str], Awaitable[Any]], name: str) -> None:
+        try:
+            await delete(name)
+        except client.ApiException as exc:
+            if not is_status(exc, 404):
+                raise
+
+    nodes = [n.lstrip("/") for n in await names(metadata_lister(api, "/api/v1/nodes"))]
+    teams = {f"team-{i}" for i in range(NAMESPACES)}
+    namespaces = [n.lstrip("/") for n in await names(core.list_namespace)]
+    calls: list[Callable[[], Awaitable[Any]]] = [
+        functools.partial(gone, core.delete_node, n) for n in nodes if re.fullmatch(r"gpu-node-\d{5}", n)
+    ]
+    await together(
+        calls + [functools.partial(gone, core.delete_namespace, n) for n in namespaces if n in teams]
+    )
 
 
 def rss_mib(pid: int) -> float:
@@ -348,7 +378,9 @@ async def main_async(args: argparse.Namespace) -> int:
     api = await api_client(args.kubeconfig)
     try:
         if args.command == "fill":
-            await fill(api, args)
+            await fill(api, nodes=args.nodes, profiles=args.profiles, pods=args.pods, jobs=args.jobs)
+        elif args.command == "empty":
+            await empty(api)
         else:
             print(json.dumps(await measure(api, args)))
     finally:
@@ -367,6 +399,7 @@ def main(argv: list[str] | None = None) -> int:
     filling.add_argument("--profiles", type=int, default=20000)
     filling.add_argument("--pods", type=int, default=0)
     filling.add_argument("--jobs", type=int, default=0)
+    sub.add_parser("empty", help="delete the fill's Nodes and its team-* namespaces")
     measuring = sub.add_parser("measure", help="start the webhook or the controller and sample it")
     measuring.add_argument("process", choices=("webhook", "controller"))
     measuring.add_argument("--settle", type=float, default=20.0, help="seconds after Ready before 'settled'")

@@ -174,12 +174,16 @@ class SteadyCreates:
 
     def _creates(self) -> None:
         while not self.stop.is_set():
-            done = subprocess.run(
-                ["kubectl", "--kubeconfig", str(admin_kubeconfig()), "create", "--dry-run=server", "-o", "name", "-f", "-"],
-                input=self.text, capture_output=True, text=True, timeout=30, check=False,
-            )  # fmt: skip
-            if done.returncode != 0:
-                self.failures.append(done.stderr.strip())
+            try:
+                done = subprocess.run(
+                    ["kubectl", "--kubeconfig", str(admin_kubeconfig()), "create", "--dry-run=server", "-o", "name", "-f", "-"],
+                    input=self.text, capture_output=True, text=True, timeout=30, check=False,
+                )  # fmt: skip
+            except subprocess.TimeoutExpired:  # a failure too, not the end of the thread
+                self.failures.append("kubectl create --dry-run=server: no answer within 30 s")
+            else:
+                if done.returncode != 0:
+                    self.failures.append(done.stderr.strip())
             self.answered += 1
             self.stop.wait(0.25)
 

@@ -13,6 +13,13 @@ burst. Each case ends with nothing held, every follower released and every execu
 and says how long from the fault to the profile's Failed status and to the followers' release. At
 the end it uninstalls KRATOS as docs/operations.md says.
 
+With ``KRATOS_E2E_SCALE=1`` (issue 51) one more test fills the cluster as the largest clusters are
+(``bench/scale_bench.py``'s fill: 5,000 GPU Nodes, each tainted ``kratos.dev/scale-fill:NoSchedule``
+from its creation as no kubelet runs them, and 20,000 mature WorkloadProfiles in team-0 ..
+team-199), deletes one webhook Pod there during a burst of creates, none of which may fail (its
+replacement is not Ready until its caches have synced, so the other Pod answers meanwhile), says how
+long the replacement took to be Ready, and then deletes those Nodes and namespaces again.
+
 A run is kept in flight by a user's own init container that waits (KRATOS's containers come after
 the user's init containers): the node's fake GPUs have no driver, so Nsight Compute itself ends in a
 second.
@@ -20,20 +27,26 @@ second.
 
 from __future__ import annotations
 
+import asyncio
 import calendar
+import functools
 import json
 import os
+import re
 import shlex
+import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from kubernetes_asyncio import client
 
 from kratos_admit.domain import vocabulary as v
-from tests.e2e.real_cluster import kubectl
+from tests.e2e.real_cluster import admin_api, kubectl
 from tests.e2e.real_node import (
     NAMESPACE,
     TRAIN_IMAGE,
@@ -52,10 +65,17 @@ from tests.e2e.real_node import (
     working_copy,
 )
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))  # bench/ is no package
+
+import scale_bench  # the benchmark's own fill (its Nodes and profiles are memory_bench's)
+
 USERS = "team-f"
 GRACE = 30  # imagePullGraceSeconds for this tier
 MARGIN = 45  # the kubelet's back-off, the controller's look after the grace, the writes
 RESTART = os.environ.get("KRATOS_E2E_NODE_RESTART", "")
+SCALE = os.environ.get("KRATOS_E2E_SCALE", "") == "1"
+SCALE_NODES, SCALE_PROFILES = 5_000, 20_000  # issue 51's largest cluster
+WEBHOOK = "app.kubernetes.io/name=kratos-webhook"
 
 
 def _why_not() -> str | None:
@@ -256,7 +276,7 @@ def test_3_the_profiling_pod_deleted_mid_run_ends_named(faults: FaultsTier):
 
 
 def webhook_pods_ready() -> bool:
-    running = pods(NAMESPACE, "app.kubernetes.io/name=kratos-webhook")
+    running = pods(NAMESPACE, WEBHOOK)
     return len(running) == 2 and all(
         {c["type"]: c["status"] for c in p["status"].get("conditions", [])}.get("Ready") == "True"
         for p in running
@@ -286,11 +306,129 @@ def test_4_the_kubelet_then_containerd_restarted_during_a_burst_fails_no_create(
 def test_5_a_webhook_pod_deleted_during_a_burst_fails_no_create(faults: FaultsTier):
     followers = in_flight("webhookgone", wait=20)
     with SteadyCreates("kratos-webhook-load") as load:
-        victim = pods(NAMESPACE, "app.kubernetes.io/name=kratos-webhook")[0]["metadata"]["name"]
+        victim = pods(NAMESPACE, WEBHOOK)[0]["metadata"]["name"]
         kubectl("-n", NAMESPACE, "delete", "pod", victim, "--wait=false")
-        until(lambda: victim not in {p["metadata"]["name"] for p in pods(NAMESPACE, "app.kubernetes.io/name=kratos-webhook")} and webhook_pods_ready(),
+        until(lambda: victim not in {p["metadata"]["name"] for p in pods(NAMESPACE, WEBHOOK)} and webhook_pods_ready(),
               timeout=180, what="a new webhook Pod Ready")  # fmt: skip
     assert load.failures == [], load.failures[:3]
     settled("webhookgone", followers)
     faults.figures["webhook Pod deleted"] = {"creates": load.answered, "failed": 0}
     print(f"webhook Pod {victim} deleted during {load.answered} creates, 0 failed")
+
+
+# --- at the largest clusters (issue 51) ------------------------------------------------------------
+
+# what the webhook's processes hold (VmRSS, KiB), read inside its Pod, less the reading process itself
+RESIDENT = """
+import os
+total = 0
+for pid in filter(str.isdigit, os.listdir("/proc")):
+    if int(pid) == os.getpid():
+        continue
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            total += sum(int(line.split()[1]) for line in status if line.startswith("VmRSS:"))
+    except OSError:  # ended meanwhile
+        pass
+print(total)
+"""
+METRICS = (
+    "import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:9090/metrics').read().decode())"
+)
+
+
+async def as_admin(work: Callable[[client.ApiClient], Awaitable[None]]) -> None:
+    async with admin_api() as api:
+        await work(api)
+
+
+def scale_left() -> list[str]:
+    """The fill's Nodes and team-* namespaces still there (one of each kind is enough to say)."""
+    nodes = kubectl("get", "nodes", "-o", "name").split()
+    namespaces = kubectl("get", "namespaces", "-o", "name").split()
+    return [n for n in nodes if re.fullmatch(r"node/gpu-node-\d{5}", n)][:1] + [
+        n for n in namespaces if re.fullmatch(r"namespace/team-\d+", n)
+    ][:1]
+
+
+@pytest.fixture
+def at_scale(faults: FaultsTier) -> Iterator[float]:
+    """The tier's cluster filled with issue 51's largest (bench/scale_bench.py's fill); the seconds the
+    fill took. Afterwards, failed or not, its Nodes and team-* namespaces are deleted and gone."""
+    started = time.monotonic()
+    try:
+        asyncio.run(as_admin(functools.partial(scale_bench.fill, nodes=SCALE_NODES, profiles=SCALE_PROFILES)))
+        yield round(time.monotonic() - started, 1)
+    finally:
+        asyncio.run(as_admin(scale_bench.empty))
+        until(lambda: not scale_left(), timeout=900, what="the fill's Nodes and namespaces gone", every=5)
+
+
+def webhook_pod(name: str) -> Obj:
+    found: Obj = json.loads(kubectl("-n", NAMESPACE, "get", "pod", name, "-o", "json"))
+    return found
+
+
+def cached_profiles(pod: str) -> float:
+    """The profiles the webhook in ``pod`` holds (its ``kratos_profile_cache_objects``)."""
+    text = kubectl("-n", NAMESPACE, "exec", pod, "--", "python3", "-c", METRICS)
+    return max(
+        (float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith("kratos_profile_cache_objects")),
+        default=0.0,
+    )  # fmt: skip
+
+
+def resident_mib(pod: str) -> float:
+    return round(int(kubectl("-n", NAMESPACE, "exec", pod, "--", "python3", "-c", RESIDENT)) / 1024, 1)
+
+
+def both_hold_the_fill() -> list[str]:
+    running = [p["metadata"]["name"] for p in pods(NAMESPACE, WEBHOOK)]
+    return (
+        running if webhook_pods_ready() and all(cached_profiles(p) >= SCALE_PROFILES for p in running) else []
+    )
+
+
+@pytest.mark.skipif(
+    not SCALE,
+    reason="faults tier at scale: set KRATOS_E2E_SCALE=1 to fill the cluster with 5,000 GPU Nodes and "
+    "20,000 WorkloadProfiles and delete a webhook Pod there (about 30 minutes on 2 CPUs)",
+)
+def test_6_a_webhook_pod_deleted_at_scale_fails_no_create_and_its_replacement_is_ready_once_synced(
+    faults: FaultsTier, at_scale: float
+):
+    # both Pods hold the fill, each through its watches, before the fault
+    running = until(both_hold_the_fill, timeout=600, what="both webhook Pods holding the fill", every=5)
+    survivor_before = {name: resident_mib(name) for name in running}
+    with SteadyCreates("kratos-webhook-scale-load") as load:
+        victim = running[0]
+        at_fault, fault = load.answered, time.time()
+        kubectl("-n", NAMESPACE, "delete", "pod", victim, "--wait=false")
+        until(lambda: victim not in {p["metadata"]["name"] for p in pods(NAMESPACE, WEBHOOK)} and webhook_pods_ready(),
+              timeout=600, what="a new webhook Pod Ready", every=0.5)  # fmt: skip
+        observed = round(time.time() - fault, 1)
+        during = load.answered - at_fault
+        until(lambda: load.answered > at_fault + during, timeout=60, what="creates still answered after")
+    assert load.failures == [], load.failures[:3]
+    assert during > 0, "no create was answered while the new Pod started"
+    [new] = [p for p in pods(NAMESPACE, WEBHOOK) if p["metadata"]["name"] not in running]
+    new = webhook_pod(new["metadata"]["name"])
+    ready = next(c for c in new["status"]["conditions"] if c["type"] == "Ready")
+    started = new["status"]["containerStatuses"][0]["state"]["running"]["startedAt"]
+    created_to_ready = epoch(ready["lastTransitionTime"]) - epoch(new["metadata"]["creationTimestamp"])
+    started_to_ready = epoch(ready["lastTransitionTime"]) - epoch(started)
+    held = cached_profiles(new["metadata"]["name"])
+    assert held >= SCALE_PROFILES, f"Ready holding {held} profiles"
+    survivor = next(name for name in running if name != victim)
+    memory = {"survivor before MiB": survivor_before[survivor], "survivor after MiB": resident_mib(survivor),
+              "replacement after Ready MiB": resident_mib(new["metadata"]["name"])}  # fmt: skip
+    faults.figures["webhook Pod deleted at scale"] = {
+        "nodes": SCALE_NODES, "profiles": SCALE_PROFILES, "fill s": at_scale,
+        "creates": load.answered, "creates until the replacement was Ready": during, "failed": 0,
+        "replacement created to Ready s": created_to_ready, "replacement started to Ready s": started_to_ready,
+        "delete to replacement Ready s (observed)": observed, "profiles held by the replacement": held, **memory,
+    }  # fmt: skip
+    print(f"at scale ({SCALE_NODES} Nodes, {SCALE_PROFILES} profiles): webhook Pod {victim} deleted during "
+          f"{load.answered} creates ({during} until its replacement was Ready), 0 failed; the replacement was "
+          f"Ready {created_to_ready:.0f} s after its creation ({started_to_ready:.0f} s after its container "
+          f"started; {observed} s after the delete) holding {held:.0f} profiles; resident {memory}")  # fmt: skip
