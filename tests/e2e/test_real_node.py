@@ -444,6 +444,75 @@ def test_3c_a_workload_whose_profiling_met_no_gpu_learns_from_the_execution_runs
     kubectl("delete", "namespace", namespace, "--wait=false")
 
 
+def test_3d_a_gangs_link_counters_become_its_interconnect_share(tier: Tier, tmp_path: Path):
+    """Issue 50 on the real node: a Job on 2 GPUs (a gang, admitted as written) runs; the real
+    Prometheus scrapes the dcgm-exporter stand-in serving its GPUs' counters, NVLink's and PCIe's
+    among them; the controller (a Pod) folds them in and the profile is Ready from telemetry with the
+    interconnect share the same counters give offline."""
+    from kratos_admit.model.catalog import load_catalog
+    from kratos_admit.model.telemetry import TelemetryRun, with_telemetry
+
+    tier.need("install")
+    node = json.loads(kubectl("get", "nodes", "-l", "nvidia.com/gpu.present=true", "-o", "json"))["items"][0]
+    name = node["metadata"]["name"]
+    address = next(a["address"] for a in node["status"]["addresses"] if a["type"] == "InternalIP")
+    product = node["metadata"]["labels"]["nvidia.com/gpu.product"]
+    entry = load_catalog().placement(product)
+    assert entry is not None and entry.link(2) is not None, f"{product}: no link figure in the catalog"
+    link_gbs = entry.link(2).gbs  # type: ignore[union-attr]
+    counters = {
+        "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE": 0.45, "DCGM_FI_PROF_PIPE_FP32_ACTIVE": 0.0, "DCGM_FI_PROF_DRAM_ACTIVE": 0.08,
+        "DCGM_FI_PROF_GR_ENGINE_ACTIVE": 0.97,
+        # 40 % of the run at 0.83 of the link the pair gets, half each way
+        "DCGM_FI_PROF_NVLINK_TX_BYTES": 0.2 * 0.83 * link_gbs * 1e9, "DCGM_FI_PROF_NVLINK_RX_BYTES": 0.2 * 0.83 * link_gbs * 1e9,
+        "DCGM_FI_PROF_PCIE_TX_BYTES": 1e9, "DCGM_FI_PROF_PCIE_RX_BYTES": 1e9,
+    }  # fmt: skip
+    offline = with_telemetry(
+        None,
+        TelemetryRun("offline", product, 60.0, 2, counters, linked=True),
+        now="2026-11-28T00:00:00Z",
+        catalog=load_catalog(),
+    )  # fmt: skip
+    assert offline is not None and offline.time_shares is not None and offline.time_shares.interconnect
+    namespace = "team-gang"
+    gang = train_job("pair", namespace, seconds=20)
+    gang["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"][v.GPU_RESOURCE] = 2
+    with Telemetry(tmp_path, nodes={name: product}, host=address) as telemetry:
+        telemetry.dcgm.serve(namespace, counters)
+        sh(
+            f"kubectl -n {NAMESPACE} set env deploy/kratos-controller KRATOS_TELEMETRY=\"{{prometheusURL: '{telemetry.url}', windowSeconds: 60}}\"",
+            tier,
+        )
+        sh(
+            f"kubectl -n {NAMESPACE} rollout status deploy/kratos-controller --timeout=180s",
+            tier,
+            timeout=200,
+        )
+        kubectl("create", "namespace", namespace)
+        kubectl("label", "namespace", namespace, f"{v.NAMESPACE_LABEL}=enabled")
+        created = json.loads(kubectl("create", "-o", "json", "-f", "-", stdin=yaml.safe_dump(gang)))
+        hints = json.loads(created["metadata"]["annotations"][v.HINTS_ANNOTATION])
+        assert hints.get("gang") and created["metadata"]["labels"].get(v.ROLE_LABEL) != "profiling", hints
+        running = until(lambda: running_pod(namespace, "pair"), timeout=240, what="the gang's Pod runs")
+        telemetry.dcgm.attach(running)
+        until(lambda: finished_in(namespace, "pair"), timeout=240, what="the gang's Job finished")
+        telemetry.dcgm.detach(namespace, running["metadata"]["name"])
+        status = until(
+            lambda: (s := profile_status(namespace, "pair")).get("source") == "telemetry" and s,
+            timeout=180, what="the profile of pair Ready from telemetry",
+        )  # fmt: skip
+        shares = status["timeShares"]
+        assert shares.get("interconnect") == offline.time_shares.interconnect, (shares, offline.time_shares)
+        recorded = status["telemetry"][0]["counters"]
+        assert float(recorded["DCGM_FI_PROF_NVLINK_TX_BYTES"]) == pytest.approx(
+            counters["DCGM_FI_PROF_NVLINK_TX_BYTES"], rel=1e-3
+        )
+        print(f"a gang on the real node: profile {status['phase']} from {status['source']}, time shares {shares}; "
+              f"NVLink {recorded['DCGM_FI_PROF_NVLINK_TX_BYTES']} B/s each way on {product}")  # fmt: skip
+    sh(f"kubectl -n {NAMESPACE} set env deploy/kratos-controller KRATOS_TELEMETRY-", tier)
+    kubectl("delete", "namespace", namespace, "--wait=false")
+
+
 # --- 4. an upgrade under load ------------------------------------------------------------------
 
 
