@@ -58,7 +58,10 @@ class CalibrationController:
             samples += profile_samples(
                 page, catalog=shared.catalog, reference_product=config.reference_product
             )
-        calibration, action = calibrate_samples(
+        # the fit is pure and, at tens of thousands of profiles, minutes of CPU: in a thread, so the
+        # event loop goes on answering /healthz, renewing the Lease and reconciling meanwhile
+        calibration, action = await asyncio.to_thread(
+            calibrate_samples,
             samples,
             configmap,
             namespace=namespace,
