@@ -14,6 +14,7 @@ import copy
 import datetime as dt
 import functools
 import glob
+import io
 import json
 import os
 import re
@@ -77,6 +78,7 @@ from tests.kube_double import (
     CLUSTERROLEBINDINGS,
     CLUSTERROLES,
     CONTROLLER,
+    EVENTS,
     MUTATING,
     ROLEBINDINGS,
     ROLES,
@@ -1216,3 +1218,38 @@ def python38() -> str:
     pytest.skip(
         "no working python3.8 on this machine to run the runner as the oldest Nsight Compute image would"
     )
+
+
+# --- the CLI, and what a test reads back from the API double -----------------------------------------
+
+
+def nodes_file(tmp_path: Path, *products: str) -> Path:
+    """A Nodes YAML file (``--nodes``) of one GPU Node per product."""
+    nodes = [
+        {"apiVersion": "v1", "kind": "Node",
+         "metadata": {"name": f"gpu-{i}", "labels": {"nvidia.com/gpu.present": "true", "nvidia.com/gpu.product": p}}}
+        for i, p in enumerate(products)
+    ]  # fmt: skip
+    path = tmp_path / "nodes.yaml"
+    path.write_text(yaml.safe_dump_all(nodes))
+    return path
+
+
+def run_kratos(*argv: str) -> tuple[int, str, str]:
+    """``kratos-admit ARGV`` in process: its exit status, stdout and stderr."""
+    from kratos_admit.cli.main import main
+
+    out, err = io.StringIO(), io.StringIO()
+    status = main(list(argv), stdout=out, stderr=err)
+    return int(status), out.getvalue(), err.getvalue()
+
+
+def events_of(kube: KubeDouble, reason: str) -> list[dict[str, Any]]:
+    """The Events the double holds with ``reason``."""
+    return [e for e in kube.items(*EVENTS) if e.get("reason") == reason]
+
+
+def status_of(kube: KubeDouble, workload: str = "infer", namespace: str = "team-a") -> dict[str, Any]:
+    """The status of ``workload``'s WorkloadProfile as the double holds it ({} when it has none)."""
+    found = kube.get(*PROFILES, namespace, f"{workload}-profile")
+    return dict((found or {}).get("status") or {})

@@ -18,21 +18,23 @@ from kratos_admit.domain.config import Config, TelemetryLabels
 from kratos_admit.domain.profile import WorkloadProfile
 from kratos_admit.domain.vocabulary import Strategy, Unit
 from kratos_admit.model.catalog import CatalogError, GpuProduct, load_catalog
-from kratos_admit.model.ranking import rank_gpu_products
-from kratos_admit.model.telemetry import (
-    DRAM_ACTIVE,
-    GR_ENGINE_ACTIVE,
+from kratos_admit.model.links import (
     NVLINK_BANDWIDTH_TOTAL,
     NVLINK_RX_BYTES,
     NVLINK_TX_BYTES,
     PCIE_RX_BYTES,
     PCIE_TX_BYTES,
+    link_activity,
+    link_rates,
+)
+from kratos_admit.model.ranking import rank_gpu_products
+from kratos_admit.model.telemetry import (
+    DRAM_ACTIVE,
+    GR_ENGINE_ACTIVE,
     PIPE_FP32_ACTIVE,
     PIPE_TENSOR_ACTIVE,
     TelemetryRun,
     derive,
-    link_activity,
-    link_rates,
     parse_exposition,
     pod_telemetry,
     with_telemetry,
@@ -53,16 +55,18 @@ from tests.harness import (
     controller_running,
     dcgm_exporter_app,
     dcgm_exposition,
+    events_of,
     eventually,
     node,
+    nodes_file,
     prometheus_binary,
     prometheus_serving,
     real_prometheus,
     require_fixtures,
+    run_kratos,
+    status_of,
 )
 from tests.kube_double import KubeDouble
-from tests.test_placement import nodes_file, run
-from tests.test_telemetry_controller import events, status_of
 
 A100 = "NVIDIA-A100-SXM4-80GB"
 H100_SXM = "NVIDIA-H100-80GB-HBM3"
@@ -255,7 +259,7 @@ def test_placement_shows_the_interconnect_column_and_its_source_for_a_gang(tmp_p
     path.write_text(json.dumps({"apiVersion": "gpu.scheduler.io/v1alpha1", "kind": "WorkloadProfile",
                                 **profile.model_dump(by_alias=True, exclude_none=True)}))  # fmt: skip
     nodes = nodes_file(tmp_path, A100, L40S)
-    code, out, err = run("placement", "-p", str(path), "--nodes", str(nodes), "--gpus", "8")
+    code, out, err = run_kratos("placement", "-p", str(path), "--nodes", str(nodes), "--gpus", "8")
     assert code == 0, err
     header, table = out.split("\n\n", 1)
     assert "interconnect 40%" in header and "on 8 GPUs together" in header
@@ -268,9 +272,9 @@ def test_placement_shows_the_interconnect_column_and_its_source_for_a_gang(tmp_p
         and "NVLink 3, datasheet: NVIDIA NVLink page" in lines[1]
     )
     assert lines[2].startswith(L40S) and "PCIe 4, datasheet: L40S datasheet" in lines[2]
-    code, out, _ = run("placement", "-p", str(path), "--nodes", str(nodes))
+    code, out, _ = run_kratos("placement", "-p", str(path), "--nodes", str(nodes))
     assert code == 0 and "INTERCONNECT" not in out, "one GPU: no link column"
-    code, _, err = run("placement", "-p", str(path), "--gpus", "0")
+    code, _, err = run_kratos("placement", "-p", str(path), "--gpus", "0")
     assert code == 2 and "'0' is not a GPU count" in err
 
 
@@ -356,7 +360,7 @@ async def test_a_gangs_run_makes_its_interconnect_share_and_one_without_link_cou
             bare = await eventually(lambda: (s := status_of(kube, "bare")).get("timeShares") and s)
             assert bare["phase"] == "Ready" and "interconnect" not in bare["timeShares"]
             assert bare["timeShares"]["latency"] == "0.40", "unmeasured, never 0: the time stays latency"
-            [event] = await eventually(lambda: events(kube, "TelemetryUnavailable"))
+            [event] = await eventually(lambda: events_of(kube, "TelemetryUnavailable"))
             assert (
                 event["regarding"]["name"] == "bare-0" and "team-a/bare-0" in event["note"]
             )  # no profile yet: on the Pod

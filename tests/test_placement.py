@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import io
 import json
 from pathlib import Path
 
@@ -10,29 +9,14 @@ import pytest
 import yaml
 
 from kratos_admit.cli.common import ExitStatus
-from kratos_admit.cli.main import main
 from kratos_runner.parse import parse_report
 from kratos_runner.summary import summarise
-from tests.harness import EXAMPLES, require_fixtures
+from tests.harness import EXAMPLES, nodes_file, require_fixtures, run_kratos
 
 A100 = "NVIDIA-A100-SXM4-80GB"
 
 
-def nodes_file(tmp_path: Path, *products: str) -> Path:
-    nodes = [
-        {"apiVersion": "v1", "kind": "Node",
-         "metadata": {"name": f"gpu-{i}", "labels": {"nvidia.com/gpu.present": "true", "nvidia.com/gpu.product": p}}}
-        for i, p in enumerate(products)
-    ]  # fmt: skip
-    path = tmp_path / "nodes.yaml"
-    path.write_text(yaml.safe_dump_all(nodes))
-    return path
-
-
-def run(*argv: str) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    status = main(list(argv), stdout=out, stderr=err)
-    return int(status), out.getvalue(), err.getvalue()
+run = run_kratos
 
 
 def test_the_report_shows_each_products_figures_time_and_weight():

@@ -34,6 +34,7 @@ from tests.harness import (
     api_server,
     controller_running,
     dcgm_exposition,
+    events_of,
     eventually,
     node,
     opted_in_cluster,
@@ -42,9 +43,10 @@ from tests.harness import (
     runner_summary,
     runner_summary_failed,
     seed_finished,
+    status_of,
     webhook_serving,
 )
-from tests.kube_double import EVENTS, KubeDouble
+from tests.kube_double import KubeDouble
 
 A100 = "NVIDIA-A100-SXM4-80GB"
 
@@ -61,13 +63,7 @@ def finished_at(minutes_ago: float) -> str:
     return (dt.datetime.now(dt.UTC) - dt.timedelta(minutes=minutes_ago)).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def events(kube: KubeDouble, reason: str) -> list[dict[str, Any]]:
-    return [e for e in kube.items(*EVENTS) if e.get("reason") == reason]
-
-
-def status_of(kube: KubeDouble, workload: str = "infer", namespace: str = "team-a") -> dict[str, Any]:
-    found = kube.get(*PROFILES, namespace, f"{workload}-profile")
-    return dict((found or {}).get("status") or {})
+events = events_of
 
 
 async def test_a_bare_pods_run_makes_a_ready_profile_from_telemetry():

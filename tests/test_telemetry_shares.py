@@ -36,9 +36,15 @@ NOW = "2026-11-27T18:00:00Z"
 A100 = "NVIDIA-A100-SXM4-80GB"
 
 
-def shares(**given: str) -> dict[str, str]:
-    """A timeShares block: the units named, every other one 0.00."""
-    return {unit: given.get(unit, "0.00") for unit in v.UNITS}
+def shares(**given: str) -> dict[str, str | None]:
+    """A timeShares block: the units named, every other one 0.00, the interconnect unmeasured (None)
+    unless named."""
+    return {unit: given.get(unit, None if unit == "interconnect" else "0.00") for unit in v.UNITS}
+
+
+def as_written(**given: str) -> dict[str, str | None]:
+    """``shares`` as the status stores them: an unmeasured interconnect (a run on one GPU) left out."""
+    return {unit: share for unit, share in shares(**given).items() if share is not None}
 
 
 def captured(name: str) -> Path:
@@ -176,7 +182,7 @@ def test_shares_are_two_decimals_that_sum_to_exactly_one(tensor: float, dram: fl
     counters = {PIPE_TENSOR_ACTIVE: tensor, DRAM_ACTIVE: dram, PIPE_FP32_ACTIVE: fp32, PIPE_FP64_ACTIVE: 0.01}
     found = derive(counters).time_shares
     assert found is not None
-    written = found.model_dump()
+    written = found.model_dump(exclude_none=True)
     assert all(len(value) == 4 and value[1] == "." for value in written.values())
     assert sum(round(float(value) * 100) for value in written.values()) == 100
 
@@ -219,11 +225,11 @@ def _run(uid: str, **counters: float) -> TelemetryRun:
 def test_a_telemetry_profile_carries_the_shares_of_its_product_with_most_gpu_seconds():
     status = with_telemetry(None, _run("pod-1", **{PIPE_TENSOR_ACTIVE: 0.45, DRAM_ACTIVE: 0.1}), now=NOW)
     assert status is not None and status.source == "telemetry"
-    assert status.as_status()["timeShares"] == shares(tensor="0.50", memory="0.13", latency="0.37")
+    assert status.as_status()["timeShares"] == as_written(tensor="0.50", memory="0.13", latency="0.37")
     # a second run, tensor-bound all along, moves the GPU-second mean: tensor 0.675, DRAM 0.1
     status = with_telemetry(status, _run("pod-2", **{PIPE_TENSOR_ACTIVE: 0.9, DRAM_ACTIVE: 0.1}), now=NOW)
     assert status is not None
-    assert status.as_status()["timeShares"] == shares(tensor="0.75", memory="0.13", latency="0.12")
+    assert status.as_status()["timeShares"] == as_written(tensor="0.75", memory="0.13", latency="0.12")
 
 
 def test_a_telemetry_profile_whose_units_cannot_be_told_apart_has_no_time_shares():

@@ -15,6 +15,7 @@ from kratos_admit.domain.profile import WorkloadProfile
 from kratos_admit.domain.vocabulary import UNITS, Unit
 from kratos_admit.model.calibration import NO_CALIBRATION, Calibration, FactorSupport
 from kratos_admit.model.catalog import Catalog, Link, mig_profile_of
+from kratos_admit.model.links import LINK_COUNTERS
 from kratos_admit.model.ranking import (
     SCALED_UNITS,
     RankedProduct,
@@ -23,7 +24,7 @@ from kratos_admit.model.ranking import (
     throughput_shares,
     unit_figures,
 )
-from kratos_admit.model.telemetry import LINK_COUNTERS, derive_record, nsight_compute_figures
+from kratos_admit.model.telemetry import derive_record, nsight_compute_figures
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,10 +7,8 @@ The model predicts the workload's runtime on product P relative to the GPU it wa
 The shares are where its GPU time went, by the unit that bound each kernel (``profile_shares``);
 each figure is a *sustained* one (a cited measurement, else datasheet x a documented factor): dense
 FP16/BF16 tensor, FP32, FP64 (on FP64 tensor cores where P has them) and DRAM bandwidth; a MIG
-slice counts as its share of the GPU. Latency time scales with none of them. A workload on more than
-one GPU (``gpus``) has its interconnect time scaled by the link it gets on each product (NVLink where
-its GPUs fit one NVLink domain, else PCIe: ``GpuProduct.link``); on one GPU, that time stays as it
-is, as latency's does.
+slice counts as its share of the GPU. Latency time scales with none of them; interconnect time by the
+link a workload on ``gpus`` > 1 GPUs gets on each product (``GpuProduct.link``), else by none.
 
 Calibration (``calibration.py``) replaces a product's catalog figures with the cluster's own once it
 rests on ``minCalibrationRuns`` runs from at least two workloads, and a workload that ran on two
@@ -51,9 +49,8 @@ _SHARES_BY_BOUND: dict[str, tuple[float, float]] = {
 }
 
 
-RankingSource = Literal[
-    "model", "calibrated", "observed", "none"
-]  # the metric kratos_hints_total's source label
+# the metric kratos_hints_total's source label
+RankingSource = Literal["model", "calibrated", "observed", "none"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,8 +123,7 @@ def unit_figures(product: GpuProduct, gpus: int = 1) -> dict[Unit, float]:
     """The product's sustained figure for each scaled unit (TFLOP/s; GB/s for memory) and, for a
     workload on ``gpus`` > 1 GPUs, the bandwidth of the link it gets there (GB/s both ways)."""
     figures = {unit: figure for unit in SCALED_UNITS if (figure := product.sustained(unit)) is not None}
-    link = product.link(gpus)
-    if link is not None:
+    if (link := product.link(gpus)) is not None:
         figures[LINK] = link.gbs
     return figures
 
@@ -136,9 +132,8 @@ def relative_time_by_units(
     shares: Mapping[Unit, float], *, reference: Mapping[Unit, float], product: Mapping[Unit, float]
 ) -> float:
     """Time on ``product`` relative to ``reference`` (where the shares were measured): each scaled
-    unit's share times the reference's figure over the product's, plus the latency share. The
-    interconnect's share scales by the links' figures where both products have one for the workload
-    (it runs on more than one GPU), else it stays as it is."""
+    unit's share (the interconnect's where both have a link figure) times the reference's figure over
+    the product's, plus the latency share."""
     scaled = sum(shares.get(u, 0.0) * reference[u] / product[u] for u in SCALED_UNITS if shares.get(u))
     link = shares.get(LINK, 0.0)
     if link and LINK in reference and LINK in product:

@@ -37,7 +37,8 @@ from kratos_admit.model.calibration import (
 )
 from kratos_admit.model.calibration_fit import fit_calibration
 from kratos_admit.model.catalog import Catalog
-from kratos_admit.model.telemetry import PodTelemetry, TelemetryRun, link_activity, with_telemetry
+from kratos_admit.model.links import link_activity
+from kratos_admit.model.telemetry import PodTelemetry, TelemetryRun, with_telemetry
 from kratos_controller.actions import Obj, PublishConfigMap, PublishProfile, RecordObservations
 from kratos_controller.faults import finished, timestamp
 
