@@ -388,6 +388,25 @@ def test_3b_the_runner_image_names_every_failure_class_from_the_real_programs_wo
     print("runner image classes:", classes)
 
 
+def gpu_node() -> tuple[str, str, str]:
+    """The real node's name, InternalIP and GPU product label."""
+    node = json.loads(kubectl("get", "nodes", "-l", "nvidia.com/gpu.present=true", "-o", "json"))["items"][0]
+    address = next(a["address"] for a in node["status"]["addresses"] if a["type"] == "InternalIP")
+    return node["metadata"]["name"], address, node["metadata"]["labels"]["nvidia.com/gpu.product"]
+
+
+def measured_by(url: str, namespace: str, tier: Tier) -> None:
+    """The controller pointed at the Prometheus at ``url`` (a 60 s window, rolled out), and
+    ``namespace`` made and opted in."""
+    sh(
+        f"kubectl -n {NAMESPACE} set env deploy/kratos-controller KRATOS_TELEMETRY=\"{{prometheusURL: '{url}', windowSeconds: 60}}\"",
+        tier,
+    )
+    sh(f"kubectl -n {NAMESPACE} rollout status deploy/kratos-controller --timeout=180s", tier, timeout=200)
+    kubectl("create", "namespace", namespace)
+    kubectl("label", "namespace", namespace, f"{v.NAMESPACE_LABEL}=enabled")
+
+
 def test_3c_a_workload_whose_profiling_met_no_gpu_learns_from_the_execution_runs_dcgm_counters(
     tier: Tier, tmp_path: Path
 ):
@@ -396,24 +415,11 @@ def test_3c_a_workload_whose_profiling_met_no_gpu_learns_from_the_execution_runs
     GPUs); the execution Job's Pod is measured; the profile turns Ready from telemetry, keeping why
     profiling failed; the workload's next Job gets ranked hints."""
     tier.need("install")
-    node = json.loads(kubectl("get", "nodes", "-l", "nvidia.com/gpu.present=true", "-o", "json"))["items"][0]
-    name = node["metadata"]["name"]
-    address = next(a["address"] for a in node["status"]["addresses"] if a["type"] == "InternalIP")
-    product = node["metadata"]["labels"]["nvidia.com/gpu.product"]
+    name, address, product = gpu_node()
     namespace = "team-learn"
     with Telemetry(tmp_path, nodes={name: product}, host=address) as telemetry:
         telemetry.dcgm.serve(namespace, dict(MEMORY_BOUND))
-        sh(
-            f"kubectl -n {NAMESPACE} set env deploy/kratos-controller KRATOS_TELEMETRY=\"{{prometheusURL: '{telemetry.url}', windowSeconds: 60}}\"",
-            tier,
-        )
-        sh(
-            f"kubectl -n {NAMESPACE} rollout status deploy/kratos-controller --timeout=180s",
-            tier,
-            timeout=200,
-        )
-        kubectl("create", "namespace", namespace)
-        kubectl("label", "namespace", namespace, f"{v.NAMESPACE_LABEL}=enabled")
+        measured_by(telemetry.url, namespace, tier)
         kubectl("apply", "-f", "-", stdin=yaml.safe_dump(train_job("learn", namespace, seconds=12)))
         until(lambda: finished_in(namespace, "learn"), timeout=240, what="the profiling Job learn finished")
         execution = until(
@@ -453,10 +459,7 @@ def test_3d_a_gangs_link_counters_become_its_interconnect_share(tier: Tier, tmp_
     from kratos_admit.model.telemetry import TelemetryRun, with_telemetry
 
     tier.need("install")
-    node = json.loads(kubectl("get", "nodes", "-l", "nvidia.com/gpu.present=true", "-o", "json"))["items"][0]
-    name = node["metadata"]["name"]
-    address = next(a["address"] for a in node["status"]["addresses"] if a["type"] == "InternalIP")
-    product = node["metadata"]["labels"]["nvidia.com/gpu.product"]
+    name, address, product = gpu_node()
     entry = load_catalog().placement(product)
     assert entry is not None and entry.link(2) is not None, f"{product}: no link figure in the catalog"
     link_gbs = entry.link(2).gbs  # type: ignore[union-attr]
@@ -479,17 +482,7 @@ def test_3d_a_gangs_link_counters_become_its_interconnect_share(tier: Tier, tmp_
     gang["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"][v.GPU_RESOURCE] = 2
     with Telemetry(tmp_path, nodes={name: product}, host=address) as telemetry:
         telemetry.dcgm.serve(namespace, counters)
-        sh(
-            f"kubectl -n {NAMESPACE} set env deploy/kratos-controller KRATOS_TELEMETRY=\"{{prometheusURL: '{telemetry.url}', windowSeconds: 60}}\"",
-            tier,
-        )
-        sh(
-            f"kubectl -n {NAMESPACE} rollout status deploy/kratos-controller --timeout=180s",
-            tier,
-            timeout=200,
-        )
-        kubectl("create", "namespace", namespace)
-        kubectl("label", "namespace", namespace, f"{v.NAMESPACE_LABEL}=enabled")
+        measured_by(telemetry.url, namespace, tier)
         created = json.loads(kubectl("create", "-o", "json", "-f", "-", stdin=yaml.safe_dump(gang)))
         hints = json.loads(created["metadata"]["annotations"][v.HINTS_ANNOTATION])
         assert hints.get("gang") and created["metadata"]["labels"].get(v.ROLE_LABEL) != "profiling", hints
