@@ -271,7 +271,7 @@ def test_placement_shows_the_interconnect_column_and_its_source_for_a_gang(tmp_p
         and "600.0" in lines[1]
         and "NVLink 3, datasheet: NVIDIA NVLink page" in lines[1]
     )
-    assert lines[2].startswith(L40S) and "PCIe 4, datasheet: L40S datasheet" in lines[2]
+    assert lines[2].startswith(L40S) and "PCIe Gen4, datasheet: L40S datasheet" in lines[2]
     code, out, _ = run_kratos("placement", "-p", str(path), "--nodes", str(nodes))
     assert code == 0 and "INTERCONNECT" not in out, "one GPU: no link column"
     code, _, err = run_kratos("placement", "-p", str(path), "--gpus", "0")

@@ -230,6 +230,7 @@ def test_a_bad_cluster_file_exits_2_with_one_line(tmp_path: Path, text, message)
     [
         pytest.param("products: [{product: Tesla-T4, sustainedFp32Tflops: -1, sustainedBandwidthGBs: 300}]\n", "products[0].sustainedFp32Tflops: -1 given, must be more than 0", id="negative"),
         pytest.param("products: [{product: NVIDIA-Q9000, sustainedFp32Tflops: 1, sustainedBandwidthGBs: 1}]\n", "products[0].product: 'NVIDIA-Q9000' is not in the GPU catalog", id="unknown-product"),
+        pytest.param("products: [{product: NVIDIA-L40S, sustainedFp32Tflops: 1, sustainedBandwidthGBs: 1, nvlinkGBs: 600}]\n", "products[0].nvlinkGBs: the catalog gives NVIDIA-L40S no NVLink domain", id="nvlink-without-domain"),
     ],
 )  # fmt: skip
 def test_a_bad_truth_file_exits_2_with_one_line(tmp_path: Path, text, message):

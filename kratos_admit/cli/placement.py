@@ -158,9 +158,7 @@ def placement_rows(
 def _link_source(link: Link | None, source: str, gpus: int) -> str:
     if link is None:
         return "one GPU: no link" if gpus <= 1 else "no link figure in the catalog"
-    return (
-        f"{link.kind}{f' {link.generation}' if link.generation else ''}, datasheet: {source or 'not cited'}"
-    )
+    return f"{link.name}, datasheet: {source or 'not cited'}"
 
 
 def placement_header(

@@ -96,11 +96,17 @@ class Link:
     gbs: float
     generation: int | None = None
 
+    @property
+    def name(self) -> str:
+        """As the vendor names it: ``NVLink 4``, ``PCIe Gen5``."""
+        if not self.generation:
+            return self.kind
+        return (
+            f"{self.kind} Gen{self.generation}" if self.kind == "PCIe" else f"{self.kind} {self.generation}"
+        )
+
     def __str__(self) -> str:
-        gen = f" Gen{self.generation}" if self.kind == "PCIe" and self.generation else (
-            f" {self.generation}" if self.generation else ""
-        )  # fmt: skip
-        return f"{self.kind}{gen} {self.gbs:g} GB/s"
+        return f"{self.name} {self.gbs:g} GB/s"
 
 
 class GpuProduct(BaseModel):

@@ -215,6 +215,11 @@ def load_truth(path: Path | None, catalog: Catalog) -> Truth:
         known = catalog.lookup(entry.product)
         if known is None:
             raise SimFileError(f"{path}: products[{i}].product: {entry.product!r} is not in the GPU catalog")
+        if entry.nvlink_gbs is not None and known.nvlink_gpus < 2:
+            raise SimFileError(
+                f"{path}: products[{i}].nvlinkGBs: the catalog gives {known.product} no NVLink domain "
+                "(nvlinkGPUs): give it one with catalogFile, or leave nvlinkGBs out"
+            )
         figures[known.product] = Figures(
             entry.sustained_fp32_tflops,
             entry.sustained_bandwidth_gbs,

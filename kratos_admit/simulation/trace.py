@@ -105,7 +105,7 @@ class Truth:
                     "measured_bandwidth_gbs": figures.bandwidth_gbs,
                     "measured_tensor_tflops": figures.tensor_tflops,
                     "measured_fp64_tflops": figures.fp64_tflops,
-                    "nvlink_gbs": figures.nvlink_gbs if entry.nvlink_gbs is not None else None,
+                    "nvlink_gbs": figures.nvlink_gbs,
                     "pcie_gbs": figures.pcie_gbs,
                 }
                 entry = entry.model_copy(update={k: x for k, x in update.items() if x is not None})
