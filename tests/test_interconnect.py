@@ -330,11 +330,13 @@ def gang_gpus(namespace: str, pod: str, counters: dict[str, float]) -> list[Dcgm
 
 
 def gang_pod(name: str, workload: str, started: str, finished: str) -> dict[str, object]:
-    """A Pod of an Indexed Job on 8 GPUs, as the Job controller labels it."""
+    """A Pod of an Indexed Job on 8 GPUs, as the Job controller labels it, with the hints record its
+    template had from admission (a gang of one Pod of 8: ``gangGPUs`` 8)."""
     return (
         make_pod(name, "team-a")
         .label(v.WORKLOAD_LABEL, workload)
         .label(v.JOB_COMPLETION_INDEX, "0")
+        .annotate(v.HINTS_ANNOTATION, json.dumps({"gang": "Indexed Job", "gangGPUs": 8}))
         .limits({v.GPU_RESOURCE: "8"})
         .ran("gpu-0", started, finished)
         .obj()
@@ -357,6 +359,7 @@ async def test_a_gangs_run_makes_its_interconnect_share_and_one_without_link_cou
             train = await eventually(lambda: (s := status_of(kube, "train")).get("timeShares") and s)
             assert train["timeShares"]["interconnect"] == "0.40" and train["source"] == "telemetry"
             assert train["telemetry"][0]["counters"][NVLINK_TX_BYTES] == "9.96e+10"
+            assert train["gpu"]["gangGPUs"] == 8 and train["telemetry"][0]["gangGPUs"] == 8, "its link's size"
             bare = await eventually(lambda: (s := status_of(kube, "bare")).get("timeShares") and s)
             assert bare["phase"] == "Ready" and "interconnect" not in bare["timeShares"]
             assert bare["timeShares"]["latency"] == "0.40", "unmeasured, never 0: the time stays latency"

@@ -12,7 +12,7 @@ import pytest
 
 from kratos_admit.decisions.profiling import decode_original_template
 from kratos_admit.domain import vocabulary as v
-from kratos_admit.domain.profile import ProfileStatus, RunnerSummary, WorkloadProfile
+from kratos_admit.domain.profile import ProfileStatus, RunnerSummary, TimeShares, WorkloadProfile
 from kratos_admit.domain.signing import sign_block, signature_valid
 from kratos_admit.model.telemetry import DRAM_ACTIVE, PIPE_FP32_ACTIVE, PodTelemetry
 from kratos_controller.actions import (
@@ -565,6 +565,32 @@ def test_observations_keep_a_running_mean_and_never_count_a_run_twice():
     assert second is not None
     assert second.status.observations[0].runs == 3 and second.status.observations[0].mean_seconds == "500.0"
     assert second.resource_version == "9", "the write is guarded by the profile's resourceVersion"
+
+
+def test_a_gangs_runs_carry_its_size_from_the_pods_hints_record_and_each_size_is_its_own_entry():
+    """The hints record a gang's Pods inherit says how many GPUs it runs on together (``gangGPUs``):
+    where its profile measured its links, its runs' observations are kept by product and size, so 8 and
+    16 GPUs of one workload stay apart."""
+    pod = finished_pod("g", "node-1", "2026-11-22T10:00:00Z", "2026-11-22T10:06:40Z")
+    pod["metadata"]["annotations"] = {v.HINTS_ANNOTATION: json.dumps({"gang": "Indexed Job", "gangGPUs": 16})}
+    assert runs_of([pod], {"node-1": "NVIDIA-L40S"}) == [Run("g", "NVIDIA-L40S", 400.0, 16)]
+    status = make_profile().status
+    assert status is not None
+    linked = TimeShares(tensor="0.50", interconnect="0.40", latency="0.10")  # its links were measured
+    profile = as_profile(status.model_copy(update={"time_shares": linked}))
+    runs = [
+        Run("a", "NVIDIA-L40S", 300.0, 16),
+        Run("b", "NVIDIA-L40S", 100.0, 8),
+        Run("c", "NVIDIA-L40S", 50.0),
+    ]
+    recorded = record_runs(profile, runs)
+    assert recorded is not None
+    assert recorded.status.as_status()["observations"] == [
+        {"product": "NVIDIA-L40S", "runs": 1, "meanSeconds": "50.0"},
+        {"product": "NVIDIA-L40S", "runs": 1, "meanSeconds": "100.0", "gangGPUs": 8},
+        {"product": "NVIDIA-L40S", "runs": 1, "meanSeconds": "300.0", "gangGPUs": 16},
+    ]
+    assert recorded.status.counted_runs == ["c", "b", "a"] and recorded.status.observed_runs == 3
 
 
 def test_the_observations_change_the_ranking_through_the_profile():

@@ -206,13 +206,16 @@ def placement_header(
     lines += _source_lines(profile, catalog)
     for o in status.observations if status else []:
         why = (
-            "used" if o.product in used
+            f"not used: its runs held {o.gang_gpus} GPUs together, not {gpus}, over another link"
+            if o.gang_gpus is not None and o.gang_gpus != gpus and status is not None and status.measured_links
+            else "used" if o.product in used
             else "weighed with the model, which counts as one run" if o.product in weighed
             else "not in this cluster" if o.product not in ranked
             else f"not used: fewer than {config.min_observed_runs} runs" if o.runs < config.min_observed_runs
             else f"not used: no second product has {config.min_observed_runs} runs"
         )  # fmt: skip
-        lines.append(f"observed on {o.product}: {o.runs} runs, mean {o.mean_seconds} s ({why})")
+        gang = f" on {o.gang_gpus} GPUs together" if o.gang_gpus else ""
+        lines.append(f"observed on {o.product}{gang}: {o.runs} runs, mean {o.mean_seconds} s ({why})")
     return lines
 
 
@@ -280,15 +283,23 @@ def _source_lines(profile: WorkloadProfile, catalog: Catalog) -> list[str]:
         return []
     lines = [f"source: {status.source or 'nsight-compute'}"]
     telemetry_figures = not nsight_compute_figures(status) and status.source == "telemetry"
-    best = next((r for r in status.telemetry if r.product == status.gpu.product), None)
+    best = next(
+        (
+            r
+            for r in status.telemetry
+            if (r.product, r.gang_gpus) == (status.gpu.product, status.gpu.gang_gpus)
+        ),
+        None,
+    )
     for record in status.telemetry:
         role = (
             "the figures come from these" if telemetry_figures and record is best
             else "kept as evidence; Nsight Compute's figures come first" if not telemetry_figures
             else "kept as evidence"
         )  # fmt: skip
+        gang = f" on {record.gang_gpus} GPUs together" if record.gang_gpus else ""
         lines.append(
-            f"telemetry on {record.product}: {record.runs} runs, {record.seconds} GPU-seconds ({role})"
+            f"telemetry on {record.product}{gang}: {record.runs} runs, {record.seconds} GPU-seconds ({role})"
         )
     if telemetry_figures and best is not None:
         derived, links = derive_record(best, catalog)

@@ -351,10 +351,8 @@ def _interconnect_note(gang: Gang | None, profile: WorkloadProfile | None) -> st
     """What the hints record says of a gang's interconnect (DESIGN "The interconnect"): that the
     network between nodes is not measured, where its Pods may run on several; that its links were
     not measured, where its profile has no interconnect share; "" for one Pod whose links were."""
-    if gang is None:
-        return ""
-    if gang.across_nodes:
-        return "unmeasured across nodes"
+    if gang is None or gang.across_nodes:
+        return "unmeasured across nodes" if gang is not None else ""
     shares = profile.status.time_shares if profile is not None and profile.status is not None else None
     if profile is not None and (shares is None or shares.interconnect is None):
         return "unmeasured"
@@ -488,6 +486,7 @@ def apply_hints(
         gang=gang.why if gang is not None else "",
         reference=reference,
         interconnect=_interconnect_note(gang, profile if ready else None),
+        gang_gpus=gang.total_gpus if gang is not None else 1,
     )
     for block in [metadata] if kind == "Pod" else [metadata, pod_meta]:
         block_annotations = child(block, "annotations")

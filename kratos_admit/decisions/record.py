@@ -27,13 +27,16 @@ def hints_record(
     gang: str = "",
     reference: Reference | None = None,
     interconnect: str = "",
+    gang_gpus: int = 1,
 ) -> str:
     """The gpu.scheduler.io/hints annotation: what was injected and why (memoised, it repeats).
     ``profile`` is empty and ``reason`` says why when only base hints were given; ``explore`` names
     the product this Job was sent first to measure a figure, and why; ``gang`` what made it a gang;
     ``reference`` the product the ranked profile was measured on and what its figures rest on
     (``calibrated``, ``measured`` in the catalog, or the ``datasheet``'s times a factor);
-    ``interconnect`` what is not measured of a gang's links (``unmeasured across nodes``)."""
+    ``interconnect`` what is not measured of a gang's links (``unmeasured across nodes``);
+    ``gang_gpus`` the GPUs a gang runs on together as admission read it (``gangGPUs``, above 1 only):
+    the link its ranking used, and the controller's key for the runs' observations and telemetry."""
     record: dict[str, object] = {
         "profile": profile or None,
         "boundType": bound_type,
@@ -47,6 +50,8 @@ def hints_record(
         record["measuredOn"] = {"product": reference.product, "figures": reference.figures}
     if gang:
         record["gang"] = gang
+    if gang_gpus > 1:
+        record["gangGPUs"] = gang_gpus
     if interconnect:
         record["interconnect"] = interconnect
     if explore is not None:
@@ -66,3 +71,14 @@ def recorded_ranking_source(obj: Mapping[str, Any]) -> RankingSource:
         return "none"
     source = as_mapping(ranked[0]).get("source")
     return "observed" if source == "observed" else "calibrated" if source == "calibrated" else "model"
+
+
+def recorded_gang_gpus(obj: Mapping[str, Any]) -> int | None:
+    """The ``gangGPUs`` of the hints record on an object's metadata (a Pod inherits its template's):
+    the GPUs its gang runs on together, above 1; None for no gang, one GPU, or no readable record."""
+    annotations = as_mapping(as_mapping(obj.get("metadata")).get("annotations"))
+    try:
+        found = as_mapping(json.loads(str(annotations.get(v.HINTS_ANNOTATION, "{}")))).get("gangGPUs")
+    except ValueError:
+        return None
+    return found if isinstance(found, int) and not isinstance(found, bool) and found > 1 else None

@@ -88,6 +88,9 @@ class TimeShares(_Strict):
 class ProfileGpu(_Strict):
     product: str | None = None
     compute_capability: str | None = Field(default=None, alias="computeCapability")
+    # the GPUs a gang's measured runs held together (its hints record's ``gangGPUs``), which set the
+    # link its interconnect share was measured over; absent for a run on one GPU or before it was kept
+    gang_gpus: int | None = Field(default=None, alias="gangGPUs", ge=1)
 
 
 class Observation(_Strict):
@@ -96,6 +99,9 @@ class Observation(_Strict):
     product: str
     runs: int = Field(ge=0)
     mean_seconds: str = Field(alias="meanSeconds")
+    # the GPUs each run's gang held together (its hints record's): a gang of another size is another
+    # entry, since its time and its link differ; absent for runs on one GPU or of no gang
+    gang_gpus: int | None = Field(default=None, alias="gangGPUs", ge=1)
 
 
 class RunnerSummary(BaseModel):
@@ -130,6 +136,9 @@ class TelemetryRecord(_Strict):
     runs: int = Field(ge=0)
     seconds: str  # GPU-seconds the averages cover, the weight of the next fold
     counters: dict[str, str] = Field(default_factory=dict)  # DCGM_FI_PROF_* -> ratio 0..1
+    # the GPUs each run's gang held together, which set the link its link counters measured: a gang
+    # of another size is another record; absent for runs of no gang
+    gang_gpus: int | None = Field(default=None, alias="gangGPUs", ge=1)
 
 
 MAX_COUNTED_RUNS = 256  # the Pod uids the observations remember, so no run is counted twice
@@ -218,6 +227,13 @@ class ProfileStatus(_Strict):
     failure: str | None = None
     conditions: list[ProfileCondition] | None = None
 
+    @property
+    def measured_links(self) -> bool:
+        """Its time shares measured a gang's links (an ``interconnect`` share above 0): its runs then
+        count by gang size, each size having moved its data over the link that size gets."""
+        share = self.time_shares.interconnect if self.time_shares is not None else None
+        return share is not None and float(share) > 0
+
     def as_status(self) -> dict[str, Any]:
         """The status as the CRD stores it: camelCase keys, unset optional fields left out."""
         return self.model_dump(by_alias=True, exclude_none=True)
@@ -275,29 +291,37 @@ class WorkloadProfile(_Strict):
         return f"{self.metadata.name}@{self.metadata.resource_version or '0'}"
 
 
-def with_runs(status: ProfileStatus, runs: Iterable[tuple[str, str, float]]) -> ProfileStatus | None:
+def with_runs(
+    status: ProfileStatus, runs: Iterable[tuple[str, str, float]], *, gang_gpus: int | None = None
+) -> ProfileStatus | None:
     """``status`` with the runs ``(uid, product, seconds)`` it has not counted yet: a running mean
     and count per product, and each run's uid remembered (the last MAX_COUNTED_RUNS) so none is
-    counted twice; None when every run was counted already."""
+    counted twice; None when every run was counted already. Where the status measured a gang's links,
+    per product and ``gang_gpus`` too (the GPUs the runs' gang held together: a gang of another size
+    moved its data over another link, and is another entry); elsewhere the model has no term for the
+    size, and the runs of every size pool into one entry per product, as before sizes were kept."""
+    gang_gpus = gang_gpus if status.measured_links else None
     counted = list(status.counted_runs)
-    by_product = {o.product: o for o in status.observations}
+    by_key = {(o.product, o.gang_gpus): o for o in status.observations}
     changed = False
     for uid, product, seconds in runs:
         if uid in counted:
             continue
-        seen = by_product.get(product)
+        seen = by_key.get((product, gang_gpus))
         count = seen.runs if seen else 0
         mean = float(seen.mean_seconds) if seen else 0.0
         new_mean = (mean * count + seconds) / (count + 1)
-        by_product[product] = Observation(product=product, runs=count + 1, meanSeconds=f"{new_mean:.1f}")
+        by_key[(product, gang_gpus)] = Observation(
+            product=product, runs=count + 1, meanSeconds=f"{new_mean:.1f}", gangGPUs=gang_gpus
+        )
         counted.append(uid)
         changed = True
     if not changed:
         return None
     return status.model_copy(
         update={
-            "observations": sorted(by_product.values(), key=lambda o: o.product),
+            "observations": sorted(by_key.values(), key=lambda o: (o.product, o.gang_gpus or 1)),
             "counted_runs": counted[-MAX_COUNTED_RUNS:],
-            "observed_runs": sum(o.runs for o in by_product.values()),
+            "observed_runs": sum(o.runs for o in by_key.values()),
         }
     )

@@ -39,6 +39,7 @@ from kratos_admit.model.calibration import (
     WorkloadShares,
 )
 from kratos_admit.model.catalog import Catalog, GpuProduct
+from kratos_admit.model.observed import few_runs, observed_by_product, observed_times
 
 # When a profile has a bound type but no throughputs (an older runner), assume typical shares.
 _SHARES_BY_BOUND: dict[str, tuple[float, float]] = {
@@ -87,20 +88,6 @@ def ranking_source(ranked: Sequence[RankedProduct]) -> RankingSource:
     """What a hint's first choice rests on: measured runtimes, the calibrated model or the catalog's
     model; ``none`` for base hints."""
     return ranked[0].source if ranked else "none"
-
-
-def observed_times(profile: WorkloadProfile) -> tuple[tuple[str, float, int], ...]:
-    """(product label, mean seconds, runs) of every product with a successful run."""
-    status = profile.status
-    found: list[tuple[str, float, int]] = []
-    for observation in status.observations if status is not None else ():
-        try:
-            seconds = float(observation.mean_seconds)
-        except ValueError:
-            continue
-        if observation.runs >= 1 and seconds > 0:
-            found.append((observation.product, seconds, observation.runs))
-    return tuple(sorted(found))
 
 
 def throughput_shares(profile: WorkloadProfile) -> tuple[float, float] | None:
@@ -286,7 +273,7 @@ def rank_gpu_products(
             reference_product=reference_product,
             min_compute_capability=min_compute_capability,
             min_memory_mib=min_memory_mib,
-            observed=observed_times(profile),
+            observed=observed_times(profile, gpus),
             min_observed_runs=min_observed_runs,
             calibration=calibration,
             min_calibration_runs=min_calibration_runs,
@@ -412,7 +399,7 @@ def _rank(
         name: model(by_unit, reference=figures, product=unit_figures(entry, gpus))
         for name, (entry, _) in labels_by_product.items()
     }
-    measured = _observed_by_product(
+    measured = observed_by_product(
         catalog,
         tuple((label, t) for label, t, runs in observed if runs >= min_observed_runs),
         labels_by_product,
@@ -424,7 +411,7 @@ def _rank(
         relative = {
             name: measured[name] / scale if name in measured else rel for name, rel in modelled.items()
         }
-        for name, (seconds, runs) in _few_runs(
+        for name, (seconds, runs) in few_runs(
             catalog, observed, min_observed_runs, measured, relative
         ).items():
             # in log-time, the model's prediction worth PRIOR_RUNS runs, each run of its own one
@@ -455,40 +442,6 @@ def _rank(
     ]
     ranked.sort(key=lambda r: (-r.weight, r.relative_time, r.product.product))
     return tuple(ranked)
-
-
-def _observed_by_product(
-    catalog: Catalog,
-    observed: tuple[tuple[str, float], ...],
-    present: dict[str, tuple[GpuProduct, list[str]]],
-) -> dict[str, float]:
-    """Observed mean seconds by the ranked entry they belong to (an observation is keyed by the node
-    label it ran on, so ``-SHARED`` variants of one product pool into it; MIG slices stay apart)."""
-    totals: dict[str, list[float]] = {}
-    for label, seconds in observed:
-        entry = catalog.placement(label)
-        if entry is not None and entry.product in present:
-            totals.setdefault(entry.product, []).append(seconds)
-    return {name: sum(times) / len(times) for name, times in totals.items()}
-
-
-def _few_runs(
-    catalog: Catalog,
-    observed: tuple[tuple[str, float, int], ...],
-    min_runs: int,
-    measured: dict[str, float],
-    present: Mapping[str, object],
-) -> dict[str, tuple[float, int]]:
-    """(mean seconds, runs) by ranked entry of the products with runs, but fewer than ``min_runs``
-    on every label of theirs: their runs pooled (a run-weighted mean) across the entry's labels."""
-    totals: dict[str, tuple[float, int]] = {}
-    for label, seconds, runs in observed:
-        entry = catalog.placement(label)
-        if entry is None or entry.product not in present or entry.product in measured or runs >= min_runs:
-            continue
-        total, count = totals.get(entry.product, (0.0, 0))
-        totals[entry.product] = (total + seconds * runs, count + runs)
-    return {name: (total / count, count) for name, (total, count) in totals.items()}
 
 
 def _meets(entry: GpuProduct, min_cc: tuple[int, int] | None, min_memory_mib: int | None) -> bool:

@@ -385,6 +385,9 @@ class TelemetryRun:
     # its GPUs move data between them (more than one GPU, or a Pod of a gang): only then do its link
     # counters say anything of the workload's interconnect, and are folded in
     linked: bool = False
+    # the GPUs its gang runs on together (above 1): a gang of another size moves its data over another
+    # link, so its counters fold into a record of their own
+    gang_gpus: int | None = None
 
 
 def ratio(value: float) -> str:
@@ -402,12 +405,12 @@ def derive_record(record: TelemetryRecord, catalog: Catalog | None) -> tuple[Der
 
 
 def folded(records: Iterable[TelemetryRecord], run: TelemetryRun) -> list[TelemetryRecord]:
-    """``records`` with ``run`` folded into its product's: runs + 1, GPU-seconds added, and each
-    counter's mean weighted by GPU-seconds. A counter the run lacks keeps its mean; one only the
-    run has starts from it."""
+    """``records`` with ``run`` folded into its product's (of its gang's size): runs + 1, GPU-seconds
+    added, and each counter's mean weighted by GPU-seconds. A counter the run lacks keeps its mean;
+    one only the run has starts from it."""
     weight = run.seconds * max(run.gpus, 1)
-    by_product = {r.product: r for r in records}
-    seen = by_product.get(run.product)
+    by_key = {(r.product, r.gang_gpus): r for r in records}
+    seen = by_key.get((run.product, run.gang_gpus))
     before = float(seen.seconds) if seen else 0.0
     counters = dict(seen.counters) if seen else {}
     for name, value in run.counters.items():
@@ -416,13 +419,14 @@ def folded(records: Iterable[TelemetryRecord], run: TelemetryRun) -> list[Teleme
         old = counters.get(name)
         mean = value if old is None else (float(old) * before + value * weight) / (before + weight)
         counters[name] = ratio(mean)
-    by_product[run.product] = TelemetryRecord(
+    by_key[(run.product, run.gang_gpus)] = TelemetryRecord(
         product=run.product,
         runs=(seen.runs if seen else 0) + 1,
         seconds=f"{before + weight:.0f}",
         counters=dict(sorted(counters.items())),
+        gangGPUs=run.gang_gpus,
     )
-    return sorted(by_product.values(), key=lambda r: r.product)
+    return sorted(by_key.values(), key=lambda r: (r.product, r.gang_gpus or 1))
 
 
 def nsight_compute_figures(status: ProfileStatus) -> bool:
@@ -460,8 +464,12 @@ def with_telemetry(
     counted = [*current.counted_telemetry, run.uid][-MAX_COUNTED_RUNS:]
     update: dict[str, object] = {"telemetry": records, "counted_telemetry": counted}
     if not nsight_compute_figures(current):
-        best_product = measuring_product({r.product: float(r.seconds) for r in records}, known)
-        best = next(r for r in records if r.product == best_product)
+        seconds: dict[str, float] = {}
+        for r in records:
+            seconds[r.product] = seconds.get(r.product, 0.0) + float(r.seconds)
+        best_product = measuring_product(seconds, known)
+        # of that product's records (one per gang size), the one with the most GPU-seconds
+        best = max((r for r in records if r.product == best_product), key=lambda r: float(r.seconds))
         derived, _ = derive_record(best, catalog)
         runs = sum(r.runs for r in records)
         note = f"from DCGM telemetry of {runs} run(s), {best.seconds} GPU-seconds on {best.product}"
@@ -471,7 +479,7 @@ def with_telemetry(
             "bound_type": derived.bound_type,
             "metrics": ProfileMetrics.model_validate(derived.metrics),
             "time_shares": derived.time_shares,
-            "gpu": ProfileGpu(product=best.product),
+            "gpu": ProfileGpu(product=best.product, gangGPUs=best.gang_gpus),
             "profiled_at": now,
             "source_job": None,
             "message": f"{note}: {derived.reason}" if derived.reason else note,

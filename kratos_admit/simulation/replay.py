@@ -326,7 +326,8 @@ class PolicyRun:
                 "phase": "Ready",
                 "boundType": bound_type(float(metrics["smThroughput"]), float(metrics["memoryThroughput"])),
                 "metrics": metrics,
-                "gpu": {"product": node.product},
+                "gpu": {"product": node.product}
+                | ({"gangGPUs": job.total_gpus} if job.total_gpus > 1 else {}),
                 "sourceJob": job.name,
                 "source": source,
             }
@@ -377,7 +378,8 @@ class PolicyRun:
         profile = self.profiles.get(NAMESPACE, job.workload)
         if profile is None or profile.status is None:
             return
-        updated = with_runs(profile.status, [(job.name, node.product, seconds)])
+        gang = job.total_gpus if job.total_gpus > 1 else None  # as the hints record's gangGPUs
+        updated = with_runs(profile.status, [(job.name, node.product, seconds)], gang_gpus=gang)
         if updated is None:
             return
         self.profiles.put(job.workload, updated)

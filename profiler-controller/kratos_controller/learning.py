@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from pydantic import ValidationError
 
+from kratos_admit.decisions.record import recorded_gang_gpus
 from kratos_admit.domain import vocabulary as v
 from kratos_admit.domain.profile import (
     ProfileStatus,
@@ -50,6 +51,7 @@ class Run:
     uid: str  # the Pod's uid: one run
     product: str  # the node's nvidia.com/gpu.product
     seconds: float
+    gang_gpus: int | None = None  # the GPUs its gang ran on together (its hints record's), above 1
 
 
 def observed_job(job: Mapping[str, Any], *, signing_key: bytes) -> bool:
@@ -88,19 +90,25 @@ def runs_of(pods: Iterable[Mapping[str, Any]], products: Mapping[str, str]) -> l
             ended = as_mapping(as_mapping(c.get("state")).get("terminated"))
             started, finished_at = timestamp(ended.get("startedAt")), timestamp(ended.get("finishedAt"))
             if ended.get("exitCode") == 0 and started and finished_at and finished_at > started:
-                runs.append(Run(str(meta["uid"]), product, (finished_at - started).total_seconds()))
+                seconds = (finished_at - started).total_seconds()
+                runs.append(Run(str(meta["uid"]), product, seconds, recorded_gang_gpus(pod)))
                 break
     return runs
 
 
-def record_runs(profile: Obj, runs: Iterable[Run]) -> RecordObservations | None:
+def record_runs(profile: Obj, runs: Sequence[Run]) -> RecordObservations | None:
     """The profile's status with the runs it has not counted yet: a running mean and count per
     product, and the run's uid remembered (the last MAX_COUNTED_RUNS) so none is counted twice."""
     try:
         status = ProfileStatus.model_validate(profile.get("status") or {})
     except ValidationError:
         return None
-    return _recorded(profile, with_runs(status, ((run.uid, run.product, run.seconds) for run in runs)))
+    updated: ProfileStatus | None = None
+    for size in sorted({run.gang_gpus or 1 for run in runs}):  # a gang's size is its own entry
+        of_size = [(r.uid, r.product, r.seconds) for r in runs if (r.gang_gpus or 1) == size]
+        gang = size if size > 1 else None
+        updated = with_runs(updated or status, of_size, gang_gpus=gang) or updated
+    return _recorded(profile, updated)
 
 
 def _recorded(profile: Obj, updated: ProfileStatus | None) -> RecordObservations | None:
@@ -211,6 +219,7 @@ class TelemetryDue:
     # its GPUs move data between them: more than one GPU, or a Pod of a gang (an Indexed Job's, a
     # JobSet's, a training operator's): its link counters make the interconnect share
     linked: bool = False
+    gang_gpus: int | None = None  # the GPUs its gang runs on together (its hints record's), above 1
 
 
 def _asks_for_gpus(container: Mapping[str, Any]) -> bool:
@@ -275,6 +284,7 @@ def telemetry_due(
         now,
         0.0,
         _linked(labels, [as_mapping(c) for c in as_list(spec.get("containers"))]),
+        recorded_gang_gpus(pod),
     )
     if phase == "Succeeded" and ended is not None and ended > started:
         return dataclasses.replace(due, end=ended, seconds=(ended - started).total_seconds())
@@ -292,7 +302,9 @@ def telemetry_run(due: TelemetryDue, found: PodTelemetry, product: str) -> Telem
     """What the run adds to the profile; None when Prometheus had no profiling counter for it."""
     if not found.counters or not product:
         return None
-    return TelemetryRun(due.uid, product, due.seconds, len(found.gpus), found.counters, due.linked)
+    return TelemetryRun(
+        due.uid, product, due.seconds, len(found.gpus), found.counters, due.linked, due.gang_gpus
+    )
 
 
 def record_telemetry(

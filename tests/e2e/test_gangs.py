@@ -354,6 +354,20 @@ def test_2_a_gang_completes_as_written_with_no_profiling_run(
         ]
         assert condition(queued_as, "Admitted") or condition(queued_as, "Finished"), queued_as.get("status")
     gangs.figures[name] = sorted(products)
+    if profiled:  # its runs are counted by its size, which its Pods carry from admission
+        size = json.loads(jobs[0]["metadata"]["annotations"][v.HINTS_ANNOTATION]).get("gangGPUs")  # type: ignore[index]
+        # a JobSet's Job shows admission one Pod of 1 GPU (its peers are other Jobs): no size above 1
+        assert size == (None if case == "jobset" else 2), size
+
+        def observed() -> list[Obj]:
+            profile = get("workloadprofile", v.profile_name(workload)) or {}
+            return [
+                o for o in (profile.get("status") or {}).get("observations", []) if o.get("gangGPUs") == size
+            ]
+
+        gangs.figures[f"{name} observed"] = until(
+            observed, timeout=120, what=f"{name}'s runs observed by size"
+        )
     if case == "rendezvous":
         logs = [
             kubectl("-n", USERS, "logs", p["metadata"]["name"])

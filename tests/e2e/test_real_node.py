@@ -486,6 +486,7 @@ def test_3d_a_gangs_link_counters_become_its_interconnect_share(tier: Tier, tmp_
         created = json.loads(kubectl("create", "-o", "json", "-f", "-", stdin=yaml.safe_dump(gang)))
         hints = json.loads(created["metadata"]["annotations"][v.HINTS_ANNOTATION])
         assert hints.get("gang") and created["metadata"]["labels"].get(v.ROLE_LABEL) != "profiling", hints
+        assert hints.get("gangGPUs") == 2, "the gang's size, which its Pods carry to the controller"
         running = until(lambda: running_pod(namespace, "pair"), timeout=240, what="the gang's Pod runs")
         telemetry.dcgm.attach(running)
         until(lambda: finished_in(namespace, "pair"), timeout=240, what="the gang's Job finished")
@@ -496,12 +497,14 @@ def test_3d_a_gangs_link_counters_become_its_interconnect_share(tier: Tier, tmp_
         )  # fmt: skip
         shares = status["timeShares"]
         assert shares.get("interconnect") == offline.time_shares.interconnect, (shares, offline.time_shares)
+        assert status["gpu"].get("gangGPUs") == 2 and status["telemetry"][0].get("gangGPUs") == 2, status
         recorded = status["telemetry"][0]["counters"]
         assert float(recorded["DCGM_FI_PROF_NVLINK_TX_BYTES"]) == pytest.approx(
             counters["DCGM_FI_PROF_NVLINK_TX_BYTES"], rel=1e-3
         )
         print(f"a gang on the real node: profile {status['phase']} from {status['source']}, time shares {shares}; "
-              f"NVLink {recorded['DCGM_FI_PROF_NVLINK_TX_BYTES']} B/s each way on {product}")  # fmt: skip
+              f"NVLink {recorded['DCGM_FI_PROF_NVLINK_TX_BYTES']} B/s each way on {product}, "
+              f"measured at gangGPUs {status['gpu'].get('gangGPUs')}")  # fmt: skip
     sh(f"kubectl -n {NAMESPACE} set env deploy/kratos-controller KRATOS_TELEMETRY-", tier)
     kubectl("delete", "namespace", namespace, "--wait=false")
 
