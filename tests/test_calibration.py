@@ -33,12 +33,9 @@ from kratos_admit.model.calibration import (
     parse_calibration,
     samples_of,
 )
-from kratos_admit.model.calibration_fit import (
-    fit_calibration,
-    huber_location,
-    weighted_median,
-)
+from kratos_admit.model.calibration_fit import fit_calibration
 from kratos_admit.model.catalog import Catalog
+from kratos_admit.model.robust import huber_location, weighted_median
 from kratos_admit.simulation.inputs import load_cluster, load_trace
 from kratos_admit.simulation.knowledge import Learned, prediction_errors
 from kratos_admit.simulation.replay import simulate

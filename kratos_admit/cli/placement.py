@@ -13,7 +13,7 @@ from kratos_admit.decisions.hints import ranking_of
 from kratos_admit.domain.config import Config
 from kratos_admit.domain.profile import WorkloadProfile
 from kratos_admit.domain.vocabulary import UNITS, Unit
-from kratos_admit.model.calibration import NO_CALIBRATION, Calibration, FactorSupport
+from kratos_admit.model.calibration import NO_CALIBRATION, Calibration, FactorSupport, ProductCalibration
 from kratos_admit.model.catalog import Catalog, Link, mig_profile_of
 from kratos_admit.model.links import LINK_COUNTERS
 from kratos_admit.model.ranking import (
@@ -143,7 +143,9 @@ def placement_rows(
                 bandwidth_gbs=round(figures["memory"]),
                 bandwidth_from=sources["memory"],
                 interconnect_gbs=round(link.gbs, 1) if link is not None else "-",
-                interconnect_from=_link_source(link, entry.link_source, gpus),
+                interconnect_from=_link_source(
+                    link, entry.link_source, gpus, calibration.get(entry.product), config.min_calibration_runs
+                ),
                 relative_time=round(r.relative_time, 3),
                 time_from=f"{r.source} + {r.weighed_runs} run{'s' if r.weighed_runs > 1 else ''}"
                 if r.weighed_runs
@@ -155,9 +157,14 @@ def placement_rows(
     return rows
 
 
-def _link_source(link: Link | None, source: str, gpus: int) -> str:
+def _link_source(
+    link: Link | None, source: str, gpus: int, own: ProductCalibration | None, minimum: int
+) -> str:
+    """Where the link's figure comes from: the cluster's calibration of that link, else its datasheet."""
     if link is None:
         return "one GPU: no link" if gpus <= 1 else "no link figure in the catalog"
+    if own is not None and (support := own.link(link.kind)).qualifies(minimum):
+        return f"{link.name}, {_calibrated_source(support)}"
     return f"{link.name}, datasheet: {source or 'not cited'}"
 
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from kratos_admit.domain.profile import WorkloadProfile
 from kratos_admit.domain.vocabulary import Unit
-from kratos_admit.model.catalog import Catalog, GpuProduct
+from kratos_admit.model.catalog import Catalog, GpuProduct, LinkKind
 
 CONFIGMAP_NAME = "kratos-gpu-calibration"
 CONFIGMAP_KEY = "calibration.json"
@@ -37,6 +37,9 @@ MEASURED_FIELD: dict[Unit, str] = {
     "fp64": "measured_fp64_tflops",
     "memory": "measured_bandwidth_gbs",
 }
+# the links a product's gangs move their data over, each with a factor of its own (calibration_links.py)
+LINK_KINDS: tuple[LinkKind, ...] = ("NVLink", "PCIe")
+_LINK_KEY: dict[LinkKind, str] = {"NVLink": "nvlink", "PCIe": "pcie"}
 # each unit's key prefix in calibration.json (fp32's factor also goes out under its name from before
 # the units model, "compute", which a webhook of the previous version reads during an upgrade)
 _KEY: dict[Unit, str] = {"tensor": "tensor", "fp32": "fp32", "fp64": "fp64", "memory": "memory"}
@@ -56,6 +59,10 @@ class Sample:
     # the profile's time shares of the scaled units (tensor, fp32, fp64, memory; latency is the rest),
     # as (unit, share) pairs; empty for a profile written before the units model, read by ``sm``/``mem``
     shares: tuple[tuple[Unit, float], ...] = ()
+    # a gang's: the GPUs it ran on together (which set its link on each product) and its profile's
+    # interconnect share; a sample with one is fitted by the links' fit (calibration_links.py) only
+    gpus: int = 1
+    interconnect: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +87,13 @@ class ProductCalibration:
     updated_at: str = ""
     tensor: FactorSupport = FactorSupport()
     fp64: FactorSupport = FactorSupport()
+    # a link's factor: how much longer gangs' collectives took over it than its catalog figure says
+    nvlink: FactorSupport = FactorSupport()
+    pcie: FactorSupport = FactorSupport()
+
+    def link(self, kind: LinkKind) -> FactorSupport:
+        """The factor of the product's ``kind`` link, with the runs behind it."""
+        return self.nvlink if kind == "NVLink" else self.pcie
 
     @property
     def fp32(self) -> FactorSupport:
@@ -122,6 +136,15 @@ class ProductCalibration:
                 f"{_KEY[unit]}Runs": support.runs,
                 f"{_KEY[unit]}Workloads": support.workloads,
             }
+        for kind in LINK_KINDS:
+            support = self.link(kind)
+            if support.runs or support.factor != 1.0:
+                key = _LINK_KEY[kind]
+                found |= {
+                    f"{key}TimeFactor": round(support.factor, DIGITS),
+                    f"{key}Runs": support.runs,
+                    f"{key}Workloads": support.workloads,
+                }
         # the FP32 factor under its name from before the units model, for the previous version's readers
         found |= {
             "computeTimeFactor": round(self.compute.factor, DIGITS),
@@ -192,19 +215,23 @@ class Calibration:
         """The workload's re-fitted shares, or None while it has run on fewer than two products."""
         return self.workloads.get(f"{namespace}/{workload}")
 
-    def calibrated(self, entry: GpuProduct, min_runs: int) -> tuple[GpuProduct, bool]:
+    def calibrated(self, entry: GpuProduct, min_runs: int, gpus: int = 1) -> tuple[GpuProduct, bool]:
         """``entry`` with each sustained figure divided by its unit's factor where that factor
         qualifies (``minCalibrationRuns`` runs from at least two workloads), and whether any did. A
         memory factor measured by many memory-bound runs is used even while no compute-bound run has
-        reached the product: a figure is as well known as its own runs make it."""
+        reached the product: a figure is as well known as its own runs make it. For a workload on
+        ``gpus`` > 1 GPUs together, the link it gets there too, by that link's factor."""
         found = self.products.get(entry.product)
         if found is None:
             return entry, False
-        update = {
+        update: dict[str, float] = {
             MEASURED_FIELD[unit]: figure / support.factor
             for unit in FACTOR_UNITS
             if (support := found.support(unit)).qualifies(min_runs) and (figure := entry.sustained(unit))
         }
+        link = entry.link(gpus)
+        if link is not None and (support := found.link(link.kind)).qualifies(min_runs):
+            update["nvlink_gbs" if link.kind == "NVLink" else "pcie_gbs"] = link.gbs / support.factor
         if not update:
             return entry, False
         return entry.model_copy(update=update), True
@@ -233,6 +260,17 @@ def _support(p: Mapping[str, Any], unit: Unit) -> FactorSupport:
     if unit == "fp32" and "fp32TimeFactor" not in p:
         key = "compute"
     if unit in ("tensor", "fp64") and f"{key}TimeFactor" not in p:
+        return FactorSupport()
+    return FactorSupport(
+        float(p[f"{key}TimeFactor"]), int(p.get(f"{key}Runs", 0)), int(p.get(f"{key}Workloads", 0))
+    )
+
+
+def _link_support(p: Mapping[str, Any], kind: LinkKind) -> FactorSupport:
+    """A link's factor in a product's entry (``nvlinkTimeFactor``, ``pcieRuns``, ...); the catalog's
+    figure (factor 1, no runs) where the entry names none, as a previous version's do not."""
+    key = _LINK_KEY[kind]
+    if f"{key}TimeFactor" not in p:
         return FactorSupport()
     return FactorSupport(
         float(p[f"{key}TimeFactor"]), int(p.get(f"{key}Runs", 0)), int(p.get(f"{key}Workloads", 0))
@@ -306,6 +344,8 @@ def parse_calibration(text: str) -> Calibration:
                 updated_at=str(entry.get("updatedAt", "")),
                 tensor=_support(entry, "tensor"),
                 fp64=_support(entry, "fp64"),
+                nvlink=_link_support(entry, "NVLink"),
+                pcie=_link_support(entry, "PCIe"),
             )
         workloads = {
             str(name): _workload(str(name), dict(w)) for name, w in dict(data.get("workloads", {})).items()
@@ -315,7 +355,9 @@ def parse_calibration(text: str) -> Calibration:
             f"{CONFIGMAP_KEY}: not a KRATOS calibration ({type(exc).__name__}: {exc})"
         ) from None
     for name, p in products.items():
-        if not all(p.support(unit).factor > 0 for unit in FACTOR_UNITS):
+        if not all(p.support(unit).factor > 0 for unit in FACTOR_UNITS) or not all(
+            p.link(kind).factor > 0 for kind in LINK_KINDS
+        ):
             raise CalibrationError(f"{CONFIGMAP_KEY}: products.{name}: factors must be positive")
     for name, w in workloads.items():
         if not _valid_workload(w):
@@ -329,9 +371,12 @@ def samples_of(
     profiles: Iterable[WorkloadProfile], catalog: Catalog, *, reference_product: str
 ) -> list[Sample]:
     """Every observation of a Ready profile with throughputs, as a sample (products the catalog does
-    not know are left out; ``-SHARED`` variants pool into their product, by running mean). A profile
-    with a measured interconnect share (a gang's) is left out: its runs' times turn on the link it got
-    on each product, which the fit has no term for, and would be read as the units' figures."""
+    not know are left out; ``-SHARED`` variants pool into their product, by running mean, and so do
+    the runs of every gang size where the profile measured no link: the units' model has no term that
+    depends on the size). A profile with a measured interconnect share (a gang's) gives samples of the
+    gang size it was measured at (``gpu.gangGPUs``) alone, carrying the share and the size, which sets
+    its link on each product: the links' fit reads them, the units' fit leaves them out; one whose gang
+    size was not recorded gives none."""
     found: list[Sample] = []
     for profile in profiles:
         status = profile.status
@@ -340,7 +385,9 @@ def samples_of(
         sm, mem = status.metrics.percent("sm_throughput"), status.metrics.percent("memory_throughput")
         profiled = catalog.placement(status.gpu.product or reference_product)
         fractions = status.time_shares.fractions() if status.time_shares is not None else None
-        if fractions is not None and fractions.get("interconnect", 0.0) > 0:
+        gang = status.gpu.gang_gpus
+        interconnect = fractions.get("interconnect", 0.0) if fractions is not None else 0.0
+        if interconnect > 0 and (gang is None or gang < 2):
             continue
         shares = tuple((u, fractions[u]) for u in FACTOR_UNITS if fractions[u] > 0) if fractions else ()
         if profiled is None or (not shares and (sm is None or mem is None)):
@@ -348,6 +395,8 @@ def samples_of(
         sm, mem = sm or 0.0, mem or 0.0
         pooled: dict[str, tuple[int, float]] = {}
         for observation in status.observations:
+            if interconnect > 0 and observation.gang_gpus != gang:
+                continue  # its share was measured over the link of that size
             entry = catalog.placement(observation.product)
             try:
                 seconds = float(observation.mean_seconds)
@@ -369,6 +418,8 @@ def samples_of(
                     mem=min(max(mem, 0.0), 100.0) / 100,
                     profiled=profiled.product,
                     shares=shares,
+                    gpus=gang or 1,
+                    interconnect=interconnect,
                 )
             )
     return found
@@ -406,7 +457,8 @@ def moved_beyond_noise(new: Calibration, old: Calibration, min_runs: int) -> boo
     its old and new noise). Counts, dates and re-fitted shares alone wait for the next write."""
     for name, p in new.products.items():
         before = old.get(name) or ProductCalibration(name, FactorSupport(), FactorSupport())
-        for now, was in ((p.support(u), before.support(u)) for u in FACTOR_UNITS):
+        pairs = [(p.support(u), before.support(u)) for u in FACTOR_UNITS]
+        for now, was in [*pairs, *((p.link(k), before.link(k)) for k in LINK_KINDS)]:
             if now.qualifies(min_runs) != was.qualifies(min_runs):
                 return True
             if now.qualifies(min_runs) and abs(math.log(now.factor / was.factor)) > max(
@@ -415,6 +467,7 @@ def moved_beyond_noise(new: Calibration, old: Calibration, min_runs: int) -> boo
                 return True
     return any(
         any(p.support(u).qualifies(min_runs) for u in FACTOR_UNITS)
+        or any(p.link(k).qualifies(min_runs) for k in LINK_KINDS)
         for n, p in old.products.items()
         if n not in new.products
     )

@@ -47,45 +47,16 @@ from kratos_admit.model.calibration import (
     Sample,
     WorkloadShares,
 )
+from kratos_admit.model.calibration_links import fit_links
 from kratos_admit.model.catalog import Catalog
+from kratos_admit.model.robust import ROUNDS, huber_location
 
-ROUNDS = 200
 # re-fitted shares (docs/ranking.md "Re-fitted shares"): the profile's measured shares are a prior
 # worth PRIOR_RUNS runs; a step moves a share by at most this much in log; a share stays in (0, 1]
 MAX_STEP = 0.25
 MIN_SHARE, MAX_SHARE = 0.005, 1.0
 FACTOR_RANGE = math.log(2)  # a held factor is searched within 1/2..2 times the catalog's
 REFIT_STEPS = 25  # Gauss-Newton steps of least squares, then as many of Huber
-
-
-def weighted_median(values: Sequence[float], weights: Sequence[float]) -> float:
-    """The value below and above which half the weight lies (the mean of the two middle values on a tie)."""
-    pairs = sorted(zip(values, weights, strict=True))
-    half = sum(w for _, w in pairs) / 2
-    running = 0.0
-    for i, (value, weight) in enumerate(pairs):
-        running += weight
-        if math.isclose(running, half) and i + 1 < len(pairs):
-            return (value + pairs[i + 1][0]) / 2
-        if running > half:
-            return value
-    return pairs[-1][0]
-
-
-def huber_location(values: Sequence[float], weights: Sequence[float], *, delta: float = HUBER_DELTA) -> float:
-    """Huber's M-estimate of location (iteratively reweighted, from the weighted median): values
-    within ``delta`` of it count fully, as in a mean; one farther out counts delta/distance of its
-    weight, so an outlier moves it by at most about delta times its share of the weight."""
-    centre = weighted_median(values, weights)
-    for _ in range(20):
-        w = [
-            wt * min(1.0, delta / max(abs(x - centre), 1e-12)) for x, wt in zip(values, weights, strict=True)
-        ]
-        updated = sum(x * wi for x, wi in zip(values, w, strict=True)) / sum(w)
-        if abs(updated - centre) < 1e-9:
-            return updated
-        centre = updated
-    return centre
 
 
 Shares = dict[Unit, float]  # a workload's shares of the scaled units (latency: the rest)
@@ -446,12 +417,15 @@ def fit_calibration(samples: Sequence[Sample], catalog: Catalog, *, updated_at: 
     3. a product that no run measured (workloads were only profiled there): its factor for a unit
        is the robust mean of what each workload profiled there says, the factor that best explains
        its runs on measured products (its profile measured shares of that product's real figures);
-       with those held, 2 again.
+       with those held, 2 again;
+    4. each link's factor, from the gangs' samples, the units' factors of step 1 held.
     """
     products_of: dict[str, set[str]] = {}
     for s in samples:
         products_of.setdefault(s.workload, set()).add(s.product)
-    used = [s for s in samples if len(products_of[s.workload]) >= 2]
+    both = [s for s in samples if len(products_of[s.workload]) >= 2]
+    # a gang's samples with an interconnect share measure its links (calibration_links.py), not units
+    used = [s for s in both if not s.interconnect]
     by_workload: dict[str, list[Sample]] = {}
     for s in used:
         by_workload.setdefault(s.workload, []).append(s)
@@ -559,4 +533,15 @@ def fit_calibration(samples: Sequence[Sample], catalog: Catalog, *, updated_at: 
                 figures=tuple((u, figures[u]) for u in rounded),
             )
         workloads[workload] = fitted_shares
-    return Calibration(result, workloads)
+    for (product, kind), link in fit_links(
+        [s for s in both if s.interconnect], catalog, factors.by_unit
+    ).items():
+        found = result.get(product) or ProductCalibration(
+            product, FactorSupport(), FactorSupport(), updated_at
+        )
+        result[product] = (
+            dataclasses.replace(found, nvlink=link)
+            if kind == "NVLink"
+            else dataclasses.replace(found, pcie=link)
+        )
+    return Calibration(dict(sorted(result.items())), workloads)

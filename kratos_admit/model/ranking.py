@@ -302,11 +302,16 @@ class Reference:
         return min((s for _, s in self.by_unit), key=FIGURE_SOURCES.index, default="calibrated")
 
 
-def figure_source(entry: GpuProduct, unit: Unit, calibration: Calibration, min_runs: int) -> FigureSource:
-    """Where the ranking's figure for ``unit`` of catalog ``entry`` comes from (a link's: its datasheet)."""
-    if unit == LINK:
-        return "datasheet"
+def figure_source(
+    entry: GpuProduct, unit: Unit, calibration: Calibration, min_runs: int, gpus: int = 1
+) -> FigureSource:
+    """Where the ranking's figure for ``unit`` of catalog ``entry`` comes from (the interconnect's: the
+    link ``gpus`` GPUs get there, calibrated where its factor qualifies, else its datasheet)."""
     own = calibration.get(entry.product)
+    if unit == LINK:
+        link = entry.link(gpus)
+        calibrated = own is not None and link is not None and own.link(link.kind).qualifies(min_runs)
+        return "calibrated" if calibrated else "datasheet"
     if own is not None and own.support(unit).qualifies(min_runs):
         return "calibrated"
     return "measured" if entry.measured(unit) else "datasheet"
@@ -334,7 +339,8 @@ def reference_of(
     if reading.figures is not None:  # read against the figures a re-fit of its runs gave
         return Reference(entry.product, tuple((u, "calibrated") for u in units))
     return Reference(
-        entry.product, tuple((u, figure_source(entry, u, calibration, min_calibration_runs)) for u in units)
+        entry.product,
+        tuple((u, figure_source(entry, u, calibration, min_calibration_runs, gpus)) for u in units),
     )
 
 
@@ -372,7 +378,7 @@ def _rank(
         reference_calibrated = True
         reference = reference.with_sustained(dict(reference_figures))
     else:
-        reference, reference_calibrated = calibration.calibrated(reference, min_calibration_runs)
+        reference, reference_calibrated = calibration.calibrated(reference, min_calibration_runs, gpus)
     labels_by_product: dict[str, tuple[GpuProduct, list[str]]] = {}
     calibrated: set[str] = set()
     candidates = sorted(node_products) or [p.product for p in catalog.products]
@@ -387,7 +393,7 @@ def _rank(
         ):
             entry, changed = reference, True  # the figures the workload's shares were re-fitted with
         elif entry.product not in labels_by_product:
-            entry, changed = calibration.calibrated(entry, min_calibration_runs)
+            entry, changed = calibration.calibrated(entry, min_calibration_runs, gpus)
             if changed or reference_calibrated:
                 calibrated.add(entry.product)
         labels_by_product.setdefault(entry.product, (entry, []))[1].append(label)
