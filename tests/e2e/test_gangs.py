@@ -182,7 +182,7 @@ def rendezvous(name: str, workload: str, *, queue: bool, pods: int = 2, timeout:
 def two_gpus(name: str, workload: str, *, queue: bool) -> list[Obj]:
     job = {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": name},
            "spec": {"backoffLimit": 0, "template": {"spec": {"restartPolicy": "Never", "containers": [container(
-               "train", ["python3", "-c", "print('one program on 2 GPUs')"], 2)]}}}}  # fmt: skip
+               "train", ["python3", "-c", "import time; time.sleep(2); print('one program on 2 GPUs')"], 2)]}}}}  # fmt: skip
     return [labelled(job, workload, queue)]
 
 
@@ -221,8 +221,11 @@ def make_ready(workload: str) -> None:
     profile = {"apiVersion": v.API_VERSION, "kind": v.PROFILE_KIND,
                "metadata": {"name": v.profile_name(workload), "namespace": USERS}, "spec": {"workload": workload}}  # fmt: skip
     kubectl("apply", "-f", "-", stdin=yaml.safe_dump(profile))
+    # its links measured (an interconnect share): its runs are then observed by gang size
     status = {"phase": "Ready", "boundType": "compute", "source": "telemetry",
-              "metrics": {"smThroughput": "85.0", "memoryThroughput": "20.0"}}  # fmt: skip
+              "metrics": {"smThroughput": "85.0", "memoryThroughput": "20.0"},
+              "timeShares": {"tensor": "0.50", "fp32": "0.00", "fp64": "0.00", "memory": "0.10",
+                             "interconnect": "0.40", "latency": "0.00"}}  # fmt: skip
     kubectl("-n", USERS, "patch", "workloadprofile", v.profile_name(workload), "--subresource=status",
             "--type=merge", "-p", json.dumps({"status": status}))  # fmt: skip
 
@@ -354,10 +357,10 @@ def test_2_a_gang_completes_as_written_with_no_profiling_run(
         ]
         assert condition(queued_as, "Admitted") or condition(queued_as, "Finished"), queued_as.get("status")
     gangs.figures[name] = sorted(products)
-    if profiled:  # its runs are counted by its size, which its Pods carry from admission
-        size = json.loads(jobs[0]["metadata"]["annotations"][v.HINTS_ANNOTATION]).get("gangGPUs")  # type: ignore[index]
-        # a JobSet's Job shows admission one Pod of 1 GPU (its peers are other Jobs): no size above 1
-        assert size == (None if case == "jobset" else 2), size
+    size = json.loads(jobs[0]["metadata"]["annotations"][v.HINTS_ANNOTATION]).get("gangGPUs")  # type: ignore[index]
+    # a JobSet's Job shows admission one Pod of 1 GPU (its peers are other Jobs): no size above 1
+    assert size == (None if case == "jobset" else 2), size
+    if profiled and case != "jobset":  # its links measured: its runs are observed by the size its Pods carry
 
         def observed() -> list[Obj]:
             profile = get("workloadprofile", v.profile_name(workload)) or {}
