@@ -29,6 +29,7 @@ named after what it imitates (Kubernetes 1.28):
 | discovery: ``GET /api``, ``/apis``, ``/api/v1``, ``/apis/<group>/<version>`` list the resources above (legacy, unaggregated form), so ``kubectl apply --dry-run=client`` can map kinds to resources | the discovery handlers of ``staging/src/k8s.io/apiserver/pkg/endpoints/discovery`` | verbs, short names, categories, aggregated discovery (kubectl falls back) |
 | an events.k8s.io/v1 Event is created only with ``eventTime``, ``reportingController``, ``reportingInstance``, ``action``, ``reason`` (at most 128 characters), a ``note`` of at most 1 KiB and ``type`` Normal or Warning (422 otherwise) | ``pkg/apis/events/validation.ValidateEventCreate`` | series, related |
 | authentication by bearer token (``tokens``: token -> ``Identity``; none is ``system:anonymous``, an unknown one 401) and RBAC authorisation of every request against the Roles, ClusterRoles, RoleBindings and ClusterRoleBindings stored in the double: verb (``get``/``list``/``watch``, a ``fieldSelector=metadata.name=X`` list or watch naming X, ``create``, ``update``, ``patch``, ``delete``, ``deletecollection``), API group, resource and subresource, namespace, ``resourceNames``; ``system:masters`` may do anything; a refusal is 403 with the real Status body and message | ``staging/src/k8s.io/apiserver/pkg/endpoints/request/requestinfo.go``, ``plugin/pkg/auth/authorizer/rbac``, ``endpoints/handlers/responsewriters.forbiddenMessage`` | aggregation of ClusterRoles, non-resource URLs, impersonation, the default system roles |
+| a WorkloadProfile written through the API (create, update, patch, the status subresource) loses every field its CRD's schema does not name (``PRUNED``: the structural schema of ``webhook-config/crd-workloadprofiles.yaml``, the file the install applies), at any depth; ``additionalProperties`` keeps any key, its value pruned by that schema; ``x-kubernetes-preserve-unknown-fields`` keeps all below it | structural pruning, ``apiextensions-apiserver/pkg/apiserver/schema/pruning`` (a field the CRD lacks is dropped silently, never refused) | ``x-kubernetes-embedded-resource``, defaults; objects seeded with ``put()`` bypass it, as writes to etcd would |
 | ``run_jobs()`` / ``finish_pod()``: one Pod per unsuspended, unfinished Job, created through admission like the Job controller's, owned by the Job; a finished Pod completes or fails its Job | ``pkg/controller/job`` in miniature | parallelism, retries, indexes |
 """
 
@@ -46,11 +47,13 @@ import uuid
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import aiohttp
 import jsonpatch
 import jsonpointer
+import yaml
 from aiohttp import web
 from multidict import CIMultiDict
 
@@ -106,6 +109,21 @@ ADMITTED: dict[tuple[str, str], tuple[str, str, str, str]] = {
 MUTATING = ("apis/admissionregistration.k8s.io/v1", "mutatingwebhookconfigurations")
 VALIDATING = ("apis/admissionregistration.k8s.io/v1", "validatingwebhookconfigurations")
 NOW = "2026-11-22T10:00:00Z"
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _crd_schema(path: Path) -> Obj:
+    """The ``openAPIV3Schema`` of a CRD's served version, as the install applies the file."""
+    crd = yaml.safe_load(path.read_text("utf-8"))
+    [version] = [v for v in crd["spec"]["versions"] if v.get("served")]
+    schema: Obj = version["schema"]["openAPIV3Schema"]
+    return schema
+
+
+# custom resources whose writes are pruned to their CRD's structural schema, by plural
+PRUNED: dict[str, Obj] = {
+    "workloadprofiles": _crd_schema(REPO / "webhook-config" / "crd-workloadprofiles.yaml")
+}
 
 
 def _discovery(path: str, *, kueue: bool = False) -> Obj | None:
@@ -403,6 +421,8 @@ class KubeDouble:
             meta.setdefault("creationTimestamp", _iso(dt.datetime.now(dt.UTC)))
             if has_status and plural in CUSTOM_WITH_STATUS:
                 obj.pop("status", None)  # the status subresource: create ignores status
+            if plural in PRUNED:
+                obj = _pruned(obj, PRUNED[plural])
             _manage(obj, None, _manager(request), "Update", "")
             self._store(prefix, plural, key, obj, "ADDED")
             self.collect_garbage()
@@ -491,6 +511,8 @@ class KubeDouble:
             if isinstance(admitted, web.Response):
                 return admitted
             updated, warnings = admitted
+        if plural in PRUNED:
+            updated = _pruned(updated, PRUNED[plural])
         operation = "Apply" if request.content_type == "application/apply-patch+yaml" else "Update"
         updated["metadata"]["managedFields"] = copy.deepcopy(current["metadata"].get("managedFields") or [])
         _manage(updated, current, _manager(request), operation, sub or "")
@@ -978,6 +1000,30 @@ CONTINUE_TOO_OLD = (
     "that were created, modified, or deleted between the time the first chunk was returned and now may show "
     "up in the list."
 )
+
+
+def _pruned(obj: Obj, schema: Obj) -> Obj:
+    """``obj`` without the fields ``schema`` does not name, at any depth (apiVersion, kind and
+    metadata are the server's own and never pruned)."""
+    kept: Obj = {k: obj[k] for k in ("apiVersion", "kind", "metadata") if k in obj}
+    pruned = _prune(obj, schema)
+    return {**pruned, **kept} if isinstance(pruned, dict) else kept
+
+
+def _prune(value: Any, schema: Obj) -> Any:
+    if schema.get("x-kubernetes-preserve-unknown-fields"):
+        return value
+    if isinstance(value, dict):
+        if "properties" in schema:
+            properties = schema["properties"]
+            return {k: _prune(val, properties[k]) for k, val in value.items() if k in properties}
+        extra = schema.get("additionalProperties")
+        if isinstance(extra, dict):
+            return {k: _prune(val, extra) for k, val in value.items()}
+        return value if extra is True else {}
+    if isinstance(value, list) and isinstance(schema.get("items"), dict):
+        return [_prune(item, schema["items"]) for item in value]
+    return value
 
 
 def _partial_form(request: web.Request) -> str:

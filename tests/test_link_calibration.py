@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from kubernetes_asyncio import client
 
 from kratos_admit.cli.placement import placement_rows
 from kratos_admit.decisions.record import hints_record, recorded_gang_gpus
@@ -31,7 +32,8 @@ from kratos_admit.simulation.knowledge import Learned, prediction_errors
 from kratos_admit.simulation.replay import simulate
 from kratos_admit.simulation.trace import Figures, Trace, TraceJob, Truth, time_shares_status
 from tests.builders import sim_node
-from tests.harness import CATALOG
+from tests.harness import CATALOG, api_for, api_server
+from tests.kube_double import KubeDouble
 
 H100_SXM = "NVIDIA-H100-80GB-HBM3"  # NVLink 4, 900 GB/s to 8 GPUs; measured ground
 H100_PCIE = "NVIDIA-H100-PCIe"  # PCIe Gen5, 128 GB/s (bridged pairs only)
@@ -313,3 +315,36 @@ def test_placement_shows_the_calibrated_link_and_where_it_comes_from():
     assert plain[0].interconnect_gbs == 128 and plain[0].interconnect_from.startswith(
         "PCIe Gen5, datasheet: "
     )
+
+
+async def test_the_api_server_keeps_a_gangs_size_because_the_crd_names_it_and_drops_what_it_does_not():
+    """The real API server prunes every field a CRD's structural schema lacks, silently; the double
+    does the same from the CRD the install applies. The sizes the controller writes are kept there
+    (the CRD names them), a field it does not name is gone, on create and on the status subresource."""
+    kube = KubeDouble()
+    async with api_server(kube) as server, api_for(server) as api:
+        custom = client.CustomObjectsApi(api)
+        body = {"apiVersion": "gpu.scheduler.io/v1alpha1", "kind": "WorkloadProfile",
+                "metadata": {"name": "w-profile", "namespace": "ml"}, "spec": {"workload": "w", "owner": "x"}}  # fmt: skip
+        created = await custom.create_namespaced_custom_object(
+            "gpu.scheduler.io", "v1alpha1", "ml", "workloadprofiles", body
+        )
+        assert created["spec"] == {"workload": "w"}, "spec.owner is no field of the CRD"
+        status = {"phase": "Ready", "gpu": {"product": L40S, "gangGPUs": 8, "vendor": "x"},
+                  "observations": [{"product": L40S, "runs": 1, "meanSeconds": "1.0", "gangGPUs": 8, "note": "x"}],
+                  "telemetry": [{"product": L40S, "runs": 1, "seconds": "8", "gangGPUs": 8,
+                                 "counters": {"DCGM_FI_PROF_GR_ENGINE_ACTIVE": "0.9"}}],
+                  "unknown": {"a": 1}}  # fmt: skip
+        written = await custom.patch_namespaced_custom_object_status(  # type: ignore[call-arg]
+            "gpu.scheduler.io", "v1alpha1", "ml", "workloadprofiles", "w-profile",
+            [{"op": "add", "path": "/status", "value": status}], _content_type="application/json-patch+json",
+        )  # fmt: skip
+    assert written["status"]["gpu"] == {"product": L40S, "gangGPUs": 8}
+    assert written["status"]["observations"] == [
+        {"product": L40S, "runs": 1, "meanSeconds": "1.0", "gangGPUs": 8}
+    ]
+    assert written["status"]["telemetry"][0]["gangGPUs"] == 8
+    assert written["status"]["telemetry"][0]["counters"] == {"DCGM_FI_PROF_GR_ENGINE_ACTIVE": "0.9"}, (
+        "additionalProperties keeps any counter"
+    )
+    assert "unknown" not in written["status"]
