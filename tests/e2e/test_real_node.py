@@ -407,6 +407,20 @@ def measured_by(url: str, namespace: str, tier: Tier) -> None:
     kubectl("label", "namespace", namespace, f"{v.NAMESPACE_LABEL}=enabled")
 
 
+def measured_run(telemetry: Telemetry, namespace: str, job: str, workload: str) -> Obj:
+    """``job`` run to its end with the dcgm-exporter stand-in serving its Pod's GPUs, then the
+    status of ``workload``'s profile once it is Ready from telemetry."""
+    running = until(lambda: running_pod(namespace, job), timeout=240, what=f"{job} runs")
+    telemetry.dcgm.attach(running)
+    until(lambda: finished_in(namespace, job), timeout=240, what=f"{job} finished")
+    telemetry.dcgm.detach(namespace, running["metadata"]["name"])
+    status: Obj = until(
+        lambda: (s := profile_status(namespace, workload)).get("source") == "telemetry" and s,
+        timeout=180, what=f"the profile of {workload} Ready from telemetry",
+    )  # fmt: skip
+    return status
+
+
 def test_3c_a_workload_whose_profiling_met_no_gpu_learns_from_the_execution_runs_dcgm_counters(
     tier: Tier, tmp_path: Path
 ):
@@ -422,16 +436,7 @@ def test_3c_a_workload_whose_profiling_met_no_gpu_learns_from_the_execution_runs
         measured_by(telemetry.url, namespace, tier)
         kubectl("apply", "-f", "-", stdin=yaml.safe_dump(train_job("learn", namespace, seconds=12)))
         until(lambda: finished_in(namespace, "learn"), timeout=240, what="the profiling Job learn finished")
-        execution = until(
-            lambda: running_pod(namespace, "learn-execution"), timeout=240, what="learn-execution runs"
-        )
-        telemetry.dcgm.attach(execution)
-        until(lambda: finished_in(namespace, "learn-execution"), timeout=240, what="learn-execution finished")
-        telemetry.dcgm.detach(namespace, execution["metadata"]["name"])
-        status = until(
-            lambda: (s := profile_status(namespace, "learn")).get("source") == "telemetry" and s,
-            timeout=180, what="the profile of learn Ready from telemetry",
-        )  # fmt: skip
+        status = measured_run(telemetry, namespace, "learn-execution", "learn")
         assert (status["phase"], status["boundType"], status["failure"]) == ("Ready", "memory", "no-gpu"), (
             status
         )
@@ -487,14 +492,7 @@ def test_3d_a_gangs_link_counters_become_its_interconnect_share(tier: Tier, tmp_
         hints = json.loads(created["metadata"]["annotations"][v.HINTS_ANNOTATION])
         assert hints.get("gang") and created["metadata"]["labels"].get(v.ROLE_LABEL) != "profiling", hints
         assert hints.get("gangGPUs") == 2, "the gang's size, which its Pods carry to the controller"
-        running = until(lambda: running_pod(namespace, "pair"), timeout=240, what="the gang's Pod runs")
-        telemetry.dcgm.attach(running)
-        until(lambda: finished_in(namespace, "pair"), timeout=240, what="the gang's Job finished")
-        telemetry.dcgm.detach(namespace, running["metadata"]["name"])
-        status = until(
-            lambda: (s := profile_status(namespace, "pair")).get("source") == "telemetry" and s,
-            timeout=180, what="the profile of pair Ready from telemetry",
-        )  # fmt: skip
+        status = measured_run(telemetry, namespace, "pair", "pair")
         shares = status["timeShares"]
         assert shares.get("interconnect") == offline.time_shares.interconnect, (shares, offline.time_shares)
         assert status["gpu"].get("gangGPUs") == 2 and status["telemetry"][0].get("gangGPUs") == 2, status
