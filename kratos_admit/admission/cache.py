@@ -23,7 +23,7 @@ made for one name is the answer for another. Bounded in entries and in bytes: th
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Final
 
 import orjson
@@ -54,6 +54,7 @@ class Against:
     products: frozenset[str]
     product_nodes: Mapping[str, int]
     ctx: PolicyContext
+    product_gpus: Mapping[str, int] = field(default_factory=dict)  # the most GPUs one Node of each has
 
     def same(self, other: Against) -> bool:
         """The very profile, calibration and context; the Nodes' products and counts equal (the
@@ -64,6 +65,7 @@ class Against:
             and self.ctx is other.ctx
             and (self.products is other.products or self.products == other.products)
             and (self.product_nodes is other.product_nodes or self.product_nodes == other.product_nodes)
+            and (self.product_gpus is other.product_gpus or self.product_gpus == other.product_gpus)
         )
 
 

@@ -192,7 +192,12 @@ def _against(
     profile = _profile(request, webhook=webhook, engine=engine)
     nodes = engine.nodes
     return profile, Against(
-        profile, engine.calibration.current(), nodes.gpu_products(), nodes.product_nodes(), engine.ctx
+        profile,
+        engine.calibration.current(),
+        nodes.gpu_products(),
+        nodes.product_nodes(),
+        engine.ctx,
+        nodes.product_gpus(),
     )
 
 
@@ -290,6 +295,7 @@ def _decide(
             ctx=engine.ctx,
             calibration=against.calibration,
             product_nodes=against.product_nodes,
+            product_gpus=against.product_gpus,
         )
         _note_run(request, decision, engine)
         return decision

@@ -12,13 +12,20 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
+from kratos_admit.decisions.acceptable import (
+    Cut,
+    and_into_terms,
+    narrowing,
+    product_requirement,
+    required_variants,
+)
 from kratos_admit.decisions.gangs import Gang, gang_affinity, label_gang_pods
 from kratos_admit.decisions.record import hints_record
 from kratos_admit.domain import vocabulary as v
 from kratos_admit.domain.config import Config
 from kratos_admit.domain.profile import WorkloadProfile
 from kratos_admit.domain.quantity import parse_quantity
-from kratos_admit.domain.raw import as_list, as_mapping, child, child_list, clone
+from kratos_admit.domain.raw import as_list, as_mapping, child, clone
 from kratos_admit.domain.signing import sign_block
 from kratos_admit.domain.workload import Kind, kueue_queue
 from kratos_admit.model.calibration import NO_CALIBRATION, Calibration
@@ -39,8 +46,6 @@ from kratos_admit.model.ranking import (
     ranking_source,
     reference_of,
 )
-
-Expression = dict[str, Any]
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,45 +78,6 @@ def min_memory_mib(annotations: Mapping[str, str]) -> int | None:
     if quantity is None:
         return None
     return int((quantity / Decimal(2**20)).to_integral_value(rounding="ROUND_CEILING"))
-
-
-def required_variants(cc: tuple[int, int] | None, memory_mib: int | None) -> list[list[Expression]]:
-    """Alternatives (ORed terms) of ANDed requirements. "cc >= M.m" needs two terms when m > 0."""
-    base: list[Expression] = [{"key": v.GPU_PRESENT_LABEL, "operator": "In", "values": ["true"]}]
-    if memory_mib is not None:
-        base.append({"key": v.GPU_MEMORY_LABEL, "operator": "Gt", "values": [str(memory_mib - 1)]})
-    if cc is None:
-        return [base]
-    major, minor = cc
-    if minor == 0:
-        return [[*base, {"key": v.GPU_CC_MAJOR_LABEL, "operator": "Gt", "values": [str(major - 1)]}]]
-    return [
-        [*base, {"key": v.GPU_CC_MAJOR_LABEL, "operator": "Gt", "values": [str(major)]}],
-        [
-            *base,
-            {"key": v.GPU_CC_MAJOR_LABEL, "operator": "In", "values": [str(major)]},
-            {"key": v.GPU_CC_MINOR_LABEL, "operator": "Gt", "values": [str(minor - 1)]},
-        ],
-    ]
-
-
-def _and_into_terms(pod_spec: dict[str, Any], variants: list[list[Expression]]) -> bool:
-    affinity = child(pod_spec, "affinity")
-    node_affinity = child(affinity, "nodeAffinity")
-    required = child(node_affinity, "requiredDuringSchedulingIgnoredDuringExecution")
-    existing = [t for t in as_list(required.get("nodeSelectorTerms")) if isinstance(t, dict)] or [{}]
-    terms: list[dict[str, Any]] = []
-    for term in existing:
-        for variant in variants:
-            new_term = clone(term)
-            expressions = child_list(new_term, "matchExpressions")
-            for expression in variant:
-                if expression not in expressions:
-                    expressions.append(expression)
-            terms.append(new_term)
-    changed: bool = terms != required.get("nodeSelectorTerms")
-    required["nodeSelectorTerms"] = terms
-    return changed
 
 
 def _prefer_products(pod_spec: dict[str, Any], ranked: list[RankedProduct]) -> bool:
@@ -411,6 +377,7 @@ def apply_hints(
     calibration: Calibration = NO_CALIBRATION,
     profile_on: tuple[str, ...] = (),
     gang: Gang | None = None,
+    product_gpus: Mapping[str, int] | None = None,
 ) -> HintResult:
     """The object with its hints, recorded and signed; ``request_object`` is not changed, unless
     the caller ``owned`` it (a copy of its own, such as the profiling rewrite): then it is hinted
@@ -438,11 +405,12 @@ def apply_hints(
     if runtime_class and _set_missing(pod_spec, "runtimeClassName", runtime_class):
         injected.append("runtimeClassName")
     cc, memory = min_compute_capability(annotations), min_memory_mib(annotations)
-    if _and_into_terms(pod_spec, required_variants(cc, memory)):
+    if and_into_terms(pod_spec, required_variants(cc, memory)):
         injected.append("affinity.nodeAffinity.required")
     ranked: list[RankedProduct] = []
     explored: Exploration | None = None
     reference: Reference | None = None
+    narrowed: Cut | None = None
     if ready and profile is not None:  # the ranked hint: the only one that needs a profile
         hint = ranked_hint(
             pod_spec,
@@ -458,6 +426,17 @@ def apply_hints(
         ranked, explored, reference = hint.ranked, hint.explored, hint.reference
         if hint.added:
             injected.append("affinity.nodeAffinity.preferred")
+        narrowed = narrowing(
+            pod_spec,
+            ranked,
+            annotations=annotations,
+            config=config,
+            product_gpus=product_gpus,
+            explored=explored,
+        )
+        if narrowed is not None and narrowed.narrows:
+            and_into_terms(pod_spec, [[product_requirement(narrowed.labels)]])
+            injected.append("affinity.nodeAffinity.required.product")
         if not ranked:
             warnings.append(
                 f"no GPU product preference: profile {profile.metadata.name} gives nothing to rank by"
@@ -487,6 +466,7 @@ def apply_hints(
         reference=reference,
         interconnect=_interconnect_note(gang, profile if ready else None),
         gang_gpus=gang.total_gpus if gang is not None else 1,
+        cut=narrowed,
     )
     for block in [metadata] if kind == "Pod" else [metadata, pod_meta]:
         block_annotations = child(block, "annotations")

@@ -9,6 +9,7 @@ import json
 from collections.abc import Mapping
 from typing import Any, Literal
 
+from kratos_admit.decisions.acceptable import and_into_terms, narrowing, product_requirement
 from kratos_admit.decisions.hints import (
     add_profile_gate,
     mark_template_held,
@@ -77,6 +78,7 @@ def release_hold(
     catalog: Catalog,
     signing_key: bytes,
     calibration: Calibration = NO_CALIBRATION,
+    product_gpus: Mapping[str, int] | None = None,
 ) -> dict[str, Any]:
     """A follower held while its workload was profiled, released: the ranked affinity from a Ready
     profile (a Failed one leaves the base hints), ``awaiting-profile`` gone, a Job KRATOS suspended
@@ -106,7 +108,7 @@ def release_hold(
         injected.append("schedulingGates")
     user_annotations = {k: val for k, val in annotations.items() if isinstance(val, str)}
     ranked: list[RankedProduct] = []
-    explored, reference = None, None
+    explored, reference, narrowed = None, None, None
     if profile.ready:
         hint = ranked_hint(
             pod_spec if template else clone(pod_spec),
@@ -121,6 +123,21 @@ def release_hold(
         ranked, explored, reference = hint.ranked, hint.explored, hint.reference
         if hint.added and template:
             injected.append("affinity.nodeAffinity.preferred")
+        narrowed = narrowing(
+            pod_spec,
+            ranked,
+            annotations=user_annotations,
+            config=config,
+            product_gpus=product_gpus,
+            explored=explored,
+        )
+        if narrowed is not None and narrowed.narrows and template:
+            # a gated Pod's required terms may take more requirements, a suspended Job's template any
+            # affinity (Kubernetes 1.27+): the release narrows as admission would have
+            and_into_terms(pod_spec, [[product_requirement(narrowed.labels)]])
+            injected.append("affinity.nodeAffinity.required.product")
+        elif narrowed is not None and not template:
+            narrowed = None  # Kueue started it: nothing of its Pods' placement changes now
     phase = profile.status.phase if profile.status else "without status"
     record = hints_record(
         profile.metadata.name if profile.ready else "",
@@ -131,6 +148,7 @@ def release_hold(
         reason="" if profile.ready else f"WorkloadProfile {profile.metadata.name} is {phase}",
         explore=explored,
         reference=reference,
+        cut=narrowed,
     )
     for block in [metadata] if kind == "Pod" else [metadata, pod_meta] if template else [metadata]:
         block_annotations = child(block, "annotations")

@@ -138,6 +138,7 @@ def mutate(
     ctx: PolicyContext,
     calibration: Calibration = NO_CALIBRATION,
     product_nodes: Mapping[str, int] | None = None,
+    product_gpus: Mapping[str, int] | None = None,
 ) -> Decision:
     """DESIGN "Hints" and "Profiling rewrite": deny what validation denies; leave KRATOS's own
     output alone (idempotent); else base hints always, ranked hints from a Ready profile, a hold
@@ -165,6 +166,7 @@ def mutate(
             namespace=namespace,
             ctx=ctx,
             calibration=calibration,
+            product_gpus=product_gpus,
         )
     gang = read_gang(workload, gpus)
 
@@ -193,6 +195,7 @@ def mutate(
             calibration=calibration,
             profile_on=profile_on,
             gang=gang,
+            product_gpus=product_gpus,
         )
         return Decision(
             allowed=True,
@@ -351,6 +354,7 @@ def _hinted_again(
     namespace: str,
     ctx: PolicyContext,
     calibration: Calibration,
+    product_gpus: Mapping[str, int] | None = None,
 ) -> Decision:
     """KRATOS's own output, seen again: left alone (idempotent), but for two holds that must change.
     A Job KRATOS suspended that Kueue has since given a queue (reinvocation after Kueue's webhook)
@@ -386,6 +390,7 @@ def _hinted_again(
         catalog=ctx.catalog,
         signing_key=ctx.signing_key,
         calibration=calibration,
+        product_gpus=product_gpus,
     )
     return Decision(
         allowed=True, action="hints", mutated=released, ranking_source=recorded_ranking_source(released)

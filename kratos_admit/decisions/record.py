@@ -8,6 +8,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from kratos_admit.decisions.acceptable import Cut
 from kratos_admit.domain import vocabulary as v
 from kratos_admit.domain.raw import as_list, as_mapping
 from kratos_admit.model.exploration import Exploration
@@ -28,6 +29,7 @@ def hints_record(
     reference: Reference | None = None,
     interconnect: str = "",
     gang_gpus: int = 1,
+    cut: Cut | None = None,
 ) -> str:
     """The gpu.scheduler.io/hints annotation: what was injected and why (memoised, it repeats).
     ``profile`` is empty and ``reason`` says why when only base hints were given; ``explore`` names
@@ -36,7 +38,9 @@ def hints_record(
     (``calibrated``, ``measured`` in the catalog, or the ``datasheet``'s times a factor);
     ``interconnect`` what is not measured of a gang's links (``unmeasured across nodes``);
     ``gang_gpus`` the GPUs a gang runs on together as admission read it (``gangGPUs``, above 1 only):
-    the link its ranking used, and the controller's key for the runs' observations and telemetry."""
+    the link its ranking used, and the controller's key for the runs' observations and telemetry;
+    ``cut`` the products a Ready workload may run on and those it is kept off, with their predicted
+    slowdowns and the cap (DESIGN "Wait or run slow"), where it narrows."""
     record: dict[str, object] = {
         "profile": profile or None,
         "boundType": bound_type,
@@ -54,6 +58,8 @@ def hints_record(
         record["gangGPUs"] = gang_gpus
     if interconnect:
         record["interconnect"] = interconnect
+    if cut is not None and cut.narrows:
+        record.update(cut.record())
     if explore is not None:
         record["explore"] = explore.product.product.product
         record["exploreReason"] = explore.reason

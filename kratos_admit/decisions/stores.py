@@ -14,6 +14,8 @@ from typing import Any, Final, Protocol
 
 from kratos_admit.domain import vocabulary as v
 from kratos_admit.domain.profile import WorkloadProfile
+from kratos_admit.domain.quantity import parse_positive_integer
+from kratos_admit.domain.raw import as_mapping
 from kratos_admit.model.calibration import NO_CALIBRATION, Calibration
 
 
@@ -30,6 +32,11 @@ class ProfileStore(Protocol):
 
 class NodeStore(Protocol):
     def gpu_products(self) -> frozenset[str]: ...
+    def product_gpus(self) -> Mapping[str, int]:
+        """Per product label, the most GPUs one of its Nodes has (a product whose Nodes say nothing of
+        their GPUs is absent: it counts as able to hold any Pod)."""
+        ...
+
     def product_nodes(self) -> Mapping[str, int]:
         """How many Nodes carry each GPU product label (where profiling runs go first)."""
 
@@ -155,6 +162,30 @@ class PackedProfileIndex(ProfileIndex):
         return [profile for key in list(self._packed) if (profile := self.get(*key)) is not None]
 
 
+def node_gpus(node: Mapping[str, Any]) -> int:
+    """The GPUs a Node has: its status's allocatable ``nvidia.com/gpu`` where the object has a status,
+    else GPU Feature Discovery's ``nvidia.com/gpu.count`` label (a watch of metadata alone sees only
+    that); 0 when neither says."""
+    allocatable = as_mapping(as_mapping(node.get("status")).get("allocatable"))
+    for value in (
+        allocatable.get(v.GPU_RESOURCE),
+        as_mapping(as_mapping(node.get("metadata")).get("labels")).get(v.GPU_COUNT_LABEL),
+    ):
+        count = parse_positive_integer(value)
+        if count is not None:
+            return count
+    return 0
+
+
+def most_gpus(nodes: Iterable[tuple[str, int]]) -> dict[str, int]:
+    """Per product, the most GPUs one of its Nodes has, from (product, GPUs) pairs; 0 counts are left out."""
+    found: dict[str, int] = {}
+    for product, gpus in nodes:
+        if gpus > 0:
+            found[product] = max(found.get(product, 0), gpus)
+    return found
+
+
 def gpu_products_of(nodes: Iterable[Mapping[str, Any]]) -> frozenset[str]:
     """The nvidia.com/gpu.product values of the nodes that have a GPU."""
     products = set()
@@ -191,9 +222,18 @@ class StaticProfileStore:
 class StaticNodeStore:
     """The GPU products of a cluster, fixed at start."""
 
-    def __init__(self, products: Iterable[str] = (), nodes: Mapping[str, int] | None = None) -> None:
+    def __init__(
+        self,
+        products: Iterable[str] = (),
+        nodes: Mapping[str, int] | None = None,
+        gpus: Mapping[str, int] | None = None,
+    ) -> None:
         self._products = frozenset(products)
         self._nodes = dict(nodes) if nodes is not None else dict.fromkeys(self._products, 1)
+        self._gpus = dict(gpus) if gpus is not None else {}
+
+    def product_gpus(self) -> Mapping[str, int]:
+        return self._gpus
 
     def gpu_products(self) -> frozenset[str]:
         return self._products

@@ -6,6 +6,7 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from kratos_admit.decisions.acceptable import parse_max_slowdown
 from kratos_admit.decisions.profiling import profiling_target_errors
 from kratos_admit.domain import vocabulary as v
 from kratos_admit.domain.config import Config
@@ -106,6 +107,14 @@ def _hint_format(workload: Workload) -> Iterator[FieldError]:
                 v.MIN_MEMORY_ANNOTATION,
                 quantity is not None and quantity >= 2**20,
                 'a quantity of at least 1Mi, like "40Gi"',
+            )
+        )
+    if (slowdown := annotations.get(v.MAX_SLOWDOWN_ANNOTATION)) is not None:
+        checks.append(
+            (
+                v.MAX_SLOWDOWN_ANNOTATION,
+                parse_max_slowdown(slowdown) is not None,
+                'a number of at least 1 like "3", or "none" (or "0") for no cap',
             )
         )
     if (priority := annotations.get(v.PRIORITY_ANNOTATION)) is not None:

@@ -33,6 +33,7 @@ from kratos_admit.domain.manifests import ManifestError, parse_yaml, yaml_proble
 from kratos_admit.domain.quantity import parse_quantity
 
 StoreSource = Literal["cluster", "files"]
+MAX_SLOWDOWN_DEFAULT = 4.0
 ENV_PREFIX = "KRATOS_"
 # KRATOS_* variables that are read by something else and name no setting (docs/reference.md "Configuration").
 NOT_SETTINGS: frozenset[str] = frozenset(
@@ -211,6 +212,10 @@ class Config(BaseModel):
     # this share of a workload's Jobs (by a hash of namespace/name) is sent to the best-ranked product
     # whose figure for its bound type is not yet calibrated; 0 turns exploration off (docs/ranking.md)
     exploration_share: float = Field(default=0.05, ge=0, le=1)
+    # a workload with a Ready profile may run only on the products predicted within this many times
+    # its best product's time (a required node affinity); 0 turns it off (docs/placement.md "Wait or
+    # run slow": the default is chosen there, by measurement)
+    max_slowdown: float = Field(default=MAX_SLOWDOWN_DEFAULT, ge=0)
     # the controller writes the calibration ConfigMap at most this often, sooner only when a factor
     # moved beyond its own noise (docs/ranking.md "Where it lives")
     calibration_write_seconds: float = Field(default=30.0, ge=0)

@@ -19,7 +19,7 @@ from typing import Any
 from kubernetes_asyncio import client
 from pydantic import ValidationError
 
-from kratos_admit.decisions.stores import PackedProfileIndex
+from kratos_admit.decisions.stores import PackedProfileIndex, most_gpus, node_gpus
 from kratos_admit.domain import vocabulary as v
 from kratos_admit.domain.profile import WorkloadProfile, as_read
 from kratos_admit.edge.kube import Informer, Key, Sweep, is_status, metadata_lister, one_line
@@ -150,10 +150,11 @@ class ClusterNodeStore:
     ranks products, and such a Node has none to rank (its GPUs still take Pods the scheduler sends)."""
 
     def __init__(self, api: client.ApiClient) -> None:
-        self._by_node: dict[str, str] = {}
-        self._listing: dict[str, str] = {}  # the list being read, page by page
+        self._by_node: dict[str, tuple[str, int]] = {}  # name -> (product, GPUs by its gpu.count label)
+        self._listing: dict[str, tuple[str, int]] = {}  # the list being read, page by page
         self._products: frozenset[str] = frozenset()
         self._product_nodes: Counter[str] = Counter()
+        self._product_gpus: dict[str, int] = {}
         self.informer = Informer(
             metadata_lister(api, "/api/v1/nodes"),
             name="gpu-nodes",
@@ -172,7 +173,9 @@ class ClusterNodeStore:
         self._listing = {}
 
     def page(self, items: list[Obj]) -> None:
-        self._listing.update((str(n["metadata"]["name"]), p) for n in items if (p := self._product(n)))
+        self._listing.update(
+            (str(n["metadata"]["name"]), (p, node_gpus(n))) for n in items if (p := self._product(n))
+        )
 
     def end(self) -> None:
         self._by_node, self._listing = self._listing, {}
@@ -184,19 +187,25 @@ class ClusterNodeStore:
         if kind == "DELETED" or product is None:
             self._by_node.pop(name, None)
         else:
-            self._by_node[name] = product
+            self._by_node[name] = (product, node_gpus(node))
         self._changed()
 
     def _changed(self) -> None:
         """What admission reads, derived once per change of the Nodes, not per request."""
-        self._products = frozenset(self._by_node.values())
-        self._product_nodes = Counter(self._by_node.values())
+        self._products = frozenset(p for p, _ in self._by_node.values())
+        self._product_nodes = Counter(p for p, _ in self._by_node.values())
+        gpus = most_gpus(self._by_node.values())
+        if gpus != self._product_gpus:  # identity is what the decision cache compares first
+            self._product_gpus = gpus
 
     def gpu_products(self) -> frozenset[str]:
         return self._products
 
     def product_nodes(self) -> Mapping[str, int]:
         return self._product_nodes
+
+    def product_gpus(self) -> Mapping[str, int]:
+        return self._product_gpus
 
     def ready(self) -> bool:
         return self.informer.synced.is_set()

@@ -9,7 +9,13 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from kratos_admit.decisions.stores import StaticNodeStore, StaticProfileStore, gpu_products_of
+from kratos_admit.decisions.stores import (
+    StaticNodeStore,
+    StaticProfileStore,
+    gpu_products_of,
+    most_gpus,
+    node_gpus,
+)
 from kratos_admit.domain import vocabulary as v
 from kratos_admit.domain.config import in_our_words
 from kratos_admit.domain.manifests import ManifestError, split_documents
@@ -126,7 +132,9 @@ class FileNodeStore(StaticNodeStore):
     def __init__(self, path: Path | None) -> None:
         nodes = load_nodes(path) if path else []
         counts: dict[str, int] = {}
+        gpus: list[tuple[str, int]] = []
         for node in nodes:
             for product in gpu_products_of([node]):
                 counts[product] = counts.get(product, 0) + 1
-        super().__init__(gpu_products_of(nodes), counts)
+                gpus.append((product, node_gpus(node)))
+        super().__init__(gpu_products_of(nodes), counts, most_gpus(gpus))

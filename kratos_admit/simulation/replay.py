@@ -12,7 +12,12 @@
 - ``kratos``: as ``kratos-no-exploration``, and ``explorationShare`` of each workload's Jobs are sent
   to a product whose figure for their bound type is not yet calibrated (docs/ranking.md
   "Exploration"); left out when the share is 0 (it would be the same run).
-- ``oracle``: every Job on the free GPU product that truly runs it fastest.
+- ``oracle``: every Job on the free GPU product that truly runs it fastest (greedy: it never waits
+  while a GPU is free).
+- ``oracle-wait``: the truth with KRATOS's rule of "Wait or run slow": every Job waits for a product
+  whose true time is within ``maxSlowdown`` times its truly best (of those with a Node that can hold
+  its Pod), and takes the fastest of them that is free; the bound of that rule. Run only where
+  ``maxSlowdown`` is set.
 
 Telemetry, as the controller counts it from DCGM counters (the simulator models a cluster whose
 telemetry is configured): under the KRATOS policies every run is counted once, after
@@ -41,7 +46,7 @@ from typing import Any
 from kratos_admit.admission.engine import AdmissionEngine, build_engine
 from kratos_admit.admission.review import review_document
 from kratos_admit.decisions.holds import release_hold
-from kratos_admit.decisions.stores import StaticCalibrationStore, StaticNodeStore
+from kratos_admit.decisions.stores import StaticCalibrationStore, StaticNodeStore, most_gpus
 from kratos_admit.domain import vocabulary as v
 from kratos_admit.domain.config import Config
 from kratos_admit.domain.profile import ProfileStatus, WorkloadProfile, with_runs
@@ -56,6 +61,7 @@ from kratos_admit.simulation.scheduling import ClusterState, PodRequest, SimNode
 from kratos_admit.simulation.trace import (
     LEARNING,
     NAMESPACE,
+    ORACLES,
     POLICIES,
     Policy,
     PolicyResult,
@@ -155,7 +161,11 @@ class PolicyRun:
             self.config,
             signing_key=DEVELOPMENT_KEY,
             profiles=self.profiles,
-            nodes=StaticNodeStore(self.products, Counter(n.product for n in nodes if n.product)),
+            nodes=StaticNodeStore(
+                self.products,
+                Counter(n.product for n in nodes if n.product),
+                most_gpus((n.product, n.gpus) for n in nodes if n.product),
+            ),
             catalog=catalog,
             calibration=self.calibration,
         )
@@ -171,7 +181,7 @@ class PolicyRun:
     # --- admission -------------------------------------------------------------------------------
 
     def admit(self, job: TraceJob, now: float, name: str | None = None) -> None:
-        if self.policy in ("default", "oracle"):
+        if self.policy == "default" or self.policy in ORACLES:
             self._enqueue(job, now, None)
             return
         reviewed = review_document(
@@ -208,10 +218,28 @@ class PolicyRun:
             job.runtime_shares, reference=job.reference_product, product=product, gpus=job.total_gpus
         )
 
+    def acceptable(self, job: TraceJob, gpus_per_pod: int) -> frozenset[str]:
+        """The products ``oracle-wait`` lets ``job`` run on: truly within ``maxSlowdown`` of its best
+        product that has a Node able to hold one of its Pods (every product for the greedy oracle)."""
+        if self.policy != "oracle-wait" or self.config.max_slowdown <= 0:
+            return self.products
+        times = {
+            p: self._true_time(job, p)
+            for p in self.products
+            if any(n.gpus >= gpus_per_pod for n in self.state.nodes if n.product == p)
+        }
+        best = min(times.values(), default=0.0)
+        return frozenset(p for p, t in times.items() if t <= best * self.config.max_slowdown * (1 + 1e-9))
+
     def _place(self, entry: Pending) -> SimNode | None:
-        if self.policy != "oracle":
+        if self.policy not in ORACLES:
             return schedule(entry.pod, self.state, self.rng)
-        free = [n for n in self.state.nodes if self.state.free_gpus(n) >= entry.pod.gpus]
+        accepted = self.acceptable(entry.job, entry.pod.gpus)
+        free = [
+            n
+            for n in self.state.nodes
+            if self.state.free_gpus(n) >= entry.pod.gpus and n.product in accepted
+        ]
         if not free:
             return None
         times = {n.product: self._true_time(entry.job, n.product) for n in free}
@@ -223,14 +251,14 @@ class PolicyRun:
         admit a gang, all or nothing). The product is the one the scheduler binds its first Pod to
         (the oracle: the truly fastest) among those with room for every Pod; the others follow it,
         as the gang's inter-Pod affinity on the product asks."""
-        products = {n.product for n in self.state.nodes if n.product}
+        products = {n.product for n in self.state.nodes if n.product} & self.acceptable(entry.job, entry.pod.gpus)
         while products:
             among = [n for n in self.state.nodes if n.product in products]
-            if self.policy == "oracle":  # the truly fastest product with room for the whole gang
+            if self.policy in ORACLES:  # the truly fastest product with room for the whole gang
                 best = min(products, key=lambda p: (self._true_time(entry.job, p), p))
                 among = [n for n in among if n.product == best]
             first = schedule(entry.pod, self.state, self.rng, among=among)
-            if first is None and self.policy == "oracle":
+            if first is None and self.policy in ORACLES:
                 products.discard(best)
                 continue
             if first is None:
@@ -270,7 +298,7 @@ class PolicyRun:
                 self.state.bind(node, entry.pod)
             node = nodes[0]
             seconds = self.started(entry, node.product, pods=len(nodes))
-            if self.policy not in ("default", "oracle") and not entry.profiling:
+            if self.policy != "default" and self.policy not in ORACLES and not entry.profiling:
                 # counted before its end at a tie: the run that ends is counted in the profile
                 window = min(seconds, self.config.telemetry.window_seconds)
                 self._event(
@@ -371,6 +399,7 @@ class PolicyRun:
                 catalog=self.catalog,
                 signing_key=DEVELOPMENT_KEY,
                 calibration=self.calibration.current(),
+                product_gpus=self.engine.nodes.product_gpus(),
             )
             self._enqueue(follower, now, _pod_spec(released))
 
@@ -449,8 +478,14 @@ def simulate(
 
 
 def run_policies(policies: Sequence[Policy], config: Config) -> list[Policy]:
-    """The policies to run: kratos-no-exploration only where kratos explores (else it is kratos)."""
-    return [p for p in policies if p != "kratos-no-exploration" or config.exploration_share > 0]
+    """The policies to run: kratos-no-exploration only where kratos explores (else it is kratos), and
+    oracle-wait only where ``maxSlowdown`` is set (else it is the oracle)."""
+    return [
+        p
+        for p in policies
+        if (p != "kratos-no-exploration" or config.exploration_share > 0)
+        and (p != "oracle-wait" or config.max_slowdown > 0)
+    ]
 
 
 def simulation_result(

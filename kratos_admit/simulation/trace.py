@@ -13,8 +13,17 @@ from kratos_admit.domain.vocabulary import Unit
 from kratos_admit.model.catalog import Catalog, GpuProduct
 from kratos_admit.model.ranking import LINK, SCALED_UNITS, relative_time_by_units, unit_figures
 
-Policy = Literal["default", "kratos-static", "kratos-no-exploration", "kratos", "oracle"]
-POLICIES: tuple[Policy, ...] = ("default", "kratos-static", "kratos-no-exploration", "kratos", "oracle")
+Policy = Literal["default", "kratos-static", "kratos-no-exploration", "kratos", "oracle", "oracle-wait"]
+POLICIES: tuple[Policy, ...] = (
+    "default",
+    "kratos-static",
+    "kratos-no-exploration",
+    "kratos",
+    "oracle",
+    "oracle-wait",
+)
+# the policies that see the truth, not what admission predicts: no admission runs for them
+ORACLES: frozenset[Policy] = frozenset({"oracle", "oracle-wait"})
 # the policies that learn as the trace runs (observations, calibration); kratos also explores
 LEARNING: frozenset[Policy] = frozenset({"kratos", "kratos-no-exploration"})
 # the figure a workload's runs exercise: that of its largest unit (bandwidth: memory's)

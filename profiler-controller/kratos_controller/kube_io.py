@@ -13,6 +13,7 @@ import jsonpatch
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
+from kratos_admit.decisions.stores import most_gpus, node_gpus
 from kratos_admit.domain import vocabulary as v
 from kratos_admit.domain.raw import as_list, as_mapping
 from kratos_admit.edge.kube import is_status, list_pages, list_raw, one_line
@@ -255,15 +256,19 @@ class KubeIO:
         )
 
     async def gpu_products(self) -> frozenset[str]:
+        return (await self.gpu_inventory())[0]
+
+    async def gpu_inventory(self) -> tuple[frozenset[str], dict[str, int]]:
+        """The GPU products of the cluster's Nodes, and per product the most GPUs one Node of it can
+        give (its allocatable): what a release narrows by (DESIGN "Wait or run slow")."""
         body = await list_raw(self.core.list_node, label_selector=f"{v.GPU_PRESENT_LABEL}=true")
-        products = {
-            str(labels[v.GPU_PRODUCT_LABEL])
-            for n in as_list(body.get("items"))
-            if (labels := as_mapping(as_mapping(as_mapping(n).get("metadata")).get("labels"))).get(
-                v.GPU_PRODUCT_LABEL
-            )
-        }
-        return frozenset(products)
+        found: list[tuple[str, int]] = []
+        for n in as_list(body.get("items")):
+            node = as_mapping(n)
+            product = as_mapping(as_mapping(node.get("metadata")).get("labels")).get(v.GPU_PRODUCT_LABEL)
+            if product:
+                found.append((str(product), node_gpus(node)))
+        return frozenset(p for p, _ in found), most_gpus(found)
 
     async def product_of(self, node: str) -> str:
         """The node's ``nvidia.com/gpu.product`` ("" when it has none or is gone), cached by name."""

@@ -422,6 +422,7 @@ def release_followers(
     catalog: Catalog,
     signing_key: bytes,
     calibration: Calibration = NO_CALIBRATION,
+    product_gpus: Mapping[str, int] | None = None,
 ) -> list[Action]:
     """Release every object held for ``profile`` once its run ended (Ready: ranked hints; Failed:
     base hints as they are)."""
@@ -442,6 +443,7 @@ def release_followers(
             catalog=catalog,
             signing_key=signing_key,
             calibration=calibration,
+            product_gpus=product_gpus,
         )
         actions.append(
             ReleaseFollower(

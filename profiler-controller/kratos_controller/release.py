@@ -109,10 +109,12 @@ class ReleaseController:
             profile = orphan_profile(namespace, workload)
         else:
             profile = WorkloadProfile.model_validate(raw)
+        products, gpus = await shared.io.gpu_inventory() if profile.ready else (frozenset[str](), {})
         actions = release_followers(
             profile,
             followers,
-            node_products=await shared.io.gpu_products() if profile.ready else frozenset(),
+            node_products=products,
+            product_gpus=gpus,
             config=shared.config,
             catalog=shared.catalog,
             signing_key=shared.signing_key,

@@ -1,0 +1,261 @@
+"""Wait or run slow (DESIGN "Wait or run slow", issue 58): a workload with a Ready profile may run only
+on the products predicted within ``maxSlowdown`` times its best, as a required node affinity that
+kube-scheduler and Kueue's flavor assignment both read; never starving it."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from kratos_admit.decisions.acceptable import cut, holds_pod, parse_max_slowdown
+from kratos_admit.decisions.holds import release_hold
+from kratos_admit.decisions.stores import StaticNodeStore, StaticProfileStore, most_gpus, node_gpus
+from kratos_admit.admission.engine import AdmissionEngine
+from kratos_admit.domain import vocabulary as v
+from kratos_admit.domain.config import Config
+from kratos_admit.domain.profile import WorkloadProfile
+from kratos_admit.model.ranking import rank_gpu_products
+from tests.builders import make_job, make_pod
+from tests.harness import CATALOG, TEST_KEY, admit, make_ctx, mutate_and_check
+
+A100, H100, L40S, A10, L4 = (
+    "NVIDIA-A100-SXM4-80GB",
+    "NVIDIA-H100-80GB-HBM3",
+    "NVIDIA-L40S",
+    "NVIDIA-A10",
+    "NVIDIA-L4",
+)
+CLUSTER = (A100, H100, L40S, A10)
+
+
+def shares_profile(workload: str, shares: dict[str, str], *, product: str = A100) -> WorkloadProfile:
+    """A Ready profile whose GPU time goes where ``shares`` says (status.timeShares), measured on ``product``."""
+    return WorkloadProfile.model_validate(
+        {
+            "apiVersion": "gpu.scheduler.io/v1alpha1",
+            "kind": "WorkloadProfile",
+            "metadata": {"name": f"{workload}-profile", "namespace": "ml-team", "resourceVersion": "3"},
+            "spec": {"workload": workload},
+            "status": {
+                "phase": "Ready",
+                "boundType": "compute",
+                "metrics": {"smThroughput": "86.0", "memoryThroughput": "30.0"},
+                "gpu": {"product": product},
+                "timeShares": shares,
+            },
+        }
+    )
+
+
+FP64 = shares_profile("cfd", {"fp64": "0.80", "memory": "0.12", "latency": "0.08"})
+DRAM = shares_profile("stream", {"memory": "0.85", "latency": "0.15"})
+
+
+def engine_of(
+    *profiles: WorkloadProfile, gpus: dict[str, int] | None = None, **config: Any
+) -> AdmissionEngine:
+    return AdmissionEngine(
+        ctx=make_ctx(**config),
+        profiles=StaticProfileStore(profiles),
+        nodes=StaticNodeStore(CLUSTER, dict.fromkeys(CLUSTER, 2), gpus),
+    )
+
+
+def required_terms(obj: dict[str, Any]) -> list[dict[str, Any]]:
+    spec = obj["spec"] if obj["kind"] == "Pod" else obj["spec"]["template"]["spec"]
+    node_affinity = spec["affinity"]["nodeAffinity"]
+    terms: list[dict[str, Any]] = node_affinity["requiredDuringSchedulingIgnoredDuringExecution"][
+        "nodeSelectorTerms"
+    ]
+    return terms
+
+
+def products_required(obj: dict[str, Any]) -> list[list[str] | None]:
+    """Per required term, the products it lets in (None: no product requirement)."""
+    found: list[list[str] | None] = []
+    for term in required_terms(obj):
+        values = [e["values"] for e in term["matchExpressions"] if e["key"] == v.GPU_PRODUCT_LABEL]
+        found.append(values[0] if values else None)
+    return found
+
+
+def record(obj: dict[str, Any]) -> dict[str, Any]:
+    found: dict[str, Any] = json.loads(obj["metadata"]["annotations"][v.HINTS_ANNOTATION])
+    return found
+
+
+def job(workload: str = "cfd") -> Any:
+    return make_job(workload, namespace="ml-team").label(v.WORKLOAD_LABEL, workload)
+
+
+# --- the cut, pure -------------------------------------------------------------------------------
+
+
+def ranked_fp64(products: tuple[str, ...] = CLUSTER) -> list[Any]:
+    return rank_gpu_products(
+        FP64, products, catalog=CATALOG, strategy="performance", reference_product=A100
+    )
+
+
+def test_the_cut_keeps_the_products_within_the_cap_of_the_best_and_says_each_ones_slowdown():
+    found = cut(ranked_fp64(), cap=4)
+    assert found is not None and found.narrows
+    slowdowns = {s.product: s.slowdown for s in (*found.acceptable, *found.kept_off)}
+    assert {s.product for s in found.acceptable} == {H100, A100}
+    assert {s.product for s in found.kept_off} == {L40S, A10}
+    assert min(slowdowns.values()) == 1.0 and slowdowns[A10] > 10 and slowdowns[L40S] > 10, slowdowns
+    assert all(s.slowdown <= 4 for s in found.acceptable)
+    assert found.record()["maxSlowdown"] == 4 and found.labels == (A100, H100)
+
+
+def test_no_cap_and_an_empty_ranking_narrow_nothing():
+    assert cut(ranked_fp64(), cap=0) is None
+    assert cut([], cap=4) is None
+
+
+def test_a_product_whose_nodes_cannot_hold_a_pod_is_never_the_best_the_cap_is_measured_from():
+    """Never starve: an 8-GPU Pod where the H100 and A100 Nodes have 4 GPUs each; the best product
+    that can hold it (of the L40S's 8 and the A10's 4) is the one the others are measured against,
+    and the acceptable set holds it."""
+    found = cut(ranked_fp64(), cap=4, gpus_per_pod=8, product_gpus={H100: 4, A100: 4, L40S: 8, A10: 4})
+    assert found is not None
+    assert [s.product for s in found.acceptable] == [L40S]
+    assert {s.product for s in found.kept_off} == {H100, A100, A10}
+    assert holds_pod(None, (A10,), 64), "unknown GPU counts: any product can hold the Pod"
+    assert cut(ranked_fp64(), cap=4, gpus_per_pod=16, product_gpus={H100: 4, A100: 4, L40S: 8, A10: 4}) is None
+
+
+def test_the_product_a_job_explores_is_acceptable_for_it():
+    found = cut(ranked_fp64(), cap=4, explored=A10)
+    assert found is not None and A10 in {s.product for s in found.acceptable}
+    assert [s.product for s in found.kept_off] == [L40S]
+
+
+@pytest.mark.parametrize(
+    ("raw", "parsed"),
+    [("3", 3.0), ("1", 1.0), ("2.5", 2.5), ("none", 0.0), ("0", 0.0), ("0.5", None), ("fast", None),
+     ("nan", None), ("inf", None), ("-2", None)],
+)  # fmt: skip
+def test_the_annotation_is_a_number_of_at_least_one_or_none(raw: str, parsed: float | None):
+    assert parse_max_slowdown(raw) == parsed
+
+
+# --- admission -----------------------------------------------------------------------------------
+
+
+def test_a_ready_fp64_job_is_required_onto_the_products_within_the_cap_anded_into_every_term():
+    """Two required terms (a compute capability of 8.6 needs two) each get the product requirement,
+    beside the ranked preferences; the record lists what is acceptable and what is kept off."""
+    obj = job().annotate(v.MIN_CC_ANNOTATION, "8.0").obj()
+    result, mutated = mutate_and_check(obj, engine_of(FP64))
+    assert products_required(mutated) == [[A100, H100]]
+    said = record(mutated)
+    assert said["maxSlowdown"] == Config().max_slowdown
+    assert [a["product"] for a in said["acceptable"]] == [H100, A100]
+    assert {k["product"] for k in said["keptOff"]} == {L40S, A10}
+    assert all(k["slowdown"] > Config().max_slowdown for k in said["keptOff"])
+    assert "affinity.nodeAffinity.required.product" in said["injected"]
+    preferred = mutated["spec"]["template"]["spec"]["affinity"]["nodeAffinity"][
+        "preferredDuringSchedulingIgnoredDuringExecution"
+    ]
+    assert len(preferred) == 4, "the ranked preferences stay beside the requirement"
+    assert result.decision.action == "hints"
+
+
+def test_every_existing_required_term_gets_the_requirement():
+    obj = job().annotate(v.MIN_CC_ANNOTATION, "8.6").obj()
+    _, mutated = mutate_and_check(obj, engine_of(FP64))
+    assert products_required(mutated) == [[H100], [H100]], "the A100's 8.0 is below 8.6"
+
+
+def test_a_memory_bound_job_is_not_kept_off_a_product_it_runs_acceptably_on():
+    """DRAM-bound work runs within the cap on the L40S (its bandwidth a third of the H100's), which
+    FP64 work is kept off; only the A10 (a fifth and less) is kept off it."""
+    _, mutated = mutate_and_check(job("stream").obj(), engine_of(DRAM))
+    assert products_required(mutated) == [[A100, H100, L40S]]
+    assert [k["product"] for k in record(mutated)["keptOff"]] == [A10]
+    _, everywhere = mutate_and_check(job("stream").obj(), engine_of(DRAM, max_slowdown=6))
+    assert products_required(everywhere) == [None] and "keptOff" not in record(everywhere), (
+        "nothing kept off: nothing narrowed"
+    )
+
+
+def test_the_annotation_overrides_the_configuration_per_object():
+    _, none = mutate_and_check(job().annotate(v.MAX_SLOWDOWN_ANNOTATION, "none").obj(), engine_of(FP64))
+    assert products_required(none) == [None]
+    _, tight = mutate_and_check(job().annotate(v.MAX_SLOWDOWN_ANNOTATION, "1").obj(), engine_of(FP64))
+    assert products_required(tight) == [[H100]]
+    _, off = mutate_and_check(job().obj(), engine_of(FP64, max_slowdown=0))
+    assert products_required(off) == [None], "0 in the configuration turns it off"
+
+
+def test_a_malformed_annotation_is_denied_naming_it():
+    result = admit(job().annotate(v.MAX_SLOWDOWN_ANNOTATION, "0.5").obj(), engine_of(FP64))
+    assert not result.decision.allowed
+    [error] = result.decision.violations
+    assert error.rule == "hint-format" and v.MAX_SLOWDOWN_ANNOTATION in str(error)
+    assert "at least 1" in str(error)
+
+
+def test_a_users_own_product_requirement_wins():
+    obj = job().spec(nodeSelector={v.GPU_PRODUCT_LABEL: L40S}).obj()
+    _, mutated = mutate_and_check(obj, engine_of(FP64))
+    assert products_required(mutated) == [None] and "keptOff" not in record(mutated)
+
+
+def test_no_ready_profile_no_narrowing():
+    result = admit(job().obj(), engine_of())
+    assert result.decision.action == "profiling"
+    mutated = result.decision.mutated
+    assert mutated is not None and products_required(mutated) == [None]
+
+
+def test_a_pod_too_large_for_the_fast_products_nodes_is_sent_where_it_fits():
+    """Never starve, through admission: 8 GPUs a Pod, the H100 and A100 Nodes have 4."""
+    obj = job().limits({v.GPU_RESOURCE: 8}).obj()
+    eng = engine_of(FP64, gpus={H100: 4, A100: 4, L40S: 8, A10: 8})
+    _, mutated = mutate_and_check(obj, eng)
+    assert products_required(mutated)[0] is not None
+    assert set(products_required(mutated)[0] or ()) <= {L40S, A10}
+
+
+def test_node_gpus_reads_allocatable_else_the_gpu_count_label():
+    with_status = {"metadata": {"labels": {v.GPU_COUNT_LABEL: "8"}}, "status": {"allocatable": {v.GPU_RESOURCE: "4"}}}
+    assert node_gpus(with_status) == 4
+    assert node_gpus({"metadata": {"labels": {v.GPU_COUNT_LABEL: "8"}}}) == 8
+    assert node_gpus({"metadata": {"labels": {}}}) == 0
+    assert most_gpus([(A100, 4), (A100, 8), (L4, 0)]) == {A100: 8}
+
+
+def test_a_gated_pod_released_with_a_ready_profile_is_narrowed_as_admission_would():
+    """Kubernetes 1.27+ lets a gated Pod's required terms take more requirements: the release narrows."""
+    held = make_pod("cfd", namespace="ml-team").label(v.WORKLOAD_LABEL, "cfd").obj()
+    held["spec"]["schedulingGates"] = [{"name": v.PROFILE_SCHEDULING_GATE}]
+    held["spec"]["affinity"] = {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [
+                    {"matchExpressions": [{"key": v.GPU_PRESENT_LABEL, "operator": "In", "values": ["true"]}]}
+                ]
+            }
+        }
+    }
+    held["metadata"]["annotations"] = {
+        v.HINTS_ANNOTATION: json.dumps({"injected": ["schedulingGates"], "ranked": []}),
+        v.AWAITING_PROFILE_ANNOTATION: FP64.metadata.name,
+    }
+    released = release_hold(
+        held,
+        "Pod",
+        profile=FP64,
+        node_products=frozenset(CLUSTER),
+        namespace="ml-team",
+        config=Config(),
+        catalog=CATALOG,
+        signing_key=TEST_KEY,
+    )
+    assert products_required(released) == [[A100, H100]]
+    assert "schedulingGates" not in released["spec"] or not released["spec"]["schedulingGates"]
+    assert {k["product"] for k in record(released)["keptOff"]} == {L40S, A10}
