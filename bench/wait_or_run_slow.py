@@ -84,7 +84,11 @@ def trace_of(shape: Shape, seed: int) -> tuple[Trace, list[SimNode], Truth]:
     for i in range(shape.jobs):
         workload = names[i % len(names)] if i < len(names) else rng.choice(names)
         shares, sm, mem, seconds = shape.workloads[workload]
-        metrics = {"smThroughput": f"{sm:.2f}", "memoryThroughput": f"{mem:.2f}", "achievedOccupancy": "60.00"}
+        metrics = {
+            "smThroughput": f"{sm:.2f}",
+            "memoryThroughput": f"{mem:.2f}",
+            "achievedOccupancy": "60.00",
+        }
         jobs.append(
             TraceJob(
                 f"{workload}-{i:03d}",
@@ -127,7 +131,9 @@ POLICIES: tuple[Policy, ...] = ("default", "kratos", "oracle", "oracle-wait")
 def run(shape: Shape, cap: float, seed: int) -> dict[str, object]:
     trace, nodes, truth = trace_of(shape, seed)
     config = Config(max_slowdown=cap)
-    result = simulate(trace, nodes, truth=truth, config=config, catalog=load_catalog(), seed=seed, policies=POLICIES)
+    result = simulate(
+        trace, nodes, truth=truth, config=config, catalog=load_catalog(), seed=seed, policies=POLICIES
+    )
     found: dict[str, object] = {
         name: {"mean": r.mean_jct, "p95": r.p95_jct} for name, r in result.policies.items()
     }
@@ -136,7 +142,9 @@ def run(shape: Shape, cap: float, seed: int) -> dict[str, object]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--caps", type=float, nargs="+", default=[0.0, MAX_SLOWDOWN_DEFAULT])
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3, 4, 5])
     parser.add_argument("--shapes", nargs="+", default=[s.name for s in SHAPES])
@@ -157,11 +165,20 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "trace": shape.name,
                 "cap": cap,
                 "seeds": list(args.seeds),
-                **{f"{p}.{k}": round(mean_of(p, k), 1) for p in POLICIES for k in ("mean", "p95") if cap or p != "oracle-wait"},
+                **{
+                    f"{p}.{k}": round(mean_of(p, k), 1)
+                    for p in POLICIES
+                    for k in ("mean", "p95")
+                    if cap or p != "oracle-wait"
+                },
                 "worstPredictionError": round(max(float(r["predictionError"]) for r in runs), 4),  # type: ignore[arg-type]
                 # the ratios per seed, then their range: one seed is an anecdote
-                "kratosVsOracle": [round(float(r["kratos"]["mean"]) / float(r["oracle"]["mean"]), 3) for r in runs],  # type: ignore[index]
-                "kratosVsDefault": [round(float(r["kratos"]["mean"]) / float(r["default"]["mean"]), 3) for r in runs],  # type: ignore[index]
+                "kratosVsOracle": [
+                    round(float(r["kratos"]["mean"]) / float(r["oracle"]["mean"]), 3) for r in runs
+                ],  # type: ignore[index]
+                "kratosVsDefault": [
+                    round(float(r["kratos"]["mean"]) / float(r["default"]["mean"]), 3) for r in runs
+                ],  # type: ignore[index]
             }
             rows.append(row)
             if not args.json:

@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
+from kratos_admit.admission.engine import AdmissionEngine
 from kratos_admit.decisions.acceptable import cut, holds_pod, parse_max_slowdown
 from kratos_admit.decisions.holds import release_hold
 from kratos_admit.decisions.stores import StaticNodeStore, StaticProfileStore, most_gpus, node_gpus
-from kratos_admit.admission.engine import AdmissionEngine
 from kratos_admit.domain import vocabulary as v
 from kratos_admit.domain.config import Config
 from kratos_admit.domain.profile import WorkloadProfile
@@ -94,9 +94,7 @@ def job(workload: str = "cfd") -> Any:
 
 
 def ranked_fp64(products: tuple[str, ...] = CLUSTER) -> list[Any]:
-    return rank_gpu_products(
-        FP64, products, catalog=CATALOG, strategy="performance", reference_product=A100
-    )
+    return rank_gpu_products(FP64, products, catalog=CATALOG, strategy="performance", reference_product=A100)
 
 
 def test_the_cut_keeps_the_products_within_the_cap_of_the_best_and_says_each_ones_slowdown():
@@ -124,7 +122,9 @@ def test_a_product_whose_nodes_cannot_hold_a_pod_is_never_the_best_the_cap_is_me
     assert [s.product for s in found.acceptable] == [L40S]
     assert {s.product for s in found.kept_off} == {H100, A100, A10}
     assert holds_pod(None, (A10,), 64), "unknown GPU counts: any product can hold the Pod"
-    assert cut(ranked_fp64(), cap=4, gpus_per_pod=16, product_gpus={H100: 4, A100: 4, L40S: 8, A10: 4}) is None
+    assert (
+        cut(ranked_fp64(), cap=4, gpus_per_pod=16, product_gpus={H100: 4, A100: 4, L40S: 8, A10: 4}) is None
+    )
 
 
 def test_the_product_a_job_explores_is_acceptable_for_it():
@@ -222,7 +222,10 @@ def test_a_pod_too_large_for_the_fast_products_nodes_is_sent_where_it_fits():
 
 
 def test_node_gpus_reads_allocatable_else_the_gpu_count_label():
-    with_status = {"metadata": {"labels": {v.GPU_COUNT_LABEL: "8"}}, "status": {"allocatable": {v.GPU_RESOURCE: "4"}}}
+    with_status = {
+        "metadata": {"labels": {v.GPU_COUNT_LABEL: "8"}},
+        "status": {"allocatable": {v.GPU_RESOURCE: "4"}},
+    }
     assert node_gpus(with_status) == 4
     assert node_gpus({"metadata": {"labels": {v.GPU_COUNT_LABEL: "8"}}}) == 8
     assert node_gpus({"metadata": {"labels": {}}}) == 0
@@ -259,3 +262,100 @@ def test_a_gated_pod_released_with_a_ready_profile_is_narrowed_as_admission_woul
     assert products_required(released) == [[A100, H100]]
     assert "schedulingGates" not in released["spec"] or not released["spec"]["schedulingGates"]
     assert {k["product"] for k in record(released)["keptOff"]} == {L40S, A10}
+
+
+# --- the controller: the wait counted, the Pod that waited too long told ---------------------------
+
+
+def narrowed_job(name: str, *, best_seconds: float | None) -> dict[str, Any]:
+    said: dict[str, Any] = {
+        "maxSlowdown": 4,
+        "acceptable": [{"product": H100, "slowdown": 1.0}, {"product": A100, "slowdown": 1.6}],
+        "keptOff": [{"product": L40S, "slowdown": 14.6}, {"product": A10, "slowdown": 19.2}],
+    }
+    if best_seconds is not None:
+        said["bestSeconds"] = best_seconds
+    obj = job("cfd").obj()
+    obj["metadata"].update({"name": name, "uid": f"uid-{name}", "creationTimestamp": "2026-11-29T10:00:00Z"})
+    obj["metadata"]["annotations"] = {v.HINTS_ANNOTATION: json.dumps(said)}
+    return obj
+
+
+def waiting_pod(job_name: str, *, bound: str = "") -> dict[str, Any]:
+    pod = make_pod(f"{job_name}-abcde", namespace="ml-team").obj()
+    pod["metadata"].update(
+        {
+            "uid": f"uid-{job_name}-pod",
+            "creationTimestamp": "2026-11-29T10:00:00Z",
+            "labels": {"job-name": job_name},
+            "ownerReferences": [
+                {
+                    "apiVersion": "batch/v1",
+                    "kind": "Job",
+                    "name": job_name,
+                    "uid": f"uid-{job_name}",
+                    "controller": True,
+                }
+            ],
+        }
+    )
+    pod["status"] = {"phase": "Pending"}
+    if bound:
+        pod["spec"]["nodeName"] = bound
+    return pod
+
+
+async def test_a_pod_that_waited_past_its_predicted_runtime_gets_one_event_naming_what_it_is_kept_off():
+    import datetime as dt
+
+    from kratos_controller.kube_io import KubeIO
+    from kratos_controller.metrics import ControllerMetrics
+    from kratos_controller.runtime import Shared
+    from kratos_controller.waiting import WaitController
+    from tests.harness import EVENTS, JOBS, NAMESPACES, PODS, api_for, api_server
+    from tests.kube_double import CONTROLLER, KubeDouble
+
+    kube = KubeDouble()
+    async with api_server(kube) as server:
+        kube.put(*NAMESPACES, {"metadata": {"name": "ml-team"}})
+        for name in ("slow", "ran"):  # the Jobs too: the double's garbage collector deletes an orphan Pod
+            kube.put(*JOBS, narrowed_job(name, best_seconds=300.0))
+        kube.put(*PODS, waiting_pod("slow"))
+        kube.put(*PODS, waiting_pod("ran", bound="gpu-h100-1"))
+        api = api_for(server, "controller", identity=CONTROLLER)
+        try:
+            metrics = ControllerMetrics()
+            shared = Shared(
+                KubeIO(api),
+                config=Config(),
+                catalog=CATALOG,
+                signing_key=TEST_KEY,
+                metrics=metrics,
+                identity="kratos-controller-test",
+            )
+            waits = WaitController(shared)
+            waits.watch(narrowed_job("slow", best_seconds=300.0), "Job")
+            waits.watch(narrowed_job("ran", best_seconds=300.0), "Job")
+            waits.watch(job("cfd").obj(), "Job")  # not narrowed: not tracked
+            assert set(waits.narrowed) == {("Job", "ml-team", "slow"), ("Job", "ml-team", "ran")}
+            start = dt.datetime(2026, 11, 29, 10, 0, tzinfo=dt.UTC)
+            await waits.check(start + dt.timedelta(seconds=200))  # within its 300 s: counted, not told
+            assert [e for e in kube.items(*EVENTS) if e["reason"] == "WaitingForProduct"] == []
+            assert metrics.acceptable_wait_seconds._value.get() == 200.0
+            assert metrics.waiting_for_product._value.get() == 1
+            await waits.check(start + dt.timedelta(seconds=330))
+            await waits.check(start + dt.timedelta(seconds=360))  # told once, counted on
+            [event] = [e for e in kube.items(*EVENTS) if e["reason"] == "WaitingForProduct"]
+            assert event["regarding"]["kind"] == "Pod" and event["regarding"]["name"] == "slow-abcde"
+            note = event["note"]
+            assert "waited 330 s" in note and "predicted 300 s" in note and H100 in note
+            assert (
+                f"{L40S} (14.6x)" in note and f"{A10} (19.2x)" in note and v.MAX_SLOWDOWN_ANNOTATION in note
+            )
+            assert metrics.acceptable_wait_seconds._value.get() == 360.0, "each second counted once"
+            finished = narrowed_job("slow", best_seconds=300.0)
+            finished["status"] = {"conditions": [{"type": "Complete", "status": "True"}]}
+            waits.watch(finished, "Job")
+            assert ("Job", "ml-team", "slow") not in waits.narrowed
+        finally:
+            await api.close()

@@ -6,9 +6,10 @@ person reads before trusting the hints (``kratos-admit placement``).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
 
+from kratos_admit.decisions.acceptable import cut
 from kratos_admit.decisions.hints import ranking_of
 from kratos_admit.domain.config import Config
 from kratos_admit.domain.profile import WorkloadProfile
@@ -54,6 +55,10 @@ class PlacementRow:
     # calibrated", "measured" (in the catalog) or "datasheet"; "-" for a row ranked by observed runs
     measured_on: str
     weight: int
+    # DESIGN "Wait or run slow": the predicted time over the best product's (of those with a Node
+    # that can hold a Pod), and whether the cut by maxSlowdown lets the workload run there
+    slowdown: float = 1.0
+    cut: str = "-"  # "acceptable", "kept off", or "-" where nothing is narrowed
 
 
 def _calibrated_source(support: FactorSupport) -> str:
@@ -107,12 +112,17 @@ def placement_rows(
     config: Config,
     calibration: Calibration = NO_CALIBRATION,
     gpus: int = 1,
+    product_gpus: Mapping[str, int] | None = None,
 ) -> list[PlacementRow]:
     """One row per ranked product, best first; empty when the profile gives nothing to rank by.
-    ``gpus``: the GPUs the workload runs on together (a gang's), whose link scales its interconnect."""
+    ``gpus``: the GPUs the workload runs on together (a gang's), whose link scales its interconnect;
+    ``product_gpus``: the most GPUs one Node of each product has (the cut's "can hold a Pod" of one GPU)."""
     ranked = ranking_of(
         profile, node_products, config=config, catalog=catalog, calibration=calibration, gpus=gpus
     )
+    narrowed = cut(ranked, cap=config.max_slowdown, product_gpus=product_gpus)
+    verdicts = {s.product: ("acceptable", s.slowdown) for s in narrowed.acceptable} if narrowed else {}
+    verdicts |= {s.product: ("kept off", s.slowdown) for s in narrowed.kept_off} if narrowed else {}
     reference = reference_of(
         profile,
         catalog=catalog,
@@ -152,6 +162,8 @@ def placement_rows(
                 else r.source,
                 measured_on="-" if r.observed else rests_on,
                 weight=r.weight,
+                slowdown=round(verdicts[entry.product][1], 2) if entry.product in verdicts else 1.0,
+                cut=verdicts[entry.product][0] if narrowed is not None and narrowed.narrows else "-",
             )
         )
     return rows
@@ -211,6 +223,7 @@ def placement_header(
         )
     lines += _reference_lines(profile, config, catalog, calibration, gpus)
     lines += _source_lines(profile, catalog)
+    lines.append(cut_line(rows, config.max_slowdown))
     for o in status.observations if status else []:
         why = (
             f"not used: its runs held {o.gang_gpus} GPUs together, not {gpus}, over another link"
@@ -224,6 +237,20 @@ def placement_header(
         gang = f" on {o.gang_gpus} GPUs together" if o.gang_gpus else ""
         lines.append(f"observed on {o.product}{gang}: {o.runs} runs, mean {o.mean_seconds} s ({why})")
     return lines
+
+
+def cut_line(rows: list[PlacementRow], cap: float) -> str:
+    """What "Wait or run slow" does with these rows: the products kept off and their slowdowns."""
+    if cap <= 0:
+        return "maxSlowdown 0: no product is kept off (every product present may run it)"
+    kept = [f"{r.product} ({r.slowdown:g}x)" for r in rows if r.cut == "kept off"]
+    if not kept:
+        return f"maxSlowdown {cap:g}: every product is within {cap:g}x of the best: none is kept off"
+    return (
+        f"maxSlowdown {cap:g}: required onto the products within {cap:g}x of the best; kept off "
+        + ", ".join(kept)
+        + ": the workload waits for an acceptable product rather than run there"
+    )
 
 
 _FIGURE_WORDS = {

@@ -201,11 +201,18 @@ def cmd_placement(args: argparse.Namespace, stdout: TextIO, stderr: TextIO, stdi
         if len(profiles) != 1:
             raise UsageError(f"{args.profile}: must hold exactly one WorkloadProfile, holds {len(profiles)}")
         [profile] = profiles
-    nodes = FileNodeStore(args.nodes).gpu_products()
+    store = FileNodeStore(args.nodes)
+    nodes = store.gpu_products()
     calibration = load_calibration(args.calibration) if args.calibration else NO_CALIBRATION
     catalog = load_catalog(config.catalog_file)
     rows = placement_rows(
-        profile, nodes, catalog=catalog, config=config, calibration=calibration, gpus=args.gpus
+        profile,
+        nodes,
+        catalog=catalog,
+        config=config,
+        calibration=calibration,
+        gpus=args.gpus,
+        product_gpus=store.product_gpus(),
     )
     if args.output == "json":
         stdout.write(as_json([dataclasses.asdict(r) for r in rows]) + "\n")

@@ -13,7 +13,7 @@ unknown a product counts as able to hold the Pod.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,6 +46,9 @@ class Cut:
     cap: float
     acceptable: tuple[Slowdown, ...]
     kept_off: tuple[Slowdown, ...]
+    # the predicted runtime on the best product, in seconds, where the workload's own runs give the
+    # model's relative times a unit (None: no run yet); the controller's "waited too long" mark
+    best_seconds: float | None = None
 
     @property
     def narrows(self) -> bool:
@@ -58,11 +61,14 @@ class Cut:
 
     def record(self) -> dict[str, object]:
         """What the hints record says of the cut."""
-        return {
+        found: dict[str, object] = {
             "maxSlowdown": self.cap,
             "acceptable": [s.as_dict() for s in self.acceptable],
             "keptOff": [s.as_dict() for s in self.kept_off],
         }
+        if self.best_seconds is not None:
+            found["bestSeconds"] = round(self.best_seconds, 1)
+        return found
 
 
 def parse_max_slowdown(raw: str | None) -> float | None:
@@ -104,9 +110,12 @@ def cut(
     gpus_per_pod: int = 1,
     product_gpus: Mapping[str, int] | None = None,
     explored: str = "",
+    observed: Mapping[str, float] | None = None,
 ) -> Cut | None:
     """The acceptable products of ``ranked`` under ``cap`` (0: no cut, None); None too where the ranking
-    is empty or no product can hold a Pod (then nothing is narrowed: base hints and preferences only)."""
+    is empty or no product can hold a Pod (then nothing is narrowed: base hints and preferences only).
+    ``observed``: the workload's mean seconds per product label, which give its best product's
+    predicted seconds (``best_seconds``)."""
     if cap <= 0 or not ranked:
         return None
     fits = [r for r in ranked if holds_pod(product_gpus, r.labels, gpus_per_pod)]
@@ -122,7 +131,21 @@ def cut(
         entry = Slowdown(r.product.product, r.labels, slowdown)
         within = slowdown <= cap * (1 + 1e-9) and r in fits
         (acceptable if within or r.product.product == explored else kept_off).append(entry)
-    return Cut(cap, tuple(acceptable), tuple(kept_off))
+    return Cut(cap, tuple(acceptable), tuple(kept_off), predicted_seconds(ranked, best, observed or {}))
+
+
+def predicted_seconds(
+    ranked: Sequence[RankedProduct], relative: float, observed: Mapping[str, float]
+) -> float | None:
+    """Seconds for ``relative`` (a relative time of the ranking), in the unit the workload's own runs
+    give it: the geometric mean of observed seconds over relative time on the products it ran on."""
+    logs = [
+        math.log(seconds / r.relative_time)
+        for r in ranked
+        for label in r.labels[:1]
+        if (seconds := observed.get(label, observed.get(r.product.product, 0.0))) > 0 and r.relative_time > 0
+    ]
+    return relative * math.exp(sum(logs) / len(logs)) if logs else None
 
 
 def pod_gpus(pod_spec: Mapping[str, Any]) -> int:
@@ -174,6 +197,20 @@ def and_into_terms(pod_spec: dict[str, Any], variants: list[list[Expression]]) -
     return changed
 
 
+def observed_seconds(observations: Iterable[Any]) -> dict[str, float]:
+    """A profile's observations (``status.observations``) as mean seconds per product, runs on one
+    GPU or the first entry of each product."""
+    found: dict[str, float] = {}
+    for o in observations:
+        try:
+            seconds = float(o.mean_seconds)
+        except (TypeError, ValueError):
+            continue
+        if o.runs > 0 and seconds > 0:
+            found.setdefault(str(o.product), seconds)
+    return found
+
+
 def user_product_requirement(pod_spec: Mapping[str, Any]) -> bool:
     """Whether the pod spec already requires GPU products itself (a ``nodeSelector`` on the product
     label, or a required term on it): the user's choice wins, and KRATOS narrows nothing."""
@@ -201,6 +238,7 @@ def narrowing(
     config: Config,
     product_gpus: Mapping[str, int] | None,
     explored: Exploration | None,
+    observed: Mapping[str, float] | None = None,
 ) -> Cut | None:
     """The cut of "Wait or run slow" for a ranked workload (None: no narrowing), unless the user
     already requires GPU products, whose choice wins; ``product_gpus``: the most GPUs one Node of each
@@ -213,4 +251,5 @@ def narrowing(
         gpus_per_pod=pod_gpus(pod_spec),
         product_gpus=product_gpus,
         explored=explored.product.product.product if explored is not None else "",
+        observed=observed,
     )

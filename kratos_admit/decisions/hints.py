@@ -16,6 +16,7 @@ from kratos_admit.decisions.acceptable import (
     Cut,
     and_into_terms,
     narrowing,
+    observed_seconds,
     product_requirement,
     required_variants,
 )
@@ -433,6 +434,7 @@ def apply_hints(
             config=config,
             product_gpus=product_gpus,
             explored=explored,
+            observed=observed_seconds(profile.status.observations if profile.status else ()),
         )
         if narrowed is not None and narrowed.narrows:
             and_into_terms(pod_spec, [[product_requirement(narrowed.labels)]])

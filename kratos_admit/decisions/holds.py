@@ -9,7 +9,12 @@ import json
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from kratos_admit.decisions.acceptable import and_into_terms, narrowing, product_requirement
+from kratos_admit.decisions.acceptable import (
+    and_into_terms,
+    narrowing,
+    observed_seconds,
+    product_requirement,
+)
 from kratos_admit.decisions.hints import (
     add_profile_gate,
     mark_template_held,
@@ -130,6 +135,7 @@ def release_hold(
             config=config,
             product_gpus=product_gpus,
             explored=explored,
+            observed=observed_seconds(profile.status.observations if profile.status else ()),
         )
         if narrowed is not None and narrowed.narrows and template:
             # a gated Pod's required terms may take more requirements, a suspended Job's template any

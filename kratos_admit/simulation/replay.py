@@ -236,9 +236,7 @@ class PolicyRun:
             return schedule(entry.pod, self.state, self.rng)
         accepted = self.acceptable(entry.job, entry.pod.gpus)
         free = [
-            n
-            for n in self.state.nodes
-            if self.state.free_gpus(n) >= entry.pod.gpus and n.product in accepted
+            n for n in self.state.nodes if self.state.free_gpus(n) >= entry.pod.gpus and n.product in accepted
         ]
         if not free:
             return None
@@ -251,7 +249,9 @@ class PolicyRun:
         admit a gang, all or nothing). The product is the one the scheduler binds its first Pod to
         (the oracle: the truly fastest) among those with room for every Pod; the others follow it,
         as the gang's inter-Pod affinity on the product asks."""
-        products = {n.product for n in self.state.nodes if n.product} & self.acceptable(entry.job, entry.pod.gpus)
+        products = {n.product for n in self.state.nodes if n.product} & self.acceptable(
+            entry.job, entry.pod.gpus
+        )
         while products:
             among = [n for n in self.state.nodes if n.product in products]
             if self.policy in ORACLES:  # the truly fastest product with room for the whole gang

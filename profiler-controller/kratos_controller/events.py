@@ -28,6 +28,7 @@ Reason = Literal[
     "TelemetryUnavailable",
     "CertificateRenewed",
     "CertificateRenewalFailed",
+    "WaitingForProduct",
 ]
 # what the controller was doing when it reported each reason (the Event's ``action``)
 ACTIONS: dict[Reason, str] = {
@@ -41,6 +42,7 @@ ACTIONS: dict[Reason, str] = {
     "TelemetryUnavailable": "Observe",
     "CertificateRenewed": "Renew",
     "CertificateRenewalFailed": "Renew",
+    "WaitingForProduct": "Wait",
 }
 WARNINGS: frozenset[Reason] = frozenset({"ProfileFailed", "TelemetryUnavailable", "CertificateRenewalFailed"})
 NOTE_LIMIT = 1024  # the API server refuses a longer note

@@ -42,6 +42,7 @@ from kratos_controller.release import ReleaseController
 from kratos_controller.renewal import CertificateRenewal
 from kratos_controller.runtime import Cache, Obj, Shared, meta_of, run_together
 from kratos_controller.telemetry import TelemetryController
+from kratos_controller.waiting import WaitController
 
 log = logging.getLogger("kratos.controller")
 
@@ -134,7 +135,8 @@ class Manager:
             on_counted=self.calibration.request,
             on_job_pods=self.telemetry.job_pods_seen if self.telemetry is not None else None,
         )
-        self.controllers: list[Watcher] = [self.profiling, self.release, self.observation]
+        self.waiting = WaitController(self.shared)
+        self.controllers: list[Watcher] = [self.profiling, self.release, self.observation, self.waiting]
         if self.telemetry is not None:
             self.controllers.append(self.telemetry)
         metrics.profiling_deadline.set(config.profiling_deadline_seconds)

@@ -58,6 +58,17 @@ class ControllerMetrics:
             ["outcome"],
             registry=self.registry,
         )
+        self.acceptable_wait_seconds = Counter(
+            "kratos_acceptable_wait_seconds",
+            "Seconds the Pods of objects narrowed by maxSlowdown (their hints record keeps products off) "
+            "have waited unbound for an acceptable GPU product, counted at each look (every 30 s).",
+            registry=self.registry,
+        )
+        self.waiting_for_product = Gauge(
+            "kratos_pods_waiting_for_product",
+            "Pods of narrowed objects waiting unbound for an acceptable GPU product, at the last look.",
+            registry=self.registry,
+        )
         self.certificate_expiry = Gauge(
             "kratos_certificate_expiry_timestamp_seconds",
             "When the CA (certificate=ca) and the serving certificate (certificate=serving) the controller renews "
