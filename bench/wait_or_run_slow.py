@@ -8,7 +8,8 @@ Each trace is a Poisson stream of single-GPU Jobs of five workloads whose GPU ti
 above all (tensor, FP64, FP32, DRAM) or to a mix (a training step), on a cluster whose fast GPUs are
 few and slow ones many; the truth is the catalog within a few percent. For every cap it replays the
 trace under ``default`` (no KRATOS), ``kratos`` (the admission engine with ``maxSlowdown`` set to the
-cap; 0: no cap, today's behaviour), the greedy ``oracle`` (every Job on the truly fastest free
+cap; 0: no cap, today's behaviour), ``kratos-eft`` (a load-aware rule, modelled: each Job waits for the
+product where it is predicted to finish first, the wait counted), the greedy ``oracle`` (every Job on the truly fastest free
 product) and ``oracle-wait`` (the truth with the same cap), and prints the mean and p95 JCT of each,
 averaged over the seeds, with the ratios the docs quote. A few minutes on 2 CPUs.
 """
@@ -40,6 +41,7 @@ H100 = "NVIDIA-H100-80GB-HBM3"
 L40S = "NVIDIA-L40S"
 A10 = "NVIDIA-A10"
 L4 = "NVIDIA-L4"
+T4 = "Tesla-T4"
 
 # workload: (time shares on the A100, as a profile's status.timeShares; sm and memory throughput in %;
 # seconds on the A100)
@@ -73,6 +75,9 @@ SHAPES: tuple[Shape, ...] = (
     Shape("few-fast-40s", {H100: (1, 4), A100: (1, 4), L40S: (4, 4), A10: (4, 4)}, WORKLOADS, 40.0, 300),
     Shape("a100-fleet-a10s-25s", {A100: (2, 8), A10: (8, 4)}, WORKLOADS, 25.0, 300),
     Shape("h100-l4-tensor-15s", {H100: (1, 8), L4: (6, 4)}, TENSOR_ONLY, 15.0, 300),
+    # tensor work where the slow product is many times slower and the fast GPUs cannot carry the load
+    # alone: where a fixed cap harms and only a load-aware rule gains
+    Shape("h100-t4-tensor-15s", {H100: (1, 8), T4: (6, 4)}, TENSOR_ONLY, 15.0, 300),
 )
 
 
@@ -125,7 +130,7 @@ def trace_of(shape: Shape, seed: int) -> tuple[Trace, list[SimNode], Truth]:
     return Trace(tuple(jobs)), nodes, Truth(catalog, figures)
 
 
-POLICIES: tuple[Policy, ...] = ("default", "kratos", "oracle", "oracle-wait")
+POLICIES: tuple[Policy, ...] = ("default", "kratos", "kratos-eft", "oracle", "oracle-wait")
 
 
 def run(shape: Shape, cap: float, seed: int) -> dict[str, object]:
@@ -186,6 +191,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     f"{shape.name:22} cap {cap:>4g}: kratos mean {row['kratos.mean']:>7.0f} p95 {row['kratos.p95']:>7.0f} | "
                     f"oracle {row['oracle.mean']:>7.0f}/{row['oracle.p95']:>7.0f} | default {row['default.mean']:>7.0f} | "
                     + (f"oracle-wait {row['oracle-wait.mean']:>7.0f} | " if cap else "")
+                    + f"eft {row['kratos-eft.mean']:>7.0f}/{row['kratos-eft.p95']:>7.0f} | "
                     + f"k/oracle {min(row['kratosVsOracle']):.2f}-{max(row['kratosVsOracle']):.2f} "  # type: ignore[arg-type]
                     f"k/default {min(row['kratosVsDefault']):.2f}-{max(row['kratosVsDefault']):.2f} "  # type: ignore[arg-type]
                     f"err {row['worstPredictionError']:.1%}",

@@ -20,8 +20,9 @@ from kratos_admit.cli.common import (
 from kratos_admit.domain.config import Config
 from kratos_admit.model.catalog import Catalog, load_catalog
 from kratos_admit.simulation.inputs import load_cluster, load_trace, load_truth
-from kratos_admit.simulation.replay import SimulationResult, simulate
+from kratos_admit.simulation.replay import simulate
 from kratos_admit.simulation.report import format_results, load_plotter
+from kratos_admit.simulation.result import SimulationResult
 from kratos_admit.simulation.scheduling import SimNode
 from kratos_admit.simulation.trace import SimulationError, Trace, Truth
 

@@ -31,10 +31,9 @@ from kratos_admit.simulation.knowledge import Learned
 from kratos_admit.simulation.replay import (
     Pending,
     PolicyRun,
-    SimulationResult,
     run_policies,
-    simulation_result,
 )
+from kratos_admit.simulation.result import SimulationResult, simulation_result
 from kratos_admit.simulation.scheduling import SimNode
 from kratos_admit.simulation.trace import (
     LEARNING,
@@ -294,7 +293,8 @@ async def simulate_on_cluster(
             untaint: Any = {"spec": {"taints": None}}
             await core.patch_node(NODE_PREFIX + node.name, untaint, _content_type=MERGE_PATCH)  # type: ignore[call-arg]
         # the wait-aware oracle is a bound computed in the model only: a real scheduler has no truth to wait by
-        for policy in (p for p in run_policies(policies, config) if p != "oracle-wait"):
+        # the load-aware rule (kratos-eft) runs in the model only: no controller holds Pods for it
+        for policy in (p for p in run_policies(policies, config) if p not in ("oracle-wait", "kratos-eft")):
             namespace = f"kratos-sim-{policy}"
             ns_body: Any = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}}
             await core.create_namespace(ns_body)

@@ -56,8 +56,9 @@ from kratos_admit.model.calibration import samples_of
 from kratos_admit.model.calibration_fit import fit_calibration
 from kratos_admit.model.catalog import Catalog
 from kratos_admit.model.telemetry import measuring_product
-from kratos_admit.simulation.knowledge import Learned, SimulatedProfiles, knowledge_of, worst_errors
-from kratos_admit.simulation.scheduling import ClusterState, PodRequest, SimNode, schedule
+from kratos_admit.simulation.knowledge import Learned, SimulatedProfiles
+from kratos_admit.simulation.result import SimulationResult, simulation_result
+from kratos_admit.simulation.scheduling import ClusterState, PodRequest, SimNode, feasible, schedule
 from kratos_admit.simulation.trace import (
     LEARNING,
     NAMESPACE,
@@ -65,7 +66,6 @@ from kratos_admit.simulation.trace import (
     POLICIES,
     Policy,
     PolicyResult,
-    ProductKnowledge,
     SimulationError,
     Trace,
     TraceJob,
@@ -74,45 +74,7 @@ from kratos_admit.simulation.trace import (
     job_manifest,
     time_shares_status,
 )
-
-
-@dataclass(frozen=True)
-class SimulationResult:
-    policies: dict[Policy, PolicyResult]
-    prediction_error: dict[str, float]  # product -> worst |predicted/true - 1| after the trace
-    learned: Learned  # what ``kratos`` knew at the end: its profiles
-    products: dict[str, ProductKnowledge] = field(default_factory=dict)
-    # what kratos-no-exploration knew at the end (empty where it did not run): exploration's gain
-    without_exploration: dict[str, ProductKnowledge] = field(default_factory=dict)
-    # a trace with gangs: the prediction error over the gangs' workloads and the single-GPU ones apart
-    gang_prediction_error: dict[str, float] = field(default_factory=dict)
-    single_prediction_error: dict[str, float] = field(default_factory=dict)
-
-    def as_dict(self) -> dict[str, Any]:
-        found: dict[str, Any] = {
-            "policies": {name: r.as_dict() for name, r in self.policies.items()},
-            "predictionError": {p: round(e, 4) for p, e in sorted(self.prediction_error.items())},
-            "products": {p: k.as_dict() for p, k in sorted(self.products.items())},
-        }
-        if self.products:  # DESIGN's three keys per product stay as they are; the figures beside them
-            found["figureErrors"] = {p: k.figures_dict() for p, k in sorted(self.products.items())}
-            found["explored"] = {p: k.explored for p, k in sorted(self.products.items())}
-        if any(r.gangs for r in self.policies.values()):  # beside DESIGN's keys: gangs and the rest apart
-            found["meanJctApart"] = {name: r.apart() for name, r in self.policies.items()}
-        if self.gang_prediction_error or self.single_prediction_error:
-            found["predictionErrorApart"] = {
-                "gangs": {p: round(e, 4) for p, e in sorted(self.gang_prediction_error.items())},
-                "singleGpu": {p: round(e, 4) for p, e in sorted(self.single_prediction_error.items())},
-            }
-        if self.without_exploration:
-            found["withoutExploration"] = {
-                "predictionError": {
-                    p: None if k.prediction_error is None else round(k.prediction_error, 4)
-                    for p, k in sorted(self.without_exploration.items())
-                },
-                "figureErrors": {p: k.figures_dict() for p, k in sorted(self.without_exploration.items())},
-            }
-        return found
+from kratos_admit.simulation.waiting import EarliestFinish, predicted_seconds
 
 
 @dataclass(order=True)
@@ -145,8 +107,12 @@ class PolicyRun:
         noise: float,
     ) -> None:
         self.policy, self.trace, self.truth = policy, trace, truth
-        # only kratos explores: without learning, exploring would go on for ever at its cost
+        # only kratos explores: without learning, exploring would go on for ever at its cost; the
+        # load-aware rule waits by predicted finish time instead of the fixed cap
         self.config = config if policy == "kratos" else config.model_copy(update={"exploration_share": 0.0})
+        if policy == "kratos-eft":
+            self.config = config.model_copy(update={"max_slowdown": 0.0})
+        self.eft = EarliestFinish()
         self.catalog = catalog
         self.explored: Counter[str] = Counter()  # Jobs sent to explore, by product
         self.state = ClusterState(tuple(nodes))
@@ -170,6 +136,7 @@ class PolicyRun:
             calibration=self.calibration,
         )
         self.events: list[tuple[float, int, str, Any]] = []
+        self.now = 0.0
         self.seq = itertools.count()
         self.pending: list[Pending] = []
         self.held: dict[str, list[tuple[TraceJob, dict[str, Any]]]] = {}
@@ -231,7 +198,9 @@ class PolicyRun:
         best = min(times.values(), default=0.0)
         return frozenset(p for p, t in times.items() if t <= best * self.config.max_slowdown * (1 + 1e-9))
 
-    def _place(self, entry: Pending) -> SimNode | None:
+    def _place(self, entry: Pending, ahead: dict[str, int] | None = None) -> SimNode | None:
+        if self.policy == "kratos-eft" and not entry.profiling and ahead is not None:
+            return self._place_earliest(entry, ahead)
         if self.policy not in ORACLES:
             return schedule(entry.pod, self.state, self.rng)
         accepted = self.acceptable(entry.job, entry.pod.gpus)
@@ -243,6 +212,38 @@ class PolicyRun:
         times = {n.product: self._true_time(entry.job, n.product) for n in free}
         best = min(times.values())
         return schedule(entry.pod, self.state, self.rng, among=[n for n in free if times[n.product] == best])
+
+    def _place_earliest(self, entry: Pending, ahead: dict[str, int]) -> SimNode | None:
+        """``kratos-eft``: on the product where the Job finishes first, the wait counted, once it has a
+        free GPU; a Job with no Ready profile yet is placed as kratos places it."""
+        predicted = predicted_seconds(
+            self.profiles.get(NAMESPACE, entry.job.workload),
+            entry.job,
+            self.products,
+            config=self.config,
+            catalog=self.catalog,
+            calibration=self.calibration.current(),
+        )
+        if not predicted:
+            return schedule(entry.pod, self.state, self.rng)
+        now = self.now
+
+        def free(product: str) -> bool:
+            return any(n.product == product and feasible(n, entry.pod, self.state) for n in self.state.nodes)
+
+        chosen = self.eft.choose(now, predicted, free=free, ahead=ahead)
+        if chosen is None:
+            return schedule(entry.pod, self.state, self.rng)
+        product, now_free = chosen
+        if not now_free:
+            ahead[product] = ahead.get(product, 0) + 1
+            return None
+        node = schedule(
+            entry.pod, self.state, self.rng, among=[n for n in self.state.nodes if n.product == product]
+        )
+        if node is not None:
+            self.eft.started(entry.job.name, product, now + predicted[product], entry.pod.gpus)
+        return node
 
     def _place_gang(self, entry: Pending) -> list[SimNode] | None:
         """A gang of Pods placed whole on one product, or None: it waits (as Kueue, KAI and Volcano
@@ -284,12 +285,14 @@ class PolicyRun:
 
     def _schedule_pending(self, now: float) -> None:
         waiting: list[Pending] = []
+        self.now = now
+        ahead: dict[str, int] = {}  # kratos-eft: the Jobs before this one that wait for each product
         while self.pending:
             entry = heapq.heappop(self.pending)
             if entry.job.pods > 1 and not entry.profiling:
                 nodes = self._place_gang(entry)
             else:
-                node = self._place(entry)
+                node = self._place(entry, ahead)
                 nodes = [node] if node is not None else None
             if nodes is None:
                 waiting.append(entry)
@@ -335,6 +338,7 @@ class PolicyRun:
     def done(self, entry: Pending, nodes: Sequence[SimNode], seconds: float, now: float) -> None:
         for node in nodes:
             self.state.release(node, entry.pod)
+        self.eft.finished(entry.job.name, entry.pod.gpus)
         node = nodes[0]
         job = entry.job
         if entry.profiling:
@@ -486,46 +490,3 @@ def run_policies(policies: Sequence[Policy], config: Config) -> list[Policy]:
         if (p != "kratos-no-exploration" or config.exploration_share > 0)
         and (p != "oracle-wait" or config.max_slowdown > 0)
     ]
-
-
-def simulation_result(
-    results: dict[Policy, PolicyResult],
-    learned_by: Mapping[Policy, Learned],
-    trace: Trace,
-    nodes: Sequence[SimNode],
-    *,
-    truth: Truth,
-    config: Config,
-    catalog: Catalog,
-) -> SimulationResult:
-    """The policies' results with the prediction error of what ``kratos`` learned (none without it)
-    and of what ``kratos-no-exploration`` learned where it ran, for a modelled run and for one on a
-    real cluster alike."""
-    learned = learned_by.get("kratos", Learned(SimulatedProfiles()))
-    without = learned_by.get("kratos-no-exploration")
-    if "kratos" not in results:
-        return SimulationResult(results, {}, learned)
-    errors, products = knowledge_of(learned, trace, nodes, truth=truth, config=config, catalog=catalog)
-    apart: dict[bool, dict[str, float]] = {}
-    if any(job.gang for job in trace.jobs):
-        node_products = frozenset(n.product for n in nodes if n.product)
-        for gang in (True, False):
-            jobs = [job for job in trace.jobs if job.gang == gang]
-            apart[gang] = (
-                worst_errors(
-                    learned, jobs, truth=truth, node_products=node_products, config=config, catalog=catalog
-                )[0]
-                if jobs
-                else {}
-            )
-    return SimulationResult(
-        results,
-        errors,
-        learned,
-        products,
-        knowledge_of(without, trace, nodes, truth=truth, config=config, catalog=catalog)[1]
-        if without
-        else {},
-        apart.get(True, {}),
-        apart.get(False, {}),
-    )

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from kratos_admit.simulation.replay import SimulationResult
+from kratos_admit.simulation.result import SimulationResult
 from kratos_admit.simulation.trace import FIGURES
 
 Plotter = Callable[[SimulationResult, Path], None]

@@ -13,7 +13,9 @@ from kratos_admit.domain.vocabulary import Unit
 from kratos_admit.model.catalog import Catalog, GpuProduct
 from kratos_admit.model.ranking import LINK, SCALED_UNITS, relative_time_by_units, unit_figures
 
-Policy = Literal["default", "kratos-static", "kratos-no-exploration", "kratos", "oracle", "oracle-wait"]
+Policy = Literal[
+    "default", "kratos-static", "kratos-no-exploration", "kratos", "kratos-eft", "oracle", "oracle-wait"
+]
 POLICIES: tuple[Policy, ...] = (
     "default",
     "kratos-static",
@@ -25,7 +27,9 @@ POLICIES: tuple[Policy, ...] = (
 # the policies that see the truth, not what admission predicts: no admission runs for them
 ORACLES: frozenset[Policy] = frozenset({"oracle", "oracle-wait"})
 # the policies that learn as the trace runs (observations, calibration); kratos also explores
-LEARNING: frozenset[Policy] = frozenset({"kratos", "kratos-no-exploration"})
+LEARNING: frozenset[Policy] = frozenset({"kratos", "kratos-no-exploration", "kratos-eft"})
+# asked for by name only (bench/wait_or_run_slow.py): the load-aware rule, modelled, not built
+MODEL_ONLY: frozenset[Policy] = frozenset({"kratos-eft"})
 # the figure a workload's runs exercise: that of its largest unit (bandwidth: memory's)
 Figure = Literal["tensor", "fp32", "fp64", "bandwidth"]
 FIGURES: tuple[Figure, ...] = ("tensor", "fp32", "fp64", "bandwidth")
