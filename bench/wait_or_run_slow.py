@@ -25,6 +25,7 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -103,7 +104,7 @@ def trace_of(shape: Shape, seed: int) -> tuple[Trace, list[SimNode], Truth]:
                 A100,
                 round(seconds * rng.uniform(0.9, 1.1), 1),
                 metrics,
-                shares,  # type: ignore[arg-type]
+                shares,
             )
         )
         arrival += rng.expovariate(1 / shape.every)
@@ -133,13 +134,13 @@ def trace_of(shape: Shape, seed: int) -> tuple[Trace, list[SimNode], Truth]:
 POLICIES: tuple[Policy, ...] = ("default", "kratos", "kratos-eft", "oracle", "oracle-wait")
 
 
-def run(shape: Shape, cap: float, seed: int) -> dict[str, object]:
+def run(shape: Shape, cap: float, seed: int) -> dict[str, Any]:
     trace, nodes, truth = trace_of(shape, seed)
     config = Config(max_slowdown=cap)
     result = simulate(
         trace, nodes, truth=truth, config=config, catalog=load_catalog(), seed=seed, policies=POLICIES
     )
-    found: dict[str, object] = {
+    found: dict[str, Any] = {
         name: {"mean": r.mean_jct, "p95": r.p95_jct} for name, r in result.policies.items()
     }
     found["predictionError"] = max(result.prediction_error.values(), default=0.0)
@@ -163,10 +164,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         for cap in args.caps:
             runs = [run(shape, cap, seed) for seed in args.seeds]
 
-            def mean_of(policy: str, key: str, runs: list[dict[str, object]] = runs) -> float:
-                return statistics.fmean(float(r[policy][key]) for r in runs if policy in r)  # type: ignore[index]
+            def mean_of(policy: str, key: str, runs: list[dict[str, Any]] = runs) -> float:
+                return statistics.fmean(float(r[policy][key]) for r in runs if policy in r)
 
-            row = {
+            row: dict[str, Any] = {
                 "trace": shape.name,
                 "cap": cap,
                 "seeds": list(args.seeds),
@@ -176,14 +177,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                     for k in ("mean", "p95")
                     if cap or p != "oracle-wait"
                 },
-                "worstPredictionError": round(max(float(r["predictionError"]) for r in runs), 4),  # type: ignore[arg-type]
+                "worstPredictionError": round(max(float(r["predictionError"]) for r in runs), 4),
                 # the ratios per seed, then their range: one seed is an anecdote
                 "kratosVsOracle": [
                     round(float(r["kratos"]["mean"]) / float(r["oracle"]["mean"]), 3) for r in runs
-                ],  # type: ignore[index]
+                ],
                 "kratosVsDefault": [
                     round(float(r["kratos"]["mean"]) / float(r["default"]["mean"]), 3) for r in runs
-                ],  # type: ignore[index]
+                ],
             }
             rows.append(row)
             if not args.json:
@@ -192,8 +193,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     f"oracle {row['oracle.mean']:>7.0f}/{row['oracle.p95']:>7.0f} | default {row['default.mean']:>7.0f} | "
                     + (f"oracle-wait {row['oracle-wait.mean']:>7.0f} | " if cap else "")
                     + f"eft {row['kratos-eft.mean']:>7.0f}/{row['kratos-eft.p95']:>7.0f} | "
-                    + f"k/oracle {min(row['kratosVsOracle']):.2f}-{max(row['kratosVsOracle']):.2f} "  # type: ignore[arg-type]
-                    f"k/default {min(row['kratosVsDefault']):.2f}-{max(row['kratosVsDefault']):.2f} "  # type: ignore[arg-type]
+                    + f"k/oracle {min(row['kratosVsOracle']):.2f}-{max(row['kratosVsOracle']):.2f} "
+                    f"k/default {min(row['kratosVsDefault']):.2f}-{max(row['kratosVsDefault']):.2f} "
                     f"err {row['worstPredictionError']:.1%}",
                     flush=True,
                 )

@@ -27,8 +27,9 @@ from kratos_admit.model.calibration import Calibration, FactorSupport, ProductCa
 from kratos_admit.model.calibration_fit import fit_calibration
 from kratos_admit.model.exploration import REACH, exploration, exploring
 from kratos_admit.simulation.knowledge import Learned, SimulatedProfiles
-from kratos_admit.simulation.replay import SimulationResult, simulate
+from kratos_admit.simulation.replay import simulate
 from kratos_admit.simulation.report import format_results
+from kratos_admit.simulation.result import SimulationResult
 from kratos_admit.simulation.scheduling import SimNode
 from kratos_admit.simulation.trace import Figures, PolicyResult, ProductKnowledge, Trace, TraceJob, Truth
 from kratos_admit.webhook.metrics import AdmissionMetrics

@@ -19,8 +19,9 @@ from kratos_admit.cli.main import main
 from kratos_admit.domain.config import Config
 from kratos_admit.simulation.inputs import load_truth
 from kratos_admit.simulation.knowledge import Learned, SimulatedProfiles
-from kratos_admit.simulation.replay import SimulationResult, simulate
+from kratos_admit.simulation.replay import simulate
 from kratos_admit.simulation.report import format_results
+from kratos_admit.simulation.result import SimulationResult
 from kratos_admit.simulation.trace import POLICIES, Figures, PolicyResult, Trace, Truth
 from tests.builders import A100, L4, L40S, T4, sim_node, trace_job
 from tests.harness import CATALOG, EXAMPLES

@@ -274,7 +274,7 @@ def narrowed_job(name: str, *, best_seconds: float | None) -> dict[str, Any]:
     }
     if best_seconds is not None:
         said["bestSeconds"] = best_seconds
-    obj = job("cfd").obj()
+    obj: dict[str, Any] = job("cfd").obj()
     obj["metadata"].update({"name": name, "uid": f"uid-{name}", "creationTimestamp": "2026-11-29T10:00:00Z"})
     obj["metadata"]["annotations"] = {v.HINTS_ANNOTATION: json.dumps(said)}
     return obj
@@ -311,8 +311,8 @@ async def test_a_pod_that_waited_past_its_predicted_runtime_gets_one_event_namin
     from kratos_controller.metrics import ControllerMetrics
     from kratos_controller.runtime import Shared
     from kratos_controller.waiting import WaitController
-    from tests.harness import EVENTS, JOBS, NAMESPACES, PODS, api_for, api_server
-    from tests.kube_double import CONTROLLER, KubeDouble
+    from tests.harness import JOBS, NAMESPACES, PODS, api_for, api_server
+    from tests.kube_double import CONTROLLER, EVENTS, KubeDouble
 
     kube = KubeDouble()
     async with api_server(kube) as server:
