@@ -32,6 +32,7 @@ sys.path.insert(0, str(ROOT))
 
 from kratos_admit.domain import vocabulary as v  # noqa: E402
 from kratos_admit.domain.config import MAX_SLOWDOWN_DEFAULT, Config  # noqa: E402
+from kratos_admit.domain.vocabulary import Unit  # noqa: E402
 from kratos_admit.model.catalog import load_catalog  # noqa: E402
 from kratos_admit.simulation.replay import simulate  # noqa: E402
 from kratos_admit.simulation.scheduling import SimNode  # noqa: E402
@@ -46,7 +47,8 @@ T4 = "Tesla-T4"
 
 # workload: (time shares on the A100, as a profile's status.timeShares; sm and memory throughput in %;
 # seconds on the A100)
-WORKLOADS: dict[str, tuple[dict[str, float], float, float, float]] = {
+Workloads = dict[str, tuple[dict[Unit, float], float, float, float]]
+WORKLOADS: Workloads = {
     "llm-train": ({"tensor": 0.62, "memory": 0.18, "latency": 0.20}, 71.0, 42.0, 1200.0),
     "cfd-fp64": ({"fp64": 0.80, "memory": 0.12, "latency": 0.08}, 86.0, 30.0, 900.0),
     "nbody-fp32": ({"fp32": 0.78, "memory": 0.10, "latency": 0.12}, 88.0, 12.0, 600.0),
@@ -55,7 +57,7 @@ WORKLOADS: dict[str, tuple[dict[str, float], float, float, float]] = {
 }
 # only tensor, training and decode work: no product many times slower than another for it (DESIGN
 # "Do no harm")
-TENSOR_ONLY: dict[str, tuple[dict[str, float], float, float, float]] = {
+TENSOR_ONLY: Workloads = {
     "llm-train": WORKLOADS["llm-train"],
     "resnet-step": WORKLOADS["resnet-step"],
     "llm-decode": ({"memory": 0.70, "tensor": 0.10, "latency": 0.20}, 20.0, 80.0, 900.0),
@@ -66,7 +68,7 @@ TENSOR_ONLY: dict[str, tuple[dict[str, float], float, float, float]] = {
 class Shape:
     name: str
     cluster: dict[str, tuple[int, int]]  # product -> (nodes, GPUs per node)
-    workloads: dict[str, tuple[dict[str, float], float, float, float]]
+    workloads: Workloads
     every: float  # mean seconds between arrivals
     jobs: int
 
