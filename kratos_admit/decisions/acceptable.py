@@ -19,6 +19,7 @@ from typing import Any
 
 from kratos_admit.domain import vocabulary as v
 from kratos_admit.domain.config import Config
+from kratos_admit.domain.profile import WorkloadProfile
 from kratos_admit.domain.quantity import parse_positive_integer
 from kratos_admit.domain.raw import as_list, as_mapping, child, child_list, clone
 from kratos_admit.model.exploration import Exploration
@@ -253,3 +254,30 @@ def narrowing(
         explored=explored.product.product.product if explored is not None else "",
         observed=observed,
     )
+
+
+def narrow(
+    pod_spec: dict[str, Any],
+    ranked: Sequence[RankedProduct],
+    profile: WorkloadProfile,
+    *,
+    annotations: Mapping[str, str],
+    config: Config,
+    product_gpus: Mapping[str, int] | None,
+    explored: Exploration | None,
+) -> Cut | None:
+    """The cut of a Ready ``profile``'s ranking, written into ``pod_spec`` as the product requirement
+    ANDed into every required term; None (nothing written) where it narrows nothing."""
+    found = narrowing(
+        pod_spec,
+        ranked,
+        annotations=annotations,
+        config=config,
+        product_gpus=product_gpus,
+        explored=explored,
+        observed=observed_seconds(profile.status.observations if profile.status else ()),
+    )
+    if found is None or not found.narrows:
+        return None
+    and_into_terms(pod_spec, [[product_requirement(found.labels)]])
+    return found

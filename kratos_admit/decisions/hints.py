@@ -12,14 +12,7 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
-from kratos_admit.decisions.acceptable import (
-    Cut,
-    and_into_terms,
-    narrowing,
-    observed_seconds,
-    product_requirement,
-    required_variants,
-)
+from kratos_admit.decisions.acceptable import Cut, and_into_terms, narrow, required_variants
 from kratos_admit.decisions.gangs import Gang, gang_affinity, label_gang_pods
 from kratos_admit.decisions.record import hints_record
 from kratos_admit.domain import vocabulary as v
@@ -427,17 +420,11 @@ def apply_hints(
         ranked, explored, reference = hint.ranked, hint.explored, hint.reference
         if hint.added:
             injected.append("affinity.nodeAffinity.preferred")
-        narrowed = narrowing(
-            pod_spec,
-            ranked,
-            annotations=annotations,
-            config=config,
-            product_gpus=product_gpus,
+        narrowed = narrow(
+            pod_spec, ranked, profile, annotations=annotations, config=config, product_gpus=product_gpus,
             explored=explored,
-            observed=observed_seconds(profile.status.observations if profile.status else ()),
-        )
-        if narrowed is not None and narrowed.narrows:
-            and_into_terms(pod_spec, [[product_requirement(narrowed.labels)]])
+        )  # fmt: skip
+        if narrowed is not None:
             injected.append("affinity.nodeAffinity.required.product")
         if not ranked:
             warnings.append(

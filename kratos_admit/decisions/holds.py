@@ -9,12 +9,7 @@ import json
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from kratos_admit.decisions.acceptable import (
-    and_into_terms,
-    narrowing,
-    observed_seconds,
-    product_requirement,
-)
+from kratos_admit.decisions.acceptable import narrow
 from kratos_admit.decisions.hints import (
     add_profile_gate,
     mark_template_held,
@@ -128,22 +123,24 @@ def release_hold(
         ranked, explored, reference = hint.ranked, hint.explored, hint.reference
         if hint.added and template:
             injected.append("affinity.nodeAffinity.preferred")
-        narrowed = narrowing(
-            pod_spec,
-            ranked,
-            annotations=user_annotations,
-            config=config,
-            product_gpus=product_gpus,
-            explored=explored,
-            observed=observed_seconds(profile.status.observations if profile.status else ()),
+        # a gated Pod's required terms may take more requirements, a suspended Job's template any
+        # affinity (Kubernetes 1.27+): the release narrows as admission would have; once Kueue started
+        # the Job, nothing of its Pods' placement changes
+        narrowed = (
+            narrow(
+                pod_spec,
+                ranked,
+                profile,
+                annotations=user_annotations,
+                config=config,
+                product_gpus=product_gpus,
+                explored=explored,
+            )
+            if template
+            else None
         )
-        if narrowed is not None and narrowed.narrows and template:
-            # a gated Pod's required terms may take more requirements, a suspended Job's template any
-            # affinity (Kubernetes 1.27+): the release narrows as admission would have
-            and_into_terms(pod_spec, [[product_requirement(narrowed.labels)]])
+        if narrowed is not None:
             injected.append("affinity.nodeAffinity.required.product")
-        elif narrowed is not None and not template:
-            narrowed = None  # Kueue started it: nothing of its Pods' placement changes now
     phase = profile.status.phase if profile.status else "without status"
     record = hints_record(
         profile.metadata.name if profile.ready else "",
