@@ -34,7 +34,7 @@ import heapq
 import itertools
 import random
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -107,6 +107,10 @@ class SimulationResult:
                 "figureErrors": {p: k.figures_dict() for p, k in sorted(self.without_exploration.items())},
             }
         return found
+
+
+# told after each moment of a run: the policy, its Jobs finished, the trace's Jobs
+Progress = Callable[[Policy, int, int], None]
 
 
 @dataclass(order=True)
@@ -390,7 +394,7 @@ class PolicyRun:
 
     # --- the loop --------------------------------------------------------------------------------
 
-    def run(self) -> PolicyResult:
+    def run(self, progress: Progress | None = None) -> PolicyResult:
         for job in self.trace.jobs:
             self._event(job.arrival, "arrive", job)
         while self.events:
@@ -406,6 +410,8 @@ class PolicyRun:
                     entry, nodes, seconds = payload
                     self.done(entry, nodes, seconds, now)
             self._schedule_pending(now)
+            if progress is not None:
+                progress(self.policy, len(self.finished), len(self.trace.jobs))
         return self.result()
 
     def result(self) -> PolicyResult:
@@ -435,6 +441,7 @@ def simulate(
     seed: int = 1,
     noise: float = 0.05,
     policies: Sequence[Policy] = POLICIES,
+    progress: Progress | None = None,
 ) -> SimulationResult:
     results: dict[Policy, PolicyResult] = {}
     learned: dict[Policy, Learned] = {}
@@ -442,7 +449,7 @@ def simulate(
         run = PolicyRun(
             policy, trace, nodes, truth=truth, config=config, catalog=catalog, seed=seed, noise=noise
         )
-        results[policy] = run.run()
+        results[policy] = run.run(progress)
         if policy in LEARNING:
             learned[policy] = Learned(run.profiles, run.calibration, run.explored)
     return simulation_result(results, learned, trace, nodes, truth=truth, config=config, catalog=catalog)
