@@ -24,6 +24,7 @@ from kratos_admit.simulation.report import format_results
 from kratos_admit.simulation.trace import POLICIES, Figures, PolicyResult, Trace, Truth
 from tests.builders import A100, L4, L40S, T4, sim_node, trace_job
 from tests.harness import CATALOG, EXAMPLES
+from tests.test_docs_generated import load_generator
 
 SIMULATION = EXAMPLES / "simulation"
 # name: (SM %, memory %, seconds on the A100)
@@ -287,21 +288,17 @@ def test_plot_without_matplotlib_exits_2_saying_how_to_install_it(monkeypatch):
     )
 
 
-def test_plot_draws_each_policys_jct_distribution(tmp_path: Path):
+def test_plot_draws_each_policys_jct_distribution_and_keeps_its_legend_in_the_png(tmp_path: Path):
+    """The legend's figures are in the PNG's metadata too: docs/generate.py and the docs test read what a
+    picture shows from there."""
     pytest.importorskip("matplotlib", reason="the [plot] extra is not installed")
     plot = tmp_path / "jct.png"
-    status, out, err = run_cli(
-        "simulate",
-        "--cluster",
-        str(SIMULATION / "cluster.yaml"),
-        "--trace",
-        str(SIMULATION / "trace.yaml"),
-        "--plot",
-        str(plot),
-    )
+    status, out, err = run_cli(*tiny_trace(tmp_path), "-o", "json", "--plot", str(plot))
     assert status == 0, err
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert "kratos-static" in out and "MEAN JCT" in out
+    means = {name: p["meanJctSeconds"] for name, p in json.loads(out)["policies"].items()}
+    legend = load_generator().plot_description(plot).splitlines()
+    assert legend == [f"{name} (mean {seconds / 60:.0f} min)" for name, seconds in means.items()]
 
 
 def test_the_table_compares_each_policy_with_the_default_in_words_that_cannot_be_misread():
