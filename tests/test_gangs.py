@@ -340,6 +340,9 @@ MISMATCHES = [
      "accelerate --num_processes=4 disagrees with the Job, which runs 2 Pod(s) x 4 GPU(s) = 8"),
     ("srun", indexed(3, 1, "srun", "-N", "2", "python", "t.py"),
      "srun -N=2 disagrees with the Job, which runs 3 Pod(s)"),
+    ("pod-a-job-made", owned(make_pod("ddp-x1").command("torchrun", "--nnodes=4", "t.py").limits({v.GPU_RESOURCE: 1}), "Job"), None),
+    ("bare-pod", make_pod("p").command("torchrun", "--nnodes=2", "--nproc-per-node=1", "t.py").limits({v.GPU_RESOURCE: 1}),
+     "torchrun --nnodes=2 disagrees with the Pod, which runs 1 Pod(s)"),
     ("single-pod-torchrun-in-a-shell", make_job("one").command("sh", "-c", "torchrun --nproc-per-node=4 t.py").limits({v.GPU_RESOURCE: 8}),
      "torchrun --nproc-per-node=4 disagrees with the Job, which runs 8 GPU(s) in container"),
 ]  # fmt: skip
@@ -347,7 +350,7 @@ MISMATCHES = [
 
 @pytest.mark.parametrize("builder, expected", [r[1:] for r in MISMATCHES], ids=[r[0] for r in MISMATCHES])
 def test_a_launcher_whose_counts_disagree_with_the_job_is_named_with_both(
-    builder: JobBuilder, expected: str | None
+    builder: JobBuilder | PodBuilder, expected: str | None
 ):
     gang = gang_of(builder)
     assert gang is not None

@@ -101,7 +101,14 @@ def read_gang(workload: Workload, gpus: PodGpus) -> Gang | None:
         "; ".join(doubts) if not reasons else "",
         gpus=max(gpus.effective_gpus, 1),
         pods=pods,
-        mismatches=tuple(launcher_mismatches(gpus, pods=pods, kind=workload.kind)),
+        # a Pod some controller made is one of Pods admission does not see: only its own GPUs compare
+        mismatches=tuple(
+            launcher_mismatches(
+                gpus,
+                pods=pods if workload.kind == "Job" or not as_list(meta.raw.get("ownerReferences")) else None,
+                kind=workload.kind,
+            )
+        ),
     )
 
 
