@@ -12,27 +12,14 @@ and the generator rewrites all five."""
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import re
-import sys
-from types import ModuleType
 
 import pytest
 
 from kratos_admit.cli.main import build_parser
-from tests.harness import REPO
+from tests.harness import REPO, docs_generator
 
-
-def load_generator() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("docs_generate", REPO / "docs" / "generate.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-generate = load_generator()
+generate = docs_generator()
 
 
 @pytest.mark.parametrize("block", generate.CHEAP_BLOCKS, ids=lambda b: b.name)

@@ -23,8 +23,7 @@ from kratos_admit.simulation.replay import SimulationResult, simulate
 from kratos_admit.simulation.report import format_results
 from kratos_admit.simulation.trace import POLICIES, Figures, PolicyResult, Trace, Truth
 from tests.builders import A100, L4, L40S, T4, sim_node, trace_job
-from tests.harness import CATALOG, EXAMPLES
-from tests.test_docs_generated import load_generator
+from tests.harness import CATALOG, EXAMPLES, docs_generator
 
 SIMULATION = EXAMPLES / "simulation"
 # name: (SM %, memory %, seconds on the A100)
@@ -297,7 +296,7 @@ def test_plot_draws_each_policys_jct_distribution_and_keeps_its_legend_in_the_pn
     assert status == 0, err
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     means = {name: p["meanJctSeconds"] for name, p in json.loads(out)["policies"].items()}
-    legend = load_generator().plot_description(plot).splitlines()
+    legend = docs_generator().plot_description(plot).splitlines()
     assert legend == [f"{name} (mean {seconds / 60:.0f} min)" for name, seconds in means.items()]
 
 

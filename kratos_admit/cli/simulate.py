@@ -21,10 +21,10 @@ from kratos_admit.cli.common import (
 from kratos_admit.domain.config import Config
 from kratos_admit.model.catalog import Catalog, load_catalog
 from kratos_admit.simulation.inputs import load_cluster, load_trace, load_truth
-from kratos_admit.simulation.replay import Progress, SimulationResult, simulate
+from kratos_admit.simulation.replay import SimulationResult, simulate
 from kratos_admit.simulation.report import ONE_SEED, format_results, format_spread, load_plotter, spread
 from kratos_admit.simulation.scheduling import SimNode
-from kratos_admit.simulation.trace import Policy, SimulationError, Trace, Truth
+from kratos_admit.simulation.trace import Policy, Progress, SimulationError, Trace, Truth
 
 
 def add_simulate_command(commands: Any) -> None:

@@ -34,7 +34,7 @@ import heapq
 import itertools
 import random
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -60,6 +60,7 @@ from kratos_admit.simulation.trace import (
     Policy,
     PolicyResult,
     ProductKnowledge,
+    Progress,
     SimulationError,
     Trace,
     TraceJob,
@@ -107,10 +108,6 @@ class SimulationResult:
                 "figureErrors": {p: k.figures_dict() for p, k in sorted(self.without_exploration.items())},
             }
         return found
-
-
-# told after each moment of a run: the policy, its Jobs finished, the trace's Jobs
-Progress = Callable[[Policy, int, int], None]
 
 
 @dataclass(order=True)

@@ -4,7 +4,7 @@ and what each policy measured; pure values, read from files by ``inputs.py``, re
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -15,6 +15,8 @@ from kratos_admit.model.ranking import LINK, SCALED_UNITS, relative_time_by_unit
 
 Policy = Literal["default", "kratos-static", "kratos-no-exploration", "kratos", "oracle"]
 POLICIES: tuple[Policy, ...] = ("default", "kratos-static", "kratos-no-exploration", "kratos", "oracle")
+# told after each moment of a run: the policy, its Jobs finished, the trace's Jobs
+Progress = Callable[[Policy, int, int], None]
 # the policies that learn as the trace runs (observations, calibration); kratos also explores
 LEARNING: frozenset[Policy] = frozenset({"kratos", "kratos-no-exploration"})
 # the figure a workload's runs exercise: that of its largest unit (bandwidth: memory's)
