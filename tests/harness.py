@@ -14,6 +14,7 @@ import copy
 import datetime as dt
 import functools
 import glob
+import importlib.util
 import io
 import json
 import os
@@ -28,6 +29,7 @@ import threading
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import aiohttp
@@ -1253,3 +1255,14 @@ def status_of(kube: KubeDouble, workload: str = "infer", namespace: str = "team-
     """The status of ``workload``'s WorkloadProfile as the double holds it ({} when it has none)."""
     found = kube.get(*PROFILES, namespace, f"{workload}-profile")
     return dict((found or {}).get("status") or {})
+
+
+@functools.cache
+def docs_generator() -> ModuleType:
+    """docs/generate.py, which is no package module: what writes the docs' figures from the code."""
+    spec = importlib.util.spec_from_file_location("docs_generate", REPO / "docs" / "generate.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while the file runs
+    spec.loader.exec_module(module)
+    return module

@@ -309,3 +309,47 @@ def test_a_list_on_stdin_whose_items_is_not_a_list_is_refused_in_one_line_not_ec
         err.getvalue()
         == "kratos-admit: <stdin>: document 1: kind List: items: must be a list, found a mapping\n"
     )
+
+
+# --- a reader that stops early (issue 60) ------------------------------------------------------------
+
+PLACEMENT = ["placement", "-p", str(EXAMPLES / "profiles" / "embed-server-profile.yaml"), "--nodes", NODES]
+REVIEW_ALL = ["review", "-f", str(EXAMPLES), "--profiles", str(EXAMPLES / "profiles"), "--nodes", NODES]
+
+
+@pytest.mark.parametrize("argv", [PLACEMENT, [*REVIEW_ALL, "-o", "json"]], ids=["placement", "review-json"])
+def test_a_closed_pipe_ends_the_command_quietly_with_status_141(argv):
+    """`... | head -1` made deterministic: the pipe's reading end is closed before the command writes,
+    so every write meets a broken pipe. No traceback, nothing on stderr but the command's own notes,
+    and 128 + SIGPIPE as a shell reports a command a closed pipe ended."""
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "kratos_admit", *argv],
+            check=False,
+            stdout=write,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=REPO,
+            timeout=60,
+        )
+    finally:
+        os.close(write)
+    assert done.returncode == 141, done.stderr
+    assert "Traceback" not in done.stderr and "BrokenPipeError" not in done.stderr, done.stderr
+
+
+def test_head_takes_the_first_line_and_the_command_says_nothing_more():
+    command = " ".join([sys.executable, "-m", "kratos_admit", *PLACEMENT, "| head -1"])
+    done = subprocess.run(
+        ["bash", "-o", "pipefail", "-c", command],
+        check=False,
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=60,
+    )
+    assert done.stdout.startswith("profile team-a/embed-server-profile") and done.stdout.count("\n") == 1
+    assert done.stderr == "", done.stderr
+    assert done.returncode in (0, 141)

@@ -308,3 +308,61 @@ def test_a_non_gang_indexed_job_is_profiled_as_index_0():
     assert result.decision.action == "profiling"
     spec = mutated["spec"]
     assert (spec["completionMode"], spec["completions"], spec["parallelism"]) == ("Indexed", 1, 1)
+
+
+# --- a launcher whose counts disagree with its Job (issue 60) -------------------------------------
+
+
+def indexed(pods: int, gpus: int, *command: str) -> JobBuilder:
+    return (
+        make_job("ddp")
+        .command(*command)
+        .limits({v.GPU_RESOURCE: gpus})
+        .job_spec(completionMode="Indexed", completions=pods, parallelism=pods)
+    )
+
+
+MISMATCHES = [
+    # (id, builder, the part of the one warning expected, or None for no warning)
+    ("torchrun-nodes-and-procs", indexed(4, 2, "torchrun", "--nnodes=2", "--nproc-per-node=8", "t.py"),
+     "torchrun --nnodes=2 --nproc-per-node=8 disagrees with the Job, which runs 4 Pod(s) and 2 GPU(s) in container"),
+    ("torchrun-agrees", indexed(4, 2, "torchrun", "--nnodes=4", "--nproc-per-node=2", "t.py"), None),
+    ("torchrun-elastic-range-holds-it", indexed(4, 2, "torchrun", "--nnodes=2:4", "--nproc-per-node=2", "t.py"), None),
+    ("torchrun-gpu-per-node", indexed(4, 2, "torchrun", "--nnodes=4", "--nproc-per-node=gpu", "t.py"), None),
+    ("torchrun-module", indexed(2, 8, "python", "-m", "torch.distributed.run", "--nnodes", "3", "t.py"),
+     "torchrun --nnodes=3 disagrees with the Job, which runs 2 Pod(s)"),
+    ("mpirun-total", indexed(2, 4, "mpirun", "-np", "16", "python", "t.py"),
+     "mpirun -np=16 disagrees with the Job, which runs 2 Pod(s) x 4 GPU(s) = 8"),
+    ("mpirun-agrees", indexed(2, 4, "mpirun", "-np", "8", "python", "t.py"), None),
+    ("deepspeed", indexed(2, 4, "deepspeed", "--num_nodes=2", "--num_gpus=8", "t.py"),
+     "deepspeed --num_gpus=8 disagrees with the Job, which runs 4 GPU(s) in container"),
+    ("accelerate", indexed(2, 4, "accelerate", "launch", "--num_machines", "2", "--num_processes", "4", "t.py"),
+     "accelerate --num_processes=4 disagrees with the Job, which runs 2 Pod(s) x 4 GPU(s) = 8"),
+    ("srun", indexed(3, 1, "srun", "-N", "2", "python", "t.py"),
+     "srun -N=2 disagrees with the Job, which runs 3 Pod(s)"),
+    ("pod-a-job-made", owned(make_pod("ddp-x1").command("torchrun", "--nnodes=4", "t.py").limits({v.GPU_RESOURCE: 1}), "Job"), None),
+    ("bare-pod", make_pod("p").command("torchrun", "--nnodes=2", "--nproc-per-node=1", "t.py").limits({v.GPU_RESOURCE: 1}),
+     "torchrun --nnodes=2 disagrees with the Pod, which runs 1 Pod(s)"),
+    ("single-pod-torchrun-in-a-shell", make_job("one").command("sh", "-c", "torchrun --nproc-per-node=4 t.py").limits({v.GPU_RESOURCE: 8}),
+     "torchrun --nproc-per-node=4 disagrees with the Job, which runs 8 GPU(s) in container"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("builder, expected", [r[1:] for r in MISMATCHES], ids=[r[0] for r in MISMATCHES])
+def test_a_launcher_whose_counts_disagree_with_the_job_is_named_with_both(
+    builder: JobBuilder | PodBuilder, expected: str | None
+):
+    gang = gang_of(builder)
+    assert gang is not None
+    assert [m for m in gang.mismatches if expected and expected in m] == list(gang.mismatches)
+    assert len(gang.mismatches) == (expected is not None), gang.mismatches
+    warnings = admit(builder.obj(), engine(make_ctx())).decision.warnings
+    assert [w for w in warnings if "disagrees" in w] == list(gang.mismatches)
+
+
+def test_a_launcher_mismatch_is_said_even_when_the_gang_has_a_ready_profile():
+    job = indexed(4, 2, "torchrun", "--nnodes=2", "--nproc-per-node=8", "t.py")
+    result = admit(job.obj(), engine(make_ctx(), [make_profile("ddp")]))
+    assert result.decision.action == "hints" and result.decision.ranking_source != "none"
+    warnings = result.decision.warnings
+    assert any("torchrun --nnodes=2 --nproc-per-node=8 disagrees" in w for w in warnings), warnings

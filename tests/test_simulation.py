@@ -24,7 +24,7 @@ from kratos_admit.simulation.report import format_results
 from kratos_admit.simulation.result import SimulationResult
 from kratos_admit.simulation.trace import POLICIES, Figures, PolicyResult, Trace, Truth
 from tests.builders import A100, L4, L40S, T4, sim_node, trace_job
-from tests.harness import CATALOG, EXAMPLES
+from tests.harness import CATALOG, EXAMPLES, docs_generator
 
 SIMULATION = EXAMPLES / "simulation"
 # name: (SM %, memory %, seconds on the A100)
@@ -288,21 +288,17 @@ def test_plot_without_matplotlib_exits_2_saying_how_to_install_it(monkeypatch):
     )
 
 
-def test_plot_draws_each_policys_jct_distribution(tmp_path: Path):
+def test_plot_draws_each_policys_jct_distribution_and_keeps_its_legend_in_the_png(tmp_path: Path):
+    """The legend's figures are in the PNG's metadata too: docs/generate.py and the docs test read what a
+    picture shows from there."""
     pytest.importorskip("matplotlib", reason="the [plot] extra is not installed")
     plot = tmp_path / "jct.png"
-    status, out, err = run_cli(
-        "simulate",
-        "--cluster",
-        str(SIMULATION / "cluster.yaml"),
-        "--trace",
-        str(SIMULATION / "trace.yaml"),
-        "--plot",
-        str(plot),
-    )
+    status, out, err = run_cli(*tiny_trace(tmp_path), "-o", "json", "--plot", str(plot))
     assert status == 0, err
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert "kratos-static" in out and "MEAN JCT" in out
+    means = {name: p["meanJctSeconds"] for name, p in json.loads(out)["policies"].items()}
+    legend = docs_generator().plot_description(plot).splitlines()
+    assert legend == [f"{name} (mean {seconds / 60:.0f} min)" for name, seconds in means.items()]
 
 
 def test_the_table_compares_each_policy_with_the_default_in_words_that_cannot_be_misread():
@@ -453,3 +449,95 @@ def test_a_gang_is_never_profiled_and_its_own_run_makes_its_profile_read_on_meas
     assert learned.status.source == "telemetry", "never an Nsight Compute profiling run"
     assert learned.status.gpu.product == H100
     assert sum(o.runs for o in learned.status.observations) == len(jobs), "every gang ran, none profiled"
+
+
+# --- what a long run says while it runs, and after (issue 60) --------------------------------------
+
+TINY_CLUSTER = """
+apiVersion: v1
+kind: Node
+metadata: {name: a100, labels: {nvidia.com/gpu.product: NVIDIA-A100-SXM4-80GB, nvidia.com/gpu.present: 'true'}}
+status: {capacity: {nvidia.com/gpu: '2'}}
+---
+apiVersion: v1
+kind: Node
+metadata: {name: t4, labels: {nvidia.com/gpu.product: Tesla-T4, nvidia.com/gpu.present: 'true'}}
+status: {capacity: {nvidia.com/gpu: '2'}}
+"""
+
+
+def tiny_trace(tmp_path: Path) -> list[str]:
+    """Six one-GPU Jobs of two workloads on four GPUs: a run of a fraction of a second."""
+    jobs = [
+        {"name": f"job-{i}", "workload": "stream" if i % 2 else "nbody", "arrival": 60.0 * i, "gpus": 1,
+         "referenceProduct": A100, "referenceSeconds": 600.0,
+         "metrics": {"smThroughput": 8 if i % 2 else 90, "memoryThroughput": 92 if i % 2 else 8}}
+        for i in range(6)
+    ]  # fmt: skip
+    (tmp_path / "cluster.yaml").write_text(TINY_CLUSTER)
+    (tmp_path / "trace.yaml").write_text(yaml.safe_dump({"jobs": jobs}))
+    return ["simulate", "--cluster", str(tmp_path / "cluster.yaml"), "--trace", str(tmp_path / "trace.yaml")]
+
+
+class Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+@pytest.mark.parametrize(
+    "terminal, json_out", [(True, False), (False, False), (True, True)], ids=["terminal", "pipe", "json"]
+)
+def test_progress_shows_each_policys_jobs_on_a_terminal_only_and_never_with_json(
+    tmp_path: Path, terminal: bool, json_out: bool
+):
+    out, err = io.StringIO(), Terminal() if terminal else io.StringIO()
+    argv = tiny_trace(tmp_path) + (["-o", "json"] if json_out else [])
+    assert main(argv, stdout=out, stderr=err) == 0, err.getvalue()
+    shown = err.getvalue()
+    if terminal and not json_out:
+        for policy in ("default", "kratos-static", "kratos", "oracle"):
+            assert f"\r\x1b[Ksimulate: {policy}: 6/6 Jobs finished" in shown, shown
+        assert shown.endswith("\r\x1b[K"), "cleared before the table"
+    else:
+        assert shown == "", shown
+    assert "Jobs finished" not in out.getvalue()
+
+
+def test_the_plots_file_is_named_once_it_is_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    drawn: list[Path] = []
+    monkeypatch.setattr(
+        "kratos_admit.cli.simulate.load_plotter", lambda: lambda result, path: drawn.append(path)
+    )
+    status, out, err = run_cli(*tiny_trace(tmp_path), "--plot", str(tmp_path / "jct.png"), "-o", "json")
+    assert status == 0 and drawn == [tmp_path / "jct.png"]
+    assert err == f"kratos-admit simulate: plot of seed 1 written to {tmp_path / 'jct.png'}\n"
+    json.loads(out)
+
+
+def test_one_seeds_table_says_it_is_one_seed_and_seeds_give_the_spread(tmp_path: Path):
+    status, one, _ = run_cli(*tiny_trace(tmp_path), "--seed", "3")
+    assert status == 0 and "one seed: " in one and "--seeds 5" in one
+    status, several, _ = run_cli(*tiny_trace(tmp_path), "--seed", "3", "--seeds", "2")
+    assert status == 0 and "one seed: " not in several
+    assert several.startswith(one.split("\none seed: ")[0]), "the table is the first seed's"
+    spread = several.split("over seeds 3 to 4")[1].splitlines()
+    assert spread[1].split() == ["POLICY", "SEED", "3", "SEED", "4", "MEAN", "VS", "DEFAULT"]
+    assert [row.split()[0] for row in spread[2:]] == [
+        "default", "kratos-static", "kratos-no-exploration", "kratos", "oracle"
+    ]  # fmt: skip
+    status, out, _ = run_cli(*tiny_trace(tmp_path), "--seed", "3", "--seeds", "2", "-o", "json")
+    found = json.loads(out)
+    _, alone, _ = run_cli(*tiny_trace(tmp_path), "--seed", "3", "-o", "json")
+    assert {k: v for k, v in found.items() if k != "seeds"} == json.loads(alone), "DESIGN's keys: seed 3"
+    assert found["seeds"]["seeds"] == [3, 4]
+    assert found["seeds"]["meanJctSeconds"]["default"][0] == round(
+        found["policies"]["default"]["meanJctSeconds"], 1
+    )
+
+
+@pytest.mark.parametrize("seeds", ["0", "-2"])
+def test_seeds_below_one_exit_2(tmp_path: Path, seeds: str):
+    status, _, err = run_cli(*tiny_trace(tmp_path), "--seeds", seeds)
+    assert (
+        status == 2 and err.strip() == f"kratos-admit: --seeds: {seeds} is not a number of runs (1 or more)"
+    )

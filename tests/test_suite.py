@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import json
 import shutil
 from pathlib import Path
 
@@ -116,3 +117,35 @@ def test_suites_are_found_under_the_directory_and_each_runs_with_its_own_files(
     status, out, err = run("test", str(tmp_path / "examples"))
     assert status == ExitStatus.OK, out + err
     assert "denials   Pod/p" in out and out.splitlines()[-1] == "kratos-admit test: all 6 expectations met"
+
+
+NEW_USER = Path(__file__).parent / "data" / "suites" / "new-user"
+
+
+def test_what_a_new_user_meets_is_named_unknown_fields_objects_left_alone_and_launcher_mismatches():
+    """Issue 60: its suite says what review names on each object: an unknown field (the Job admitted,
+    or denied for the GPU request the misspelt field held), why an unlabelled GPU Job, a Service and
+    a Node are left alone, and a torchrun whose counts disagree with its Indexed Job."""
+    status, out, err = run("test", str(NEW_USER))
+    assert status == ExitStatus.OK, out + err
+    assert out.splitlines()[-1] == "kratos-admit test: all 7 expectations met"
+
+
+def test_review_says_each_note_on_the_object_it_belongs_to_and_nothing_on_the_one_that_agrees():
+    status, out, err = run(
+        "review", "-f", str(NEW_USER / "manifests"), "--nodes", str(EXAMPLES / "nodes.yaml"), "-o", "json"
+    )
+    assert status == ExitStatus.DENIED, err
+    by_name = {r["name"]: r for r in json.loads(out)}
+    assert "disagrees" not in " ".join(by_name["torchrun-agrees"]["warnings"])
+    assert [w for w in by_name["torchrun-disagrees"]["warnings"] if "disagrees" in w]
+    assert [w for r in by_name.values() for w in r["warnings"] if "unknown field" in w] == [
+        *(w for w in by_name["misspelt-parallelism"]["warnings"] if "unknown field" in w),
+        *(w for w in by_name["misspelt-resources"]["warnings"] if "unknown field" in w),
+    ]
+    assert {n: r.get("reason", "")[:20] for n, r in by_name.items() if r.get("reason")} == {
+        "not-opted-in": "not opted in: KRATOS",
+        "rendezvous": "KRATOS does not revi",
+        "gpu-node-1": "KRATOS does not revi",
+    }
+    assert "left alone: Job/not-opted-in: not opted in" in err

@@ -18,7 +18,9 @@ import orjson
 
 from kratos_admit.admission.engine import AdmissionEngine, answer
 from kratos_admit.admission.request import admission_review, parse_review
+from kratos_admit.admission.strict import unknown_fields
 from kratos_admit.decisions.policy import Action
+from kratos_admit.domain import vocabulary as v
 from kratos_admit.domain.fields import FieldError
 from kratos_admit.domain.raw import as_mapping
 from kratos_admit.domain.workload import workload_kind
@@ -42,9 +44,12 @@ class Reviewed:
     # it runs alone): not in the CLI's output, whose shape DESIGN fixes; its hints annotation says both
     explored: str = ""
     gang: str = ""
+    # why an allowed object comes back with action none ("" otherwise): printed as a note, and in
+    # JSON as "reason" beside DESIGN's keys
+    reason: str = ""
 
     def as_dict(self) -> dict[str, Any]:
-        return {
+        found = {
             "kind": self.kind,
             "name": self.name,
             "allowed": self.allowed,
@@ -54,6 +59,9 @@ class Reviewed:
             "patch": self.patch,
             "object": self.object,
         }
+        if self.reason:
+            found["reason"] = self.reason
+        return found
 
 
 def review_namespace(doc: dict[str, Any], namespace: str | None) -> str:
@@ -78,6 +86,22 @@ def review_body_size(doc: dict[str, Any], *, namespace: str, user: str) -> int:
     return len(orjson.dumps(envelope))
 
 
+def left_alone(doc: dict[str, Any]) -> str:
+    """Why KRATOS leaves an object as it is: a kind it does not review, or a Job or Pod not opted in.
+    "" where the object is opted in (an action none there is KRATOS's own profiling run, or output
+    it hinted before, which the hints record says)."""
+    api_version, kind = doc.get("apiVersion"), doc.get("kind")
+    if workload_kind(api_version, kind) is None:
+        return (
+            f"KRATOS does not review a {api_version} {kind}: only batch/v1 Jobs and v1 Pods (a CronJob's "
+            "Jobs and a Deployment's Pods are reviewed as they are made)"
+        )
+    labels = as_mapping(as_mapping(doc.get("metadata")).get("labels"))
+    if v.WORKLOAD_LABEL not in labels:
+        return f"not opted in: KRATOS acts only on a {kind} labelled {v.WORKLOAD_LABEL}: <workload name>"
+    return ""
+
+
 def review_document(
     doc: dict[str, Any], *, index: int, engine: AdmissionEngine, namespace: str | None, user: str
 ) -> Reviewed:
@@ -96,7 +120,8 @@ def review_document(
     # the decision's object is the patch applied (tests check patch and object agree): no copy needed
     final = mutated.decision.mutated if patch and mutated.decision.mutated is not None else doc
     violations = list(mutated.decision.violations)
-    warnings = list(mutated.decision.warnings)
+    # offline only: in a cluster the API server refuses unknown fields before any webhook sees them
+    warnings = [*unknown_fields(doc), *mutated.decision.warnings]
     allowed = mutated.decision.allowed
     if allowed:
         validated = answer(parse_review(envelope(final)), webhook="validate", engine=engine)
@@ -115,6 +140,7 @@ def review_document(
         object=final if allowed else doc,
         explored=mutated.decision.explored if allowed else "",
         gang=mutated.decision.gang if allowed else "",
+        reason=left_alone(doc) if allowed and mutated.decision.action == "none" else "",
     )
 
 
@@ -162,6 +188,8 @@ def _review_batch(bounds: tuple[int, int]) -> Batch:
         )
         notes += [f"warning: {r.kind}/{r.name}: {text}" for text in r.warnings]
         notes += [f"denied: {r.kind}/{r.name}: {error}" for error in r.violations]
+        if r.reason:
+            notes.append(f"left alone: {r.kind}/{r.name}: {r.reason}")
         allowed = allowed and r.allowed
         if yaml_out is not None:
             if r.allowed:  # only what may be applied: `| kubectl apply -f -` never gets a denied one

@@ -7,6 +7,8 @@ errors into one line and exit status 2."""
 from __future__ import annotations
 
 import argparse
+import os
+import signal
 import sys
 from typing import TextIO
 
@@ -111,5 +113,20 @@ def main(
         return ExitStatus.UNUSABLE
 
 
+# A reader that stops early (`kratos-admit placement ... | head -1`) closes the pipe: the shell's
+# convention for a command a closed pipe ended is 128 + SIGPIPE, as `yes | head -1` gives
+CLOSED_PIPE = 128 + signal.SIGPIPE
+
+
 def run() -> None:
-    sys.exit(main())
+    """The console script. A closed stdout ends the command quietly, as Python's documentation
+    recommends ("Note on SIGPIPE"): stdout pointed at devnull, so the interpreter's final flush of
+    what is still buffered finds no broken pipe either, and no traceback."""
+    try:
+        status = main()
+        sys.stdout.flush()
+    except BrokenPipeError:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        sys.exit(CLOSED_PIPE)
+    sys.exit(status)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import time
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -21,10 +22,10 @@ from kratos_admit.domain.config import Config
 from kratos_admit.model.catalog import Catalog, load_catalog
 from kratos_admit.simulation.inputs import load_cluster, load_trace, load_truth
 from kratos_admit.simulation.replay import simulate
-from kratos_admit.simulation.report import format_results, load_plotter
+from kratos_admit.simulation.report import ONE_SEED, format_results, format_spread, load_plotter, spread
 from kratos_admit.simulation.result import SimulationResult
 from kratos_admit.simulation.scheduling import SimNode
-from kratos_admit.simulation.trace import SimulationError, Trace, Truth
+from kratos_admit.simulation.trace import Policy, Progress, SimulationError, Trace, Truth
 
 
 def add_simulate_command(commands: Any) -> None:
@@ -39,6 +40,14 @@ def add_simulate_command(commands: Any) -> None:
     add_path(simulate, "--config", "FILE", CONFIG_HELP)
     simulate.add_argument(
         "--seed", type=int, default=1, metavar="N", help="seed of the runtime noise and ties"
+    )
+    simulate.add_argument(
+        "--seeds",
+        type=int,
+        default=1,
+        metavar="N",
+        help="run seeds --seed to --seed + N - 1 and add how far they move each policy (the table and the "
+        "plot are the first seed's)",
     )
     simulate.add_argument(
         "--noise", type=float, default=0.05, metavar="F", help="runs vary within 1 +- F of the model"
@@ -76,6 +85,10 @@ def cmd_simulate(args: argparse.Namespace, stdout: TextIO, stderr: TextIO, stdin
             raise UsageError(f"simulate needs {flag} FILE")
     if not 0 <= args.noise < 1:
         raise UsageError(f"--noise: {args.noise} is not a fraction from 0 to below 1")
+    if args.seeds < 1:
+        raise UsageError(f"--seeds: {args.seeds} is not a number of runs (1 or more)")
+    if args.seeds > 1 and args.kubeconfig is not None:
+        raise UsageError("--seeds: a run on a real cluster (--kubeconfig) takes one seed")
     plot = None
     if args.plot is not None:
         plot = load_plotter()  # before the run: a missing extra is said at once
@@ -106,18 +119,64 @@ def cmd_simulate(args: argparse.Namespace, stdout: TextIO, stderr: TextIO, stdin
                 )
             )
         else:
-            result = simulate(
-                trace, nodes, truth=truth, config=config, catalog=catalog, seed=args.seed, noise=args.noise
-            )
+            line = ProgressLine(stderr) if stderr.isatty() and args.output != "json" else None
+            try:
+                runs = [
+                    (seed, simulate(trace, nodes, truth=truth, config=config, catalog=catalog, seed=seed,
+                                    noise=args.noise, progress=None if line is None else line.of(prefix)))
+                    for seed, prefix in _seeds(args.seed, args.seeds)
+                ]  # fmt: skip
+            finally:  # the table, or the one line of an error, starts on a clean line
+                if line is not None:
+                    line.clear()
+            result = runs[0][1]
     except SimulationError as exc:
         raise UsageError(str(exc)) from None
     if args.output == "json":
-        stdout.write(json.dumps(result.as_dict(), indent=2) + "\n")
+        found = result.as_dict()
+        if args.kubeconfig is None and args.seeds > 1:
+            found["seeds"] = spread(runs)  # beside DESIGN's keys, which hold the first seed's run
+        stdout.write(json.dumps(found, indent=2) + "\n")
     else:
         stdout.write(format_results(result))
+        if args.kubeconfig is None:
+            stdout.write("\n" + (format_spread(runs) if args.seeds > 1 else ONE_SEED))
     if plot is not None:
         plot(result, args.plot)
+        print(f"kratos-admit simulate: plot of seed {args.seed} written to {args.plot}", file=stderr)
     return ExitStatus.OK
+
+
+def _seeds(first: int, count: int) -> list[tuple[int, str]]:
+    """Each seed to run, and how its progress names it (nothing where there is one)."""
+    return [
+        (seed, f"seed {seed} ({n + 1} of {count}), " if count > 1 else "")
+        for n, seed in enumerate(range(first, first + count))
+    ]
+
+
+class ProgressLine:
+    """Where a long run stands, on a terminal: one line rewritten in place (each policy's Jobs finished
+    against the trace's), at most ten times a second, cleared at the end so the table starts clean.
+    Nothing of it reaches a file, a pipe or JSON output: the caller makes one only for a terminal."""
+
+    def __init__(self, stream: TextIO, *, interval: float = 0.1) -> None:
+        self.stream, self.interval, self.shown = stream, interval, 0.0
+
+    def of(self, prefix: str) -> Progress:
+        def told(policy: Policy, finished: int, total: int) -> None:
+            now = time.monotonic()
+            if finished < total and now - self.shown < self.interval:
+                return
+            self.shown = now
+            self.stream.write(f"\r\x1b[Ksimulate: {prefix}{policy}: {finished}/{total} Jobs finished")
+            self.stream.flush()
+
+        return told
+
+    def clear(self) -> None:
+        self.stream.write("\r\x1b[K")
+        self.stream.flush()
 
 
 async def _simulate_on_cluster(

@@ -47,6 +47,7 @@ class Expectation(_Strict):
     action: Action | None = None
     rules: list[str] | None = None  # exactly these rule ids among the violations ([] for none)
     warnings: list[str] = Field(default_factory=list)  # each a part of some warning
+    reason: str | None = None  # a part of why an allowed object is left alone (action none)
 
 
 class Suite(_Strict):
@@ -152,6 +153,8 @@ def _check(suite: str, expected: Expectation, reviewed: list[Reviewed]) -> Row:
     for part in expected.warnings:
         if not any(part in w for w in got.warnings):
             mismatches.append(f"warnings: none contains {part!r}")
+    if expected.reason is not None and expected.reason not in got.reason:
+        mismatches.append(f"reason: {got.reason or 'none given'!r} does not contain {expected.reason!r}")
     return Row(suite, label, not mismatches, "; ".join(mismatches))
 
 

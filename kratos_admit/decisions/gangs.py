@@ -40,6 +40,8 @@ class Gang:
     # its Pods, where admission sees them all (an Indexed Job's parallelism, a lone Pod); None where
     # others come from elsewhere (a JobSet's other Jobs, a training operator's other Pods)
     pods: int | None = 1
+    # each launcher whose counts disagree with the object's Pods and GPUs, in words naming both
+    mismatches: tuple[str, ...] = ()
 
     @property
     def total_gpus(self) -> int:
@@ -99,6 +101,14 @@ def read_gang(workload: Workload, gpus: PodGpus) -> Gang | None:
         "; ".join(doubts) if not reasons else "",
         gpus=max(gpus.effective_gpus, 1),
         pods=pods,
+        # a Pod some controller made is one of Pods admission does not see: only its own GPUs compare
+        mismatches=tuple(
+            launcher_mismatches(
+                gpus,
+                pods=pods if workload.kind == "Job" or not as_list(meta.raw.get("ownerReferences")) else None,
+                kind=workload.kind,
+            )
+        ),
     )
 
 
@@ -274,6 +284,77 @@ def launcher_reading(container: Container) -> tuple[str, str] | None:
         if launcher == "accelerate" and not values:
             return "", "accelerate launch without --num_processes follows a config file admission cannot read"
     return None
+
+
+# what each count flag counts: the nodes (one Pod each), the processes on each node (one per GPU), or
+# the processes of the whole gang
+_COUNTS: Mapping[str, str] = {
+    "--nnodes": "nodes",
+    "--num_nodes": "nodes",
+    "--num-nodes": "nodes",
+    "--num_machines": "nodes",
+    "--num-machines": "nodes",
+    "-N": "nodes",
+    "--nodes": "nodes",
+    "--nproc-per-node": "per-node",
+    "--nproc_per_node": "per-node",
+    "--num_gpus": "per-node",
+    "--num-gpus": "per-node",
+    "-np": "total",
+    "-n": "total",
+    "--np": "total",
+    "-c": "total",
+    "--n": "total",
+    "--num_processes": "total",
+    "--num-processes": "total",
+    "--ntasks": "total",
+}
+
+
+def _count_range(value: str) -> tuple[int, int] | None:
+    """``N``, or torchrun's elastic ``MIN:MAX``."""
+    parts = value.split(":")
+    if not 1 <= len(parts) <= 2 or not all(p.isdigit() for p in parts):
+        return None
+    return int(parts[0]), int(parts[-1])
+
+
+def launcher_mismatches(gpus: PodGpus, *, pods: int | None, kind: str) -> list[str]:
+    """Each launcher (those ``launcher_reading`` reads) whose node or process counts are not what the
+    object runs: its nodes against the Pods that run at once (where admission sees them all), its
+    processes per node against the container's GPUs, its processes in all against Pods x GPUs. Such
+    a rendezvous waits for peers that never come, or leaves GPUs idle."""
+    found: list[str] = []
+    for container in gpus.gpu_containers:
+        if container.gpus < 1:
+            continue  # MIG slices or a device claim: no count to compare
+        name = container.container.name or f"#{container.container.index}"
+        for launcher, rest in _launchers(_shell_words(container_argv(container.container))):
+            said, ours = [], []
+            for flag, value in _flag_values(rest, _COUNT_FLAGS[launcher]).items():
+                counted, span = _COUNTS[flag], _count_range(value)
+                expected = {
+                    "nodes": pods,
+                    "per-node": container.gpus,
+                    "total": None if pods is None else pods * container.gpus,
+                }[counted]
+                if span is None or expected is None or span[0] <= expected <= span[1]:
+                    continue
+                said.append(f"{flag}={value}")
+                ours.append(
+                    f"{pods} Pod(s)"
+                    if counted == "nodes"
+                    else f"{container.gpus} GPU(s) in container {name}"
+                    if counted == "per-node"
+                    else f"{pods} Pod(s) x {container.gpus} GPU(s) = {expected}"
+                )
+            if said:
+                found.append(
+                    f"{launcher} {' '.join(said)} disagrees with the {kind}, which runs "
+                    f"{' and '.join(dict.fromkeys(ours))}: its rendezvous waits for peers that never come, "
+                    "or leaves GPUs idle; make the launcher's counts match the object's"
+                )
+    return found
 
 
 def gang_affinity(pod_spec: dict[str, Any], gang: Gang) -> bool:

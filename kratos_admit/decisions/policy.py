@@ -339,6 +339,7 @@ def gang_notes(
         )
     if profile is not None and phase in ("Failed", "Profiling"):
         notes.append(f"WorkloadProfile {profile.metadata.name} is {phase}: the gang is not held for it")
+    notes += gang.mismatches
     if ready:
         return "", tuple(notes)
     reason = f"gang without a Ready WorkloadProfile in namespace {namespace}"

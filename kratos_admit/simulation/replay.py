@@ -66,6 +66,7 @@ from kratos_admit.simulation.trace import (
     POLICIES,
     Policy,
     PolicyResult,
+    Progress,
     SimulationError,
     Trace,
     TraceJob,
@@ -423,7 +424,7 @@ class PolicyRun:
 
     # --- the loop --------------------------------------------------------------------------------
 
-    def run(self) -> PolicyResult:
+    def run(self, progress: Progress | None = None) -> PolicyResult:
         for job in self.trace.jobs:
             self._event(job.arrival, "arrive", job)
         while self.events:
@@ -439,6 +440,8 @@ class PolicyRun:
                     entry, nodes, seconds = payload
                     self.done(entry, nodes, seconds, now)
             self._schedule_pending(now)
+            if progress is not None:
+                progress(self.policy, len(self.finished), len(self.trace.jobs))
         return self.result()
 
     def result(self) -> PolicyResult:
@@ -468,6 +471,7 @@ def simulate(
     seed: int = 1,
     noise: float = 0.05,
     policies: Sequence[Policy] = POLICIES,
+    progress: Progress | None = None,
 ) -> SimulationResult:
     results: dict[Policy, PolicyResult] = {}
     learned: dict[Policy, Learned] = {}
@@ -475,7 +479,7 @@ def simulate(
         run = PolicyRun(
             policy, trace, nodes, truth=truth, config=config, catalog=catalog, seed=seed, noise=noise
         )
-        results[policy] = run.run()
+        results[policy] = run.run(progress)
         if policy in LEARNING:
             learned[policy] = Learned(run.profiles, run.calibration, run.explored)
     return simulation_result(results, learned, trace, nodes, truth=truth, config=config, catalog=catalog)

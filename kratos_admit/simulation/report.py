@@ -6,7 +6,7 @@ so the base install stays light.
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +14,7 @@ from kratos_admit.simulation.result import SimulationResult
 from kratos_admit.simulation.trace import FIGURES
 
 Plotter = Callable[[SimulationResult, Path], None]
+PLOT_METADATA_KEY = "Description"  # a PNG tEXt keyword matplotlib writes
 
 
 class PlotError(ValueError):
@@ -115,6 +116,63 @@ def format_results(result: SimulationResult) -> str:
     return "\n".join(lines) + "\n"
 
 
+ONE_SEED = (
+    "one seed: other runtime draws and scheduler tie-breaks move these figures by several percent, "
+    "and a policy's lead over another can turn (docs/placement.md, \"What is signal and what is "
+    'noise"); --seeds 5 adds their spread\n'
+)
+
+
+def spread(runs: Sequence[tuple[int, SimulationResult]]) -> dict[str, Any]:
+    """Each policy's mean JCT under each seed, for JSON beside DESIGN's keys (which hold the first
+    seed's run)."""
+    return {
+        "seeds": [seed for seed, _ in runs],
+        "meanJctSeconds": {
+            name: [round(r.policies[name].mean_jct, 1) for _, r in runs] for name in runs[0][1].policies
+        },
+    }
+
+
+def format_spread(runs: Sequence[tuple[int, SimulationResult]]) -> str:
+    """How far the seeds move each policy: its mean JCT under each, and its range against the default's
+    under the same seed."""
+    seeds = [seed for seed, _ in runs]
+    lines = [
+        f"over seeds {seeds[0]} to {seeds[-1]} (the table above is seed {seeds[0]}'s), mean JCT s and "
+        "against the default under the same seed:"
+    ]
+    names = list(runs[0][1].policies)
+    table = [["POLICY", *(f"SEED {seed}" for seed in seeds), "MEAN", "VS DEFAULT"]]
+    for name in names:
+        means = [r.policies[name].mean_jct for _, r in runs]
+        ratios = [
+            r.policies["default"].mean_jct / r.policies[name].mean_jct
+            for _, r in runs
+            if "default" in r.policies and r.policies[name].mean_jct
+        ]
+        versus = "-"
+        if name != "default" and ratios:
+            low, high = min(ratios), max(ratios)
+            versus = (
+                _versus(1.0, 1 / low)
+                if low == high
+                else f"{_versus(1.0, 1 / low)} to {_versus(1.0, 1 / high)}"
+            )
+        table.append([name, *(f"{m:.0f}" for m in means), f"{sum(means) / len(means):.0f}", versus])
+    widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
+    lines += [
+        "  " + "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in table
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def plot_labels(result: SimulationResult) -> list[str]:
+    """The plot's legend, one label per policy: also written into the PNG's metadata, so a reader (and
+    the suite, docs/generate.py) can tell what figures a picture shows without looking at it."""
+    return [f"{name} (mean {r.mean_jct / 60:.0f} min)" for name, r in result.policies.items()]
+
+
 def _seconds(value: float | None) -> str:
     return "-" if value is None else f"{value:.0f}"
 
@@ -136,10 +194,11 @@ def load_plotter() -> Plotter:
 
     def plot(result: SimulationResult, path: Path) -> None:
         figure, axes = pyplot.subplots(figsize=(7.5, 4.2), dpi=120)
-        for name, r in result.policies.items():
+        labels = plot_labels(result)
+        for label, r in zip(labels, result.policies.values(), strict=True):
             ordered = sorted(s / 60 for s in r.jct)
             share = [(i + 1) / len(ordered) for i in range(len(ordered))]
-            axes.step(ordered, share, where="post", label=f"{name} (mean {r.mean_jct / 60:.0f} min)")
+            axes.step(ordered, share, where="post", label=label)
         axes.set_xscale("log")
         axes.set_xlabel("job completion time (minutes, log scale)")
         axes.set_ylabel("share of Jobs finished")
@@ -148,7 +207,7 @@ def load_plotter() -> Plotter:
         axes.legend(loc="lower right")
         figure.tight_layout()
         try:
-            figure.savefig(path)
+            figure.savefig(path, metadata={PLOT_METADATA_KEY: "\n".join(labels)})
         except (OSError, ValueError) as exc:
             raise PlotError(f"--plot {path}: cannot write: {exc}") from None
         finally:

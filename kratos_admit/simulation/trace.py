@@ -4,7 +4,7 @@ and what each policy measured; pure values, read from files by ``inputs.py``, re
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -26,6 +26,8 @@ POLICIES: tuple[Policy, ...] = (
 )
 # the policies that see the truth, not what admission predicts: no admission runs for them
 ORACLES: frozenset[Policy] = frozenset({"oracle", "oracle-wait"})
+# told after each moment of a run: the policy, its Jobs finished, the trace's Jobs
+Progress = Callable[[Policy, int, int], None]
 # the policies that learn as the trace runs (observations, calibration); kratos also explores
 LEARNING: frozenset[Policy] = frozenset({"kratos", "kratos-no-exploration", "kratos-eft"})
 # asked for by name only (bench/wait_or_run_slow.py): the load-aware rule, modelled, not built
