@@ -12,6 +12,7 @@ unknown a product counts as able to hold the Pod.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -113,12 +114,36 @@ def cut(
     explored: str = "",
     observed: Mapping[str, float] | None = None,
 ) -> Cut | None:
+    """``_cut`` of hashable arguments, memoised: a decision's inputs repeat (the same ranking, cap and
+    Nodes for every Job of a workload), as the ranking's and the hints record's do."""
+    return _cut(
+        tuple(ranked),
+        cap,
+        gpus_per_pod=gpus_per_pod,
+        product_gpus_items=None if product_gpus is None else tuple(sorted(product_gpus.items())),
+        explored=explored,
+        observed_items=tuple(sorted((observed or {}).items())),
+    )
+
+
+@functools.lru_cache(maxsize=4096)
+def _cut(
+    ranked: tuple[RankedProduct, ...],
+    cap: float,
+    *,
+    gpus_per_pod: int,
+    product_gpus_items: tuple[tuple[str, int], ...] | None,
+    explored: str,
+    observed_items: tuple[tuple[str, float], ...],
+) -> Cut | None:
     """The acceptable products of ``ranked`` under ``cap`` (0: no cut, None); None too where the ranking
     is empty or no product can hold a Pod (then nothing is narrowed: base hints and preferences only).
     ``observed``: the workload's mean seconds per product label, which give its best product's
     predicted seconds (``best_seconds``)."""
     if cap <= 0 or not ranked:
         return None
+    product_gpus = None if product_gpus_items is None else dict(product_gpus_items)
+    observed = dict(observed_items)
     fits = [r for r in ranked if holds_pod(product_gpus, r.labels, gpus_per_pod)]
     if not fits:
         return None
@@ -132,7 +157,7 @@ def cut(
         entry = Slowdown(r.product.product, r.labels, slowdown)
         within = slowdown <= cap * (1 + 1e-9) and r in fits
         (acceptable if within or r.product.product == explored else kept_off).append(entry)
-    return Cut(cap, tuple(acceptable), tuple(kept_off), predicted_seconds(ranked, best, observed or {}))
+    return Cut(cap, tuple(acceptable), tuple(kept_off), predicted_seconds(ranked, best, observed))
 
 
 def predicted_seconds(

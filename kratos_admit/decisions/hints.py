@@ -12,7 +12,14 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
-from kratos_admit.decisions.acceptable import Cut, and_into_terms, narrow, required_variants
+from kratos_admit.decisions.acceptable import (
+    Cut,
+    and_into_terms,
+    narrowing,
+    observed_seconds,
+    product_requirement,
+    required_variants,
+)
 from kratos_admit.decisions.gangs import Gang, gang_affinity, label_gang_pods
 from kratos_admit.decisions.record import hints_record
 from kratos_admit.domain import vocabulary as v
@@ -399,8 +406,8 @@ def apply_hints(
     if runtime_class and _set_missing(pod_spec, "runtimeClassName", runtime_class):
         injected.append("runtimeClassName")
     cc, memory = min_compute_capability(annotations), min_memory_mib(annotations)
-    if and_into_terms(pod_spec, required_variants(cc, memory)):
-        injected.append("affinity.nodeAffinity.required")
+    variants = required_variants(cc, memory)  # ANDed in once, with the cut's product where it narrows
+    required_at = len(injected)
     ranked: list[RankedProduct] = []
     explored: Exploration | None = None
     reference: Reference | None = None
@@ -420,16 +427,21 @@ def apply_hints(
         ranked, explored, reference = hint.ranked, hint.explored, hint.reference
         if hint.added:
             injected.append("affinity.nodeAffinity.preferred")
-        narrowed = narrow(
-            pod_spec, ranked, profile, annotations=annotations, config=config, product_gpus=product_gpus,
-            explored=explored,
+        narrowed = narrowing(
+            pod_spec, ranked, annotations=annotations, config=config, product_gpus=product_gpus,
+            explored=explored, observed=observed_seconds(profile.status.observations if profile.status else ()),
         )  # fmt: skip
-        if narrowed is not None:
+        if narrowed is not None and narrowed.narrows:
+            variants = [[*variant, product_requirement(narrowed.labels)] for variant in variants]
             injected.append("affinity.nodeAffinity.required.product")
+        else:
+            narrowed = None
         if not ranked:
             warnings.append(
                 f"no GPU product preference: profile {profile.metadata.name} gives nothing to rank by"
             )
+    if and_into_terms(pod_spec, variants):
+        injected.insert(required_at, "affinity.nodeAffinity.required")
     if profile_on and not ready and _prefer_for_profiling(pod_spec, profile_on):
         injected.append("affinity.nodeAffinity.preferred")
     if gang is not None and gang_affinity(pod_spec, gang):
