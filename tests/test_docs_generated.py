@@ -53,7 +53,8 @@ def test_the_simulator_figures_the_docs_show_are_a_run_of_the_code():
         line.split()[0]: line.split()[1]
         for line in table.splitlines()[2:]
         if line
-        and line.split()[0] in ("default", "kratos-static", "kratos-no-exploration", "kratos", "oracle", "oracle-wait")
+        and line.split()[0]
+        in ("default", "kratos-static", "kratos-no-exploration", "kratos", "oracle", "oracle-wait")
     }
     assert generate.seed_one_column(generate.block_in("docs/placement.md", "simulate-seeds")) == means
     legend = generate.plot_description(generate.PLOT).splitlines()

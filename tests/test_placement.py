@@ -243,7 +243,9 @@ def test_a_runner_summary_is_ranked_as_the_profile_the_controller_would_write(tm
         lines[2]
         == "time shares: tensor 94%, fp32 0%, fp64 0%, memory 0%, latency 6% (the profile's timeShares)"
     )
-    assert [line.split()[0] for line in table.splitlines()[1:]] == [H100, L40S]
+    rows, footer = table.split("\n\n")
+    assert [line.split()[0] for line in rows.splitlines()[1:]] == [H100, L40S]
+    assert footer.startswith("maxSlowdown 6: every product is within 6x of the best"), footer
 
 
 def test_a_summary_without_time_shares_is_ranked_from_its_throughputs(tmp_path: Path):

@@ -410,10 +410,13 @@ def test_on_the_held_out_units_trace_every_product_is_predicted_within_ten_perce
     truth (1.7, 7.2 and 3.7 %; 2.9, 9.0 and 9.0 % before issue 52), and kratos's mean JCT within 10 %
     of the oracle's (3171 s against 2911 s; 2464 s before issue 49, when the 2-GPU Jobs were profiled).
 
-    The A10 is 12.0 % off (6.4 % before issue 52): the profiles are now measured on the H100, whose
-    figures are all measured (issue 52), not on the A10, the largest group; the A10's FP32, 19 % below
-    the catalog's in this truth, met one FP32-bound run, too few to calibrate, and only predictions made
-    on the A10 for FP32-bound work carry it, where a profile measured there used to be exact."""
+    The A10 is 16.0 % off (12.0 % before issue 58, 6.4 % before issue 52): the profiles are measured on
+    the H100, whose figures are all measured (issue 52), not on the A10, the largest group; the A10's
+    FP32, 19 % below the catalog's in this truth, met one FP32-bound run, too few to calibrate, and only
+    predictions made on the A10 for FP32-bound work carry it. Since issue 58 the FP64- and tensor-bound
+    work that is more than maxSlowdown (6) times slower there is kept off the A10, so fewer runs land
+    on it to correct the rest: it is the product those workloads no longer run on. The A100 moved from
+    7.2 to 7.7 %."""
     status, out, err = run_cli(
         "simulate",
         "--cluster", str(UNITS / "cluster.yaml"),
@@ -425,7 +428,7 @@ def test_on_the_held_out_units_trace_every_product_is_predicted_within_ten_perce
     report = json.loads(out)
     errors = report["predictionError"]
     assert set(errors) == {H100, A100, L40S, A10}
-    assert {p: e for p, e in errors.items() if e > 0.10} == {A10: pytest.approx(0.12, abs=0.01)}, errors
+    assert {p: e for p, e in errors.items() if e > 0.10} == {A10: pytest.approx(0.16, abs=0.01)}, errors
     mean = {name: p["meanJctSeconds"] for name, p in report["policies"].items()}
     assert mean["kratos"] <= 1.10 * mean["oracle"], mean
     figures = {f for by_figure in report["figureErrors"].values() for f in by_figure}
@@ -523,7 +526,7 @@ def test_one_seeds_table_says_it_is_one_seed_and_seeds_give_the_spread(tmp_path:
     spread = several.split("over seeds 3 to 4")[1].splitlines()
     assert spread[1].split() == ["POLICY", "SEED", "3", "SEED", "4", "MEAN", "VS", "DEFAULT"]
     assert [row.split()[0] for row in spread[2:]] == [
-        "default", "kratos-static", "kratos-no-exploration", "kratos", "oracle"
+        "default", "kratos-static", "kratos-no-exploration", "kratos", "oracle", "oracle-wait"
     ]  # fmt: skip
     status, out, _ = run_cli(*tiny_trace(tmp_path), "--seed", "3", "--seeds", "2", "-o", "json")
     found = json.loads(out)

@@ -358,3 +358,33 @@ async def test_a_pod_that_waited_past_its_predicted_runtime_gets_one_event_namin
             assert ("Job", "ml-team", "slow") not in waits.narrowed
         finally:
             await api.close()
+
+
+def test_placement_shows_the_cut_per_product_and_what_it_keeps_off():
+    import io
+
+    from kratos_admit.cli.main import main
+    from tests.harness import EXAMPLES
+
+    out, err = io.StringIO(), io.StringIO()
+    argv = [
+        "placement",
+        "-p",
+        str(EXAMPLES / "profiles" / "vector-add-profile.yaml"),
+        "--nodes",
+        str(EXAMPLES / "nodes.yaml"),
+    ]
+    assert main(argv, stdout=out, stderr=err) == 0, err.getvalue()
+    _, table, footer = out.getvalue().split("\n\n")
+    header, *rows = table.splitlines()
+    assert "SLOWDOWN" in header and "CUT" in header
+    assert len(rows) == 5
+    json_out = io.StringIO()
+    assert main([*argv, "-o", "json"], stdout=json_out, stderr=err) == 0, err.getvalue()
+    cut_of = {r["product"]: (r["cut"], r["slowdown"]) for r in json.loads(json_out.getvalue())}
+    assert {p: c for p, (c, _) in cut_of.items()} == {
+        H100: "acceptable", A100: "acceptable", L40S: "acceptable", L4: "kept-off", "Tesla-T4": "kept-off"
+    }  # fmt: skip
+    assert cut_of[H100][1] == 1.0 and cut_of[L4][1] == 8.17
+    assert footer.startswith("maxSlowdown 6: required onto the products within 6x of the best; kept off ")
+    assert "NVIDIA-L4 (8.17x)" in footer and "Tesla-T4 (7.67x)" in footer

@@ -47,6 +47,10 @@ class PlacementRow:
     # figure comes from ("NVLink 4, datasheet: ..."); "-" on one GPU, where no link scales its time
     interconnect_gbs: float | str
     interconnect_from: str
+    # DESIGN "Wait or run slow": the predicted time over the best product's (of those with a Node
+    # that can hold a Pod), and whether the cut by maxSlowdown lets the workload run there
+    slowdown: float
+    cut: str  # "acceptable", "kept-off", or "-" where nothing is narrowed
     relative_time: float
     # "model", "calibrated" or "observed"; "model + 1 run" where the workload's own runs there,
     # fewer than minObservedRuns, were weighed with the model's figure
@@ -55,10 +59,6 @@ class PlacementRow:
     # calibrated", "measured" (in the catalog) or "datasheet"; "-" for a row ranked by observed runs
     measured_on: str
     weight: int
-    # DESIGN "Wait or run slow": the predicted time over the best product's (of those with a Node
-    # that can hold a Pod), and whether the cut by maxSlowdown lets the workload run there
-    slowdown: float = 1.0
-    cut: str = "-"  # "acceptable", "kept off", or "-" where nothing is narrowed
 
 
 def _calibrated_source(support: FactorSupport) -> str:
@@ -122,7 +122,7 @@ def placement_rows(
     )
     narrowed = cut(ranked, cap=config.max_slowdown, product_gpus=product_gpus)
     verdicts = {s.product: ("acceptable", s.slowdown) for s in narrowed.acceptable} if narrowed else {}
-    verdicts |= {s.product: ("kept off", s.slowdown) for s in narrowed.kept_off} if narrowed else {}
+    verdicts |= {s.product: ("kept-off", s.slowdown) for s in narrowed.kept_off} if narrowed else {}
     reference = reference_of(
         profile,
         catalog=catalog,
@@ -223,7 +223,6 @@ def placement_header(
         )
     lines += _reference_lines(profile, config, catalog, calibration, gpus)
     lines += _source_lines(profile, catalog)
-    lines.append(cut_line(rows, config.max_slowdown))
     for o in status.observations if status else []:
         why = (
             f"not used: its runs held {o.gang_gpus} GPUs together, not {gpus}, over another link"
@@ -243,7 +242,7 @@ def cut_line(rows: list[PlacementRow], cap: float) -> str:
     """What "Wait or run slow" does with these rows: the products kept off and their slowdowns."""
     if cap <= 0:
         return "maxSlowdown 0: no product is kept off (every product present may run it)"
-    kept = [f"{r.product} ({r.slowdown:g}x)" for r in rows if r.cut == "kept off"]
+    kept = [f"{r.product} ({r.slowdown:g}x)" for r in rows if r.cut == "kept-off"]
     if not kept:
         return f"maxSlowdown {cap:g}: every product is within {cap:g}x of the best: none is kept off"
     return (

@@ -24,7 +24,7 @@ from kratos_admit.cli.common import (
     file_engine,
     signing_key_of,
 )
-from kratos_admit.cli.placement import format_table, placement_header, placement_rows
+from kratos_admit.cli.placement import cut_line, format_table, placement_header, placement_rows
 from kratos_admit.cli.suite import find_suites, format_rows, run_suite
 from kratos_admit.domain import vocabulary as v
 from kratos_admit.domain.config import Config
@@ -223,6 +223,8 @@ def cmd_placement(args: argparse.Namespace, stdout: TextIO, stderr: TextIO, stdi
         )
         stdout.write("\n".join(header) + "\n\n")
         stdout.write(format_table(rows) if rows else "no product to rank: the profile has no figures\n")
+        if rows:
+            stdout.write("\n" + cut_line(rows, config.max_slowdown) + "\n")
     return ExitStatus.OK
 
 
