@@ -255,7 +255,11 @@ def test_in_simulate_gangs_that_spill_onto_pcie_parts_teach_the_shared_switch_an
     all-reduce-heavy workloads, one every 300 s: the SXM5 Node is busy, and gangs spill onto the PCIe
     parts, whose H100 PCIe cards really get 64 GB/s each. After the trace the H100 PCIe's PCIe factor is
     2 (1.99 from 14 runs of 3 workloads), and a gang never seen is predicted within 2 % on every product
-    (1.2 % on the H100 PCIe), where the catalog's links put it 46.5 % off."""
+    (1.2 % on the H100 PCIe), where the catalog's links put it 46.5 % off.
+
+    No cap (maxSlowdown 0): this is the links' calibration from the gangs that spill. Under the default
+    cap (issue 58) they do not spill onto the L40Ss (more than 6 times slower for them), so the factor
+    rests on 18 runs of the PCIe parts (1.95) and the L40S's link goes unmeasured (2.5 % off)."""
     truth = switched_truth()
     shares: dict[str, dict[Unit, float]] = {
         "ar-a": GANGS["allreduce-a"],
@@ -270,7 +274,7 @@ def test_in_simulate_gangs_that_spill_onto_pcie_parts_teach_the_shared_switch_an
     ]  # fmt: skip
     cluster = [sim_node("sxm-0", H100_SXM), *(sim_node(f"pcie-{i}", H100_PCIE) for i in range(2)),
                *(sim_node(f"l40s-{i}", L40S) for i in range(2))]  # fmt: skip
-    config = Config()
+    config = Config(max_slowdown=0)
     result = simulate(
         Trace(tuple(jobs)), cluster, truth=truth, config=config, catalog=CATALOG, seed=1, policies=("kratos",)
     )
