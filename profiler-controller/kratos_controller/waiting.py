@@ -26,6 +26,7 @@ from typing import Any
 from kratos_admit.domain import vocabulary as v
 from kratos_admit.domain.raw import as_list, as_mapping, string_map
 from kratos_admit.domain.workload import Kind
+from kratos_controller.faults import finished, timestamp
 from kratos_controller.runtime import Obj, Shared, meta_of
 
 log = logging.getLogger("kratos.controller")
@@ -84,15 +85,6 @@ def narrowed_by(obj: Mapping[str, Any]) -> Narrowed | None:
     )
 
 
-def finished(job: Mapping[str, Any]) -> bool:
-    """A Job that completed or failed: none of its Pods waits any more."""
-    conditions = as_list(as_mapping(job.get("status")).get("conditions"))
-    return any(
-        as_mapping(c).get("type") in ("Complete", "Failed") and as_mapping(c).get("status") == "True"
-        for c in conditions
-    )
-
-
 def unbound(pod: Mapping[str, Any]) -> bool:
     """A Pod still waiting for a Node: Pending, not bound, not being deleted."""
     meta, spec, status = (as_mapping(pod.get(k)) for k in ("metadata", "spec", "status"))
@@ -104,13 +96,7 @@ def unbound(pod: Mapping[str, Any]) -> bool:
 
 
 def created(obj: Mapping[str, Any]) -> dt.datetime | None:
-    raw = as_mapping(obj.get("metadata")).get("creationTimestamp")
-    if not isinstance(raw, str):
-        return None
-    try:
-        return dt.datetime.fromisoformat(raw.replace("Z", "+00:00"))
-    except ValueError:
-        return None
+    return timestamp(as_mapping(obj.get("metadata")).get("creationTimestamp"))
 
 
 class WaitController:
@@ -132,7 +118,9 @@ class WaitController:
             as_mapping(o).get("kind") == "Job"
             for o in as_list(as_mapping(obj.get("metadata")).get("ownerReferences"))
         )
-        done = (kind == "Job" and finished(obj)) or (kind == "Pod" and (owned or not unbound(obj)))
+        done = (kind == "Job" and finished(obj) is not None) or (
+            kind == "Pod" and (owned or not unbound(obj))
+        )
         if found is None or done:
             self.narrowed.pop(key, None)
             return
