@@ -388,3 +388,68 @@ def test_placement_shows_the_cut_per_product_and_what_it_keeps_off():
     assert cut_of[H100][1] == 1.0 and cut_of[L4][1] == 8.17
     assert footer.startswith("maxSlowdown 6: required onto the products within 6x of the best; kept off ")
     assert "NVIDIA-L4 (8.17x)" in footer and "Tesla-T4 (7.67x)" in footer
+
+
+# --- the load-aware escape, modelled (simulate's kratos-escape) -------------------------------------
+
+
+def test_a_waiting_job_escapes_onto_a_kept_off_product_only_where_it_ends_sooner_than_by_waiting():
+    from kratos_admit.simulation.waiting import EarliestFinish
+
+    eft = EarliestFinish(capacity={H100: 2, L4: 4})
+    eft.started("a", H100, 1000.0)
+    eft.started("b", H100, 1500.0)
+    free = {H100: False, L4: True}.__getitem__
+    # both H100 GPUs end at 1000 and 1500: waiting ends at 1100; the free L4 at 800
+    assert eft.escape(0.0, {H100: 100.0, L4: 800.0}, {H100}, free=free, ahead={}) == L4
+    # slower there than the wait: it waits
+    assert eft.escape(0.0, {H100: 100.0, L4: 1200.0}, {H100}, free=free, ahead={}) is None
+    # a Job of 900 s ahead waits for the H100 too: it takes the GPU that frees at 1000, this one the
+    # other at 1500, ending at 1600; the L4 at 1200 is sooner
+    assert eft.escape(0.0, {H100: 100.0, L4: 1200.0}, {H100}, free=free, ahead={H100: [900.0]}) == L4
+    # three ahead take the GPUs freeing at 1000, 1500 and 1900 (1000 + 900): this one the one freeing at
+    # 2400 (1500 + 900), ending at 2500
+    assert eft.finish_on(H100, 100.0, 0.0, ahead={H100: [900.0] * 3}) == 2500.0
+    # no room on the kept-off product now: it never waits for one
+    assert eft.escape(0.0, {H100: 100.0, L4: 800.0}, {H100}, free=lambda p: False, ahead={}) is None
+    eft.finished("a")
+    eft.finished("b")
+    assert eft.running[H100] == [] and eft.ends == {}
+
+
+def test_simulate_kratos_escape_runs_slow_only_where_the_queue_for_the_fast_gpus_is_longer_than_the_slowdown():
+    """Training work predicted 8.3x slower on a T4 than on the H100 (the cap of 6 keeps it off), arriving
+    faster than one 4-GPU H100 Node carries it: kratos keeps every Job on the H100 and the queue grows;
+    kratos-escape sends Jobs to the T4s once their wait would be longer (a Job every 20 s: 3814 s against
+    4347 s, the greedy oracle 4295 s). A trace the H100 carries alone (a Job every 600 s) escapes
+    never: the same as kratos."""
+    from kratos_admit.domain.vocabulary import Unit
+    from kratos_admit.simulation.replay import simulate
+    from kratos_admit.simulation.trace import Trace, TraceJob, Truth
+    from tests.builders import sim_node
+
+    shares: dict[Unit, float] = {"tensor": 0.62, "memory": 0.18, "latency": 0.20}
+    nodes = [sim_node("h100-0", H100, gpus=4), *(sim_node(f"t4-{i}", "Tesla-T4", gpus=4) for i in range(3))]
+
+    def trace(gap: float) -> Trace:
+        return Trace(
+            tuple(
+                TraceJob(name=f"train-{i:03d}", workload="train", arrival=gap * i, gpus=1,
+                         reference_product=A100, reference_seconds=1200.0, time_shares=shares,
+                         metrics={"smThroughput": "71.00", "memoryThroughput": "42.00"})
+                for i in range(60)
+            )
+        )  # fmt: skip
+
+    def run(gap: float) -> dict[str, float]:
+        result = simulate(
+            trace(gap), nodes, truth=Truth(CATALOG, {}), config=Config(), catalog=CATALOG, seed=1,
+            policies=("kratos", "kratos-escape", "oracle"),
+        )  # fmt: skip
+        return {name: r.mean_jct for name, r in result.policies.items()}
+
+    busy = run(20.0)
+    assert busy["kratos-escape"] < 0.9 * busy["kratos"], busy
+    assert busy["kratos-escape"] < busy["oracle"], busy
+    quiet = run(600.0)
+    assert quiet["kratos-escape"] == pytest.approx(quiet["kratos"]), quiet

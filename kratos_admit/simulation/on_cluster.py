@@ -37,6 +37,7 @@ from kratos_admit.simulation.result import SimulationResult, simulation_result
 from kratos_admit.simulation.scheduling import SimNode
 from kratos_admit.simulation.trace import (
     LEARNING,
+    MODEL_ONLY,
     POLICIES,
     Policy,
     PolicyResult,
@@ -293,8 +294,10 @@ async def simulate_on_cluster(
             untaint: Any = {"spec": {"taints": None}}
             await core.patch_node(NODE_PREFIX + node.name, untaint, _content_type=MERGE_PATCH)  # type: ignore[call-arg]
         # the wait-aware oracle is a bound computed in the model only: a real scheduler has no truth to wait by
-        # the load-aware rule (kratos-eft) runs in the model only: no controller holds Pods for it
-        for policy in (p for p in run_policies(policies, config) if p not in ("oracle-wait", "kratos-eft")):
+        # the load-aware rules (MODEL_ONLY) run in the model only: no controller holds Pods for them
+        for policy in (
+            p for p in run_policies(policies, config) if p != "oracle-wait" and p not in MODEL_ONLY
+        ):
             namespace = f"kratos-sim-{policy}"
             ns_body: Any = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}}
             await core.create_namespace(ns_body)

@@ -58,9 +58,10 @@ from kratos_admit.model.catalog import Catalog
 from kratos_admit.model.telemetry import measuring_product
 from kratos_admit.simulation.knowledge import Learned, SimulatedProfiles
 from kratos_admit.simulation.result import SimulationResult, simulation_result
-from kratos_admit.simulation.scheduling import ClusterState, PodRequest, SimNode, feasible, schedule
+from kratos_admit.simulation.scheduling import ClusterState, PodRequest, SimNode, schedule
 from kratos_admit.simulation.trace import (
     LEARNING,
+    MODEL_ONLY,
     NAMESPACE,
     ORACLES,
     POLICIES,
@@ -75,7 +76,7 @@ from kratos_admit.simulation.trace import (
     job_manifest,
     time_shares_status,
 )
-from kratos_admit.simulation.waiting import EarliestFinish, predicted_seconds
+from kratos_admit.simulation.waiting import EarliestFinish, note_started, place_load_aware
 
 
 @dataclass(order=True)
@@ -110,13 +111,20 @@ class PolicyRun:
         self.policy, self.trace, self.truth = policy, trace, truth
         # only kratos explores: without learning, exploring would go on for ever at its cost; the
         # load-aware rule waits by predicted finish time instead of the fixed cap
-        self.config = config if policy == "kratos" else config.model_copy(update={"exploration_share": 0.0})
+        self.config = (
+            config
+            if policy in ("kratos", "kratos-escape")
+            else config.model_copy(update={"exploration_share": 0.0})
+        )
         if policy == "kratos-eft":
             self.config = config.model_copy(update={"max_slowdown": 0.0})
-        self.eft = EarliestFinish()
         self.catalog = catalog
         self.explored: Counter[str] = Counter()  # Jobs sent to explore, by product
         self.state = ClusterState(tuple(nodes))
+        gpus: Counter[str] = Counter()
+        for node in nodes:
+            gpus[node.product] += node.gpus
+        self.eft = EarliestFinish(capacity=dict(gpus))
         self.rng = random.Random(seed)
         self.noise = {
             job.name: 1 + random.Random(f"{seed}/{job.name}").uniform(-noise, noise) for job in trace.jobs
@@ -199,9 +207,9 @@ class PolicyRun:
         best = min(times.values(), default=0.0)
         return frozenset(p for p, t in times.items() if t <= best * self.config.max_slowdown * (1 + 1e-9))
 
-    def _place(self, entry: Pending, ahead: dict[str, int] | None = None) -> SimNode | None:
-        if self.policy == "kratos-eft" and not entry.profiling and ahead is not None:
-            return self._place_earliest(entry, ahead)
+    def _place(self, entry: Pending, ahead: dict[str, list[float]] | None = None) -> SimNode | None:
+        if self.policy in MODEL_ONLY and not entry.profiling and ahead is not None:
+            return place_load_aware(self, entry, ahead)
         if self.policy not in ORACLES:
             return schedule(entry.pod, self.state, self.rng)
         accepted = self.acceptable(entry.job, entry.pod.gpus)
@@ -213,38 +221,6 @@ class PolicyRun:
         times = {n.product: self._true_time(entry.job, n.product) for n in free}
         best = min(times.values())
         return schedule(entry.pod, self.state, self.rng, among=[n for n in free if times[n.product] == best])
-
-    def _place_earliest(self, entry: Pending, ahead: dict[str, int]) -> SimNode | None:
-        """``kratos-eft``: on the product where the Job finishes first, the wait counted, once it has a
-        free GPU; a Job with no Ready profile yet is placed as kratos places it."""
-        predicted = predicted_seconds(
-            self.profiles.get(NAMESPACE, entry.job.workload),
-            entry.job,
-            self.products,
-            config=self.config,
-            catalog=self.catalog,
-            calibration=self.calibration.current(),
-        )
-        if not predicted:
-            return schedule(entry.pod, self.state, self.rng)
-        now = self.now
-
-        def free(product: str) -> bool:
-            return any(n.product == product and feasible(n, entry.pod, self.state) for n in self.state.nodes)
-
-        chosen = self.eft.choose(now, predicted, free=free, ahead=ahead)
-        if chosen is None:
-            return schedule(entry.pod, self.state, self.rng)
-        product, now_free = chosen
-        if not now_free:
-            ahead[product] = ahead.get(product, 0) + 1
-            return None
-        node = schedule(
-            entry.pod, self.state, self.rng, among=[n for n in self.state.nodes if n.product == product]
-        )
-        if node is not None:
-            self.eft.started(entry.job.name, product, now + predicted[product], entry.pod.gpus)
-        return node
 
     def _place_gang(self, entry: Pending) -> list[SimNode] | None:
         """A gang of Pods placed whole on one product, or None: it waits (as Kueue, KAI and Volcano
@@ -287,7 +263,7 @@ class PolicyRun:
     def _schedule_pending(self, now: float) -> None:
         waiting: list[Pending] = []
         self.now = now
-        ahead: dict[str, int] = {}  # kratos-eft: the Jobs before this one that wait for each product
+        ahead: dict[str, list[float]] = {}  # MODEL_ONLY: the Jobs before this one that wait for each product
         while self.pending:
             entry = heapq.heappop(self.pending)
             if entry.job.pods > 1 and not entry.profiling:
@@ -321,6 +297,8 @@ class PolicyRun:
             seconds = (
                 entry.job.reference_seconds * self._true_time(entry.job, product) * self.noise[entry.job.name]
             )
+            if self.policy in MODEL_ONLY:
+                note_started(self, entry, product, entry.pod.gpus * pods)
         self.gpu_seconds += seconds * entry.pod.gpus * pods
         return seconds
 
@@ -339,7 +317,7 @@ class PolicyRun:
     def done(self, entry: Pending, nodes: Sequence[SimNode], seconds: float, now: float) -> None:
         for node in nodes:
             self.state.release(node, entry.pod)
-        self.eft.finished(entry.job.name, entry.pod.gpus)
+        self.eft.finished(entry.job.name)
         node = nodes[0]
         job = entry.job
         if entry.profiling:

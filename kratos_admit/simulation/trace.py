@@ -14,7 +14,14 @@ from kratos_admit.model.catalog import Catalog, GpuProduct
 from kratos_admit.model.ranking import LINK, SCALED_UNITS, relative_time_by_units, unit_figures
 
 Policy = Literal[
-    "default", "kratos-static", "kratos-no-exploration", "kratos", "kratos-eft", "oracle", "oracle-wait"
+    "default",
+    "kratos-static",
+    "kratos-no-exploration",
+    "kratos",
+    "kratos-eft",
+    "kratos-escape",
+    "oracle",
+    "oracle-wait",
 ]
 POLICIES: tuple[Policy, ...] = (
     "default",
@@ -29,9 +36,10 @@ ORACLES: frozenset[Policy] = frozenset({"oracle", "oracle-wait"})
 # told after each moment of a run: the policy, its Jobs finished, the trace's Jobs
 Progress = Callable[[Policy, int, int], None]
 # the policies that learn as the trace runs (observations, calibration); kratos also explores
-LEARNING: frozenset[Policy] = frozenset({"kratos", "kratos-no-exploration", "kratos-eft"})
-# asked for by name only (bench/wait_or_run_slow.py): the load-aware rule, modelled, not built
-MODEL_ONLY: frozenset[Policy] = frozenset({"kratos-eft"})
+LEARNING: frozenset[Policy] = frozenset({"kratos", "kratos-no-exploration", "kratos-eft", "kratos-escape"})
+# asked for by name only (bench/wait_or_run_slow.py): the load-aware rules, modelled, not built
+# (simulation/waiting.py)
+MODEL_ONLY: frozenset[Policy] = frozenset({"kratos-eft", "kratos-escape"})
 # the figure a workload's runs exercise: that of its largest unit (bandwidth: memory's)
 Figure = Literal["tensor", "fp32", "fp64", "bandwidth"]
 FIGURES: tuple[Figure, ...] = ("tensor", "fp32", "fp64", "bandwidth")
