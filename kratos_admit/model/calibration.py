@@ -215,6 +215,13 @@ class Calibration:
         """The workload's re-fitted shares, or None while it has run on fewer than two products."""
         return self.workloads.get(f"{namespace}/{workload}")
 
+    def shares_for(self, profile: WorkloadProfile) -> WorkloadShares | None:
+        """The profile's re-fitted shares: its own ``status.calibratedShares`` (issue 59), else the
+        calibration file's entry for it (a file a previous version wrote, which held them all)."""
+        namespace, workload = profile.metadata.namespace, profile.spec.workload
+        status = profile.status.calibrated_shares if profile.status is not None else None
+        return profile_shares(namespace, workload, status) or self.shares_of(namespace, workload)
+
     def calibrated(self, entry: GpuProduct, min_runs: int, gpus: int = 1) -> tuple[GpuProduct, bool]:
         """``entry`` with each sustained figure divided by its unit's factor where that factor
         qualifies (``minCalibrationRuns`` runs from at least two workloads), and whether any did. A
@@ -237,6 +244,8 @@ class Calibration:
         return entry.model_copy(update=update), True
 
     def to_json(self) -> str:
+        """The whole fit, products and workloads (comparisons; what calibration.json held before
+        issue 59: ``published_calibration`` is what the ConfigMap holds now)."""
         document: dict[str, Any] = {
             "products": {name: p.as_dict() for name, p in sorted(self.products.items())}
         }
@@ -246,6 +255,34 @@ class Calibration:
 
 
 NO_CALIBRATION = Calibration()
+
+
+def published_calibration(calibration: Calibration) -> dict[str, str]:
+    """The ConfigMap's data: the products' factors alone, compact (issue 59). Its size grows with the
+    GPU products, never with the workloads: each workload's re-fitted shares are written to its own
+    WorkloadProfile's ``status.calibratedShares`` (``shares_status``). Before, calibration.json held
+    every workload's shares, pretty-printed, and passed a ConfigMap's 1 MiB at about 3,000 workloads
+    (docs/benchmarks.md "Calibration at scale")."""
+    products = {name: p.as_dict() for name, p in sorted(calibration.products.items())}
+    return {CONFIGMAP_KEY: json.dumps({"products": products}, sort_keys=True, separators=(",", ":"))}
+
+
+def shares_status(shares: WorkloadShares) -> dict[str, Any]:
+    """A workload's re-fitted shares as its profile's ``status.calibratedShares`` holds them (the
+    entry calibration.json's ``workloads`` had for it)."""
+    return shares.as_dict()
+
+
+def profile_shares(namespace: str, workload: str, status: Mapping[str, Any] | None) -> WorkloadShares | None:
+    """The re-fitted shares a profile's ``status.calibratedShares`` holds; None when it holds none or
+    none that can be read (then the calibration file's, as a previous controller wrote it)."""
+    if not status:
+        return None
+    try:
+        found = _workload(f"{namespace}/{workload}", dict(status))
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return None
+    return found if _valid_workload(found) else None
 
 
 class CalibrationError(ValueError):
