@@ -209,10 +209,14 @@ async def test_a_burst_of_600_runs_writes_the_configmap_once_per_interval_and_en
                                 n: p | {"updatedAt": ANY}
                                 for n, p in json.loads(every_run.to_json())["products"].items()
                             },
-                            "workloads": {
-                                n: w | {"updatedAt": ANY}
-                                for n, w in json.loads(every_run.to_json())["workloads"].items()
-                            },
+                        }
+                        and {  # issue 59: each workload's shares are in its own profile's status
+                            f"team-a/{p['spec']['workload']}": p["status"].get("calibratedShares")
+                            for p in kube.items(*PROFILES)
+                        }
+                        == {
+                            n: w | {"updatedAt": ANY}
+                            for n, w in json.loads(every_run.to_json())["workloads"].items()
                         }
                     ),
                     timeout=10,

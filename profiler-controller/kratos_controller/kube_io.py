@@ -283,24 +283,36 @@ class KubeIO:
             self.node_products[node] = str(labels.get(v.GPU_PRODUCT_LABEL, ""))
         return self.node_products[node]
 
+    async def publish_configmap(self, namespace: str, name: str, data: Mapping[str, str]) -> str:
+        """Create the ConfigMap, or replace it when it exists; "created" or "updated"."""
+        # kubernetes_asyncio serialises plain dicts as they are; its model types would drop unknown fields
+        body: Any = {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {"name": name, "namespace": namespace},
+            "data": dict(data),
+        }
+        try:
+            await self.core.create_namespaced_config_map(namespace, body)
+            return "created"
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+        await self.core.replace_namespaced_config_map(name, namespace, body)
+        return "updated"
+
+    async def patch_profile_status(self, namespace: str, name: str, fields: Mapping[str, Any]) -> None:
+        """A JSON merge patch of these status fields alone (None removes one): the calibration's
+        shares, which no other writer of the status touches (their replace keeps what they read)."""
+        patch: Any = {"status": dict(fields)}
+        await self.custom.patch_namespaced_custom_object_status(  # type: ignore[call-arg]
+            v.GROUP, v.VERSION, namespace, v.PROFILE_PLURAL, name, patch, _content_type=MERGE_PATCH
+        )
+
     async def apply(self, action: actions.Action) -> str:
         """Apply one action; returns what happened ("created", "updated", "exists", "gone")."""
         if isinstance(action, actions.PublishConfigMap):
-            # kubernetes_asyncio serialises plain dicts as they are; its model types would drop unknown fields
-            body: Any = {
-                "apiVersion": "v1",
-                "kind": "ConfigMap",
-                "metadata": {"name": action.name, "namespace": action.namespace},
-                "data": action.data,
-            }
-            try:
-                await self.core.create_namespaced_config_map(action.namespace, body)
-                return "created"
-            except ApiException as exc:
-                if exc.status != 409:
-                    raise
-            await self.core.replace_namespaced_config_map(action.name, action.namespace, body)
-            return "updated"
+            return await self.publish_configmap(action.namespace, action.name, action.data)
         if isinstance(action, actions.PublishProfile):
             profile: Any = {
                 "apiVersion": v.API_VERSION,

@@ -123,7 +123,7 @@ class Manager:
         telemetry = config.telemetry
         prometheus = prometheus or (Prometheus(telemetry) if telemetry.prometheus_url else None)
         self.telemetry = TelemetryController(self.shared, prometheus) if prometheus is not None else None
-        self.calibration = CalibrationController(self.shared)
+        self.calibration = CalibrationController(self.shared, watch_timeout=watch_timeout)
         self.release = ReleaseController(
             self.shared,
             calibration=self.calibration.calibration,

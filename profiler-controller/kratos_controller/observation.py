@@ -1,5 +1,8 @@
 """The observation controller: a finished, successful hinted or execution Job's runs, per GPU product,
-into its workload's ``status.observations`` (``learning.runs_of``/``record_runs`` decide; this applies)."""
+into its workload's ``status.observations`` (``learning.runs_of``/``record_runs`` decide; this applies).
+The runs counted are remembered in the ledger ConfigMap ``<profile>-counted-runs`` (issue 59), the
+profile's ``countedRuns`` naming only its last write's runs, so no run is counted twice across
+restarts and the webhook's list of profiles carries no run uids."""
 
 from __future__ import annotations
 
@@ -9,7 +12,14 @@ from collections.abc import Callable, Iterable
 from kratos_admit.domain import vocabulary as v
 from kratos_admit.domain.raw import as_mapping
 from kratos_admit.domain.workload import Kind
-from kratos_controller.learning import observed_job, record_runs, runs_of
+from kratos_controller.learning import (
+    ledger_after,
+    ledger_name,
+    ledger_runs,
+    observed_job,
+    record_runs,
+    runs_of,
+)
 from kratos_controller.runtime import Obj, Shared, WorkQueue, meta_of, reconcile_backoff, reconcile_failed
 
 log = logging.getLogger("kratos.controller")
@@ -60,9 +70,17 @@ class ObservationController:
         if not runs:
             return
         profile = await shared.io.get_profile(namespace, v.profile_name(workload))
-        action = record_runs(profile, runs) if profile is not None else None
+        if profile is None:
+            return
+        ledger = ledger_name(v.profile_name(workload))
+        counted = ledger_runs(await shared.io.get_configmap(namespace, ledger))
+        action = record_runs(profile, runs, counted)
         if action is None:
             return
+        # the runs the profile names go to the ledger first: the profile's write then names only these
+        moved = ledger_after(counted, profile)
+        if moved is not None:
+            await shared.io.publish_configmap(namespace, ledger, moved)
         await shared.io.apply(action)
         for run in runs:
             note = f"run {run.uid} on {run.product} took {run.seconds:.1f} s"
