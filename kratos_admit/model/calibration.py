@@ -258,19 +258,11 @@ NO_CALIBRATION = Calibration()
 
 
 def published_calibration(calibration: Calibration) -> dict[str, str]:
-    """The ConfigMap's data: the products' factors alone, compact (issue 59). Its size grows with the
-    GPU products, never with the workloads: each workload's re-fitted shares are written to its own
-    WorkloadProfile's ``status.calibratedShares`` (``shares_status``). Before, calibration.json held
-    every workload's shares, pretty-printed, and passed a ConfigMap's 1 MiB at about 3,000 workloads
-    (docs/benchmarks.md "Calibration at scale")."""
+    """The ConfigMap's data: the products' factors alone, compact (issue 59: with every workload's
+    shares, pretty-printed, it passed 1 MiB at 2,898 workloads). A workload's shares (``as_dict``)
+    go to its profile's ``status.calibratedShares``."""
     products = {name: p.as_dict() for name, p in sorted(calibration.products.items())}
     return {CONFIGMAP_KEY: json.dumps({"products": products}, sort_keys=True, separators=(",", ":"))}
-
-
-def shares_status(shares: WorkloadShares) -> dict[str, Any]:
-    """A workload's re-fitted shares as its profile's ``status.calibratedShares`` holds them (the
-    entry calibration.json's ``workloads`` had for it)."""
-    return shares.as_dict()
 
 
 def profile_shares(namespace: str, workload: str, status: Mapping[str, Any] | None) -> WorkloadShares | None:

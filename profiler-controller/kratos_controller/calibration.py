@@ -30,7 +30,6 @@ from kratos_admit.model.calibration import (
     keep_unchanged_dates,
     profile_shares,
     published_calibration,
-    shares_status,
 )
 from kratos_admit.model.calibration_fit import FitMemo, fit_calibration
 from kratos_controller.learning import calibration_write_wait, current_calibration, profile_samples
@@ -40,13 +39,9 @@ log = logging.getLogger("kratos.controller")
 Key = tuple[str, str]
 
 
-@dataclasses.dataclass
-class _Held:
-    """What the controller keeps of one profile: its samples, its workload, and the shares its status holds."""
-
-    samples: tuple[Sample, ...]
-    workload: str  # namespace/workload, as the calibration keys its shares
-    shares: dict[str, Any] | None
+# what the controller keeps of one profile: its samples, its workload (namespace/workload, as the
+# calibration keys its shares) and the shares its status holds
+Held = tuple[tuple[Sample, ...], str, dict[str, Any] | None]
 
 
 class CalibrationController:
@@ -58,7 +53,7 @@ class CalibrationController:
         self.shared = shared
         self.key = (shared.config.lease_namespace, CONFIGMAP_NAME)
         self.current: Calibration = NO_CALIBRATION  # the last fit, for releasing followers
-        self.held: dict[Key, _Held] = {}
+        self.held: dict[Key, Held] = {}
         self.memo = FitMemo()
         self.changed = True  # samples changed since the last fit
         self.synced = False
@@ -99,10 +94,12 @@ class CalibrationController:
         workload = str(as_mapping(obj.get("spec")).get("workload", ""))
         shares = as_mapping(obj.get("status")).get("calibratedShares")
         before = self.held.get((namespace, name))
-        self.held[(namespace, name)] = _Held(
-            samples, f"{namespace}/{workload}", dict(shares) if isinstance(shares, dict) else None
+        self.held[(namespace, name)] = (
+            samples,
+            f"{namespace}/{workload}",
+            dict(shares) if isinstance(shares, dict) else None,
         )
-        if before is None or before.samples != samples:
+        if before is None or before[0] != samples:
             self.changed = True
             if self.synced:
                 self.request()
@@ -139,7 +136,7 @@ class CalibrationController:
         written = current_calibration(configmap)
         if self.changed:
             self.changed = False
-            samples = [s for held in self.held.values() for s in held.samples]
+            samples = [s for held in self.held.values() for s in held[0]]
             now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
             # pure, and minutes of CPU at tens of thousands of workloads the first time: in a thread,
             # so the event loop goes on answering /healthz, renewing the Lease and reconciling meanwhile
@@ -179,7 +176,7 @@ class CalibrationController:
     def _dated(self, fitted: Calibration) -> Calibration:
         """``fitted`` with each workload's ``updatedAt`` kept from the shares its profile holds where
         the fit did not change them (the same runs, after a restart, write nothing)."""
-        held = {h.workload: h.shares for h in self.held.values()}
+        held = {workload: shares for _, workload, shares in self.held.values()}
         workloads: dict[str, WorkloadShares] = {}
         for name, shares in fitted.workloads.items():
             namespace, workload = name.split("/", 1)
@@ -195,10 +192,10 @@ class CalibrationController:
         """By profile: the ``calibratedShares`` to write where it holds other ones (None: remove them,
         the workload no longer re-fitted)."""
         found: dict[Key, dict[str, Any] | None] = {}
-        for profile_key, held in self.held.items():
-            fitted = calibration.workloads.get(held.workload)
-            wanted = shares_status(fitted) if fitted is not None else None
-            if wanted != held.shares:
+        for profile_key, (_, workload, shares) in self.held.items():
+            fitted = calibration.workloads.get(workload)
+            wanted = fitted.as_dict() if fitted is not None else None
+            if wanted != shares:
                 found[profile_key] = wanted
         return found
 
@@ -246,5 +243,5 @@ class CalibrationController:
             return 1
         held = self.held.get(key)
         if held is not None:
-            held.shares = body
+            self.held[key] = (held[0], held[1], body)
         return 0
