@@ -216,8 +216,7 @@ class Calibration:
         return self.workloads.get(f"{namespace}/{workload}")
 
     def shares_for(self, profile: WorkloadProfile) -> WorkloadShares | None:
-        """The profile's re-fitted shares: its own ``status.calibratedShares`` (issue 59), else the
-        calibration file's entry for it (a file a previous version wrote, which held them all)."""
+        """Its own ``status.calibratedShares`` (issue 59), else an older calibration file's entry."""
         namespace, workload = profile.metadata.namespace, profile.spec.workload
         status = profile.status.calibrated_shares if profile.status is not None else None
         return profile_shares(namespace, workload, status) or self.shares_of(namespace, workload)
@@ -244,8 +243,7 @@ class Calibration:
         return entry.model_copy(update=update), True
 
     def to_json(self) -> str:
-        """The whole fit, products and workloads (comparisons; what calibration.json held before
-        issue 59: ``published_calibration`` is what the ConfigMap holds now)."""
+        """The whole fit (comparisons; calibration.json before issue 59, now ``published_calibration``)."""
         document: dict[str, Any] = {
             "products": {name: p.as_dict() for name, p in sorted(self.products.items())}
         }
@@ -266,8 +264,7 @@ def published_calibration(calibration: Calibration) -> dict[str, str]:
 
 
 def profile_shares(namespace: str, workload: str, status: Mapping[str, Any] | None) -> WorkloadShares | None:
-    """The re-fitted shares a profile's ``status.calibratedShares`` holds; None when it holds none or
-    none that can be read (then the calibration file's, as a previous controller wrote it)."""
+    """The shares a ``status.calibratedShares`` holds; None when none can be read."""
     if not status:
         return None
     try:
