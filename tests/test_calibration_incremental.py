@@ -18,13 +18,12 @@ from kratos_admit.model.calibration import (
     Calibration,
     Sample,
     parse_calibration,
-    published_calibration,
 )
 from kratos_admit.model.calibration_fit import FitMemo, fit_calibration
 from kratos_admit.model.catalog import Catalog
 from kratos_admit.simulation import replay
 from kratos_admit.simulation.inputs import load_cluster, load_trace
-from kratos_controller.learning import profile_samples
+from kratos_controller.learning import profile_samples, published_calibration
 from tests.builders import A100, L4, L40S
 from tests.harness import CATALOG, EXAMPLES
 from tests.test_calibration import drawn_truth
@@ -37,7 +36,7 @@ def test_on_the_example_trace_each_incremental_refit_equals_a_fit_from_nothing(
 ):
     """The simulator refits after every counted run, as the controller does; here each of its fits
     is made both ways, and the two calibrations are compared byte for byte."""
-    real = replay.fit_calibration
+    real = fit_calibration
     memo = FitMemo()
     compared: list[int] = []
 
@@ -93,8 +92,7 @@ def test_on_a_20000_profile_fill_a_changed_profile_refits_to_what_a_full_fit_giv
     samples are read again. Affordable on two CPUs: the fit is over the 300 samples that say something."""
     rng = random.Random(59)
     profiles = [
-        observed(i, rng, products=PRODUCTS if i % 200 == 0 else (PRODUCTS[i % 3],))
-        for i in range(20_000)
+        observed(i, rng, products=PRODUCTS if i % 200 == 0 else (PRODUCTS[i % 3],)) for i in range(20_000)
     ]
     samples = {
         p["metadata"]["name"]: profile_samples([p], catalog=CATALOG, reference_product=A100) for p in profiles

@@ -255,14 +255,6 @@ class Calibration:
 NO_CALIBRATION = Calibration()
 
 
-def published_calibration(calibration: Calibration) -> dict[str, str]:
-    """The ConfigMap's data: the products' factors alone, compact (issue 59: with every workload's
-    shares, pretty-printed, it passed 1 MiB at 2,898 workloads). A workload's shares (``as_dict``)
-    go to its profile's ``status.calibratedShares``."""
-    products = {name: p.as_dict() for name, p in sorted(calibration.products.items())}
-    return {CONFIGMAP_KEY: json.dumps({"products": products}, sort_keys=True, separators=(",", ":"))}
-
-
 def profile_shares(namespace: str, workload: str, status: Mapping[str, Any] | None) -> WorkloadShares | None:
     """The shares a ``status.calibratedShares`` holds; None when none can be read."""
     if not status:

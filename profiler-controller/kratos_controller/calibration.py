@@ -29,10 +29,14 @@ from kratos_admit.model.calibration import (
     WorkloadShares,
     keep_unchanged_dates,
     profile_shares,
-    published_calibration,
 )
 from kratos_admit.model.calibration_fit import FitMemo, fit_calibration
-from kratos_controller.learning import calibration_write_wait, current_calibration, profile_samples
+from kratos_controller.learning import (
+    calibration_write_wait,
+    current_calibration,
+    profile_samples,
+    published_calibration,
+)
 from kratos_controller.runtime import Obj, Shared, WorkQueue, meta_of, reconcile_backoff, reconcile_failed
 
 log = logging.getLogger("kratos.controller")
