@@ -19,6 +19,7 @@ from kratos_admit.domain.profile import WorkloadProfile
 from kratos_admit.model.calibration import CONFIGMAP_KEY, CONFIGMAP_NAME, NO_CALIBRATION, samples_of
 from kratos_admit.model.calibration_fit import fit_calibration
 from kratos_admit.simulation.trace import Figures, Truth
+from kratos_controller.learning import COUNTED_KEY, ledger_name
 from tests.builders import A100, L4, L40S, T4, WORKLOAD_SHAPES, make_job, trace_job
 from tests.harness import (
     CATALOG,
@@ -235,5 +236,72 @@ async def test_a_burst_of_600_runs_writes_the_configmap_once_per_interval_and_en
             )
             assert on_interval <= seconds / config.calibration_write_seconds + 1, (on_interval, seconds)
             assert on_interval + moved < 600 / 4, (on_interval, moved, seconds)
+        finally:
+            await api.close()
+
+
+# --- issue 59: the runs counted live in a ledger ConfigMap only the controller reads -----------------
+
+OLD_UIDS = [f"old-run-{i}" for i in range(256)]
+
+
+def runs_on(kube: KubeDouble, product: str) -> int:
+    profile = kube.get(*PROFILES, "team-a", "stream-profile")
+    assert profile is not None
+    return int({o["product"]: o["runs"] for o in profile["status"]["observations"]}[product])
+
+
+def ledger(kube: KubeDouble) -> list[str]:
+    found = kube.get(*CONFIGMAPS, "team-a", ledger_name("stream-profile"))
+    return str(found["data"][COUNTED_KEY]).split() if found else []
+
+
+def pod_uid(kube: KubeDouble, name: str) -> str:
+    pod = kube.get(*PODS, "team-a", name)
+    assert pod is not None
+    return str(pod["metadata"]["uid"])
+
+
+async def test_a_run_is_counted_once_across_a_restart_in_the_middle_of_a_run(tmp_path: Path):
+    kube = KubeDouble()
+    async with api_server(kube) as server, webhook_serving(kube, server, tmp_path):
+        opted_in_cluster(kube, (tmp_path / "certs" / "ca.crt").read_bytes(), *PRODUCTS)
+        old: dict[str, Any] = observed_profile("stream")
+        old["status"]["countedRuns"] = OLD_UIDS  # as a controller before issue 59 wrote it
+        kube.put(*PROFILES, old)
+        product = PRODUCTS[2]
+        before = runs_on(kube, product)
+        api = api_for(server, "kubectl")
+        try:
+            async with controller_running(server) as first:
+                await eventually(first.informer.synced.is_set)
+                body: Any = job_of("stream-1", "stream")
+                await client.BatchV1Api(api).create_namespaced_job("team-a", body)
+                (one,) = await kube.run_jobs()
+                kube.finish_pod("team-a", one, node=NODE_OF[product], seconds=seconds_on("stream", product))
+                await eventually(lambda: runs_on(kube, product) == before + 1)
+                profile = kube.get(*PROFILES, "team-a", "stream-profile")
+                assert profile is not None
+                assert profile["status"]["countedRuns"] == [pod_uid(kube, one)], "the last write's run alone"
+                assert ledger(kube) == OLD_UIDS, "the older profile's uids moved to the ledger first"
+                # a second run starts; the controller stops while it runs
+                body = job_of("stream-2", "stream")
+                await client.BatchV1Api(api).create_namespaced_job("team-a", body)
+                (two,) = await kube.run_jobs()
+            kube.finish_pod("team-a", two, node=NODE_OF[product], seconds=seconds_on("stream", product))
+            async with controller_running(server, agent="controller-restarted") as second:
+                await eventually(second.informer.synced.is_set)
+                await eventually(lambda: runs_on(kube, product) == before + 2)
+                await asyncio.sleep(0.5)  # time to (wrongly) count the first run again
+                assert runs_on(kube, product) == before + 2
+            assert ledger(kube) == [*OLD_UIDS, pod_uid(kube, one)][-256:]
+            async with controller_running(server, agent="controller-third") as third:
+                await eventually(third.informer.synced.is_set)
+                await asyncio.sleep(0.5)
+                assert runs_on(kube, product) == before + 2, (
+                    "both finished Jobs replayed, neither counted again"
+                )
+            profile = kube.get(*PROFILES, "team-a", "stream-profile")
+            assert profile is not None and profile["status"]["countedRuns"] == [pod_uid(kube, two)]
         finally:
             await api.close()
