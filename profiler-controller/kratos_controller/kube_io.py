@@ -301,6 +301,37 @@ class KubeIO:
         await self.core.replace_namespaced_config_map(name, namespace, body)
         return "updated"
 
+    async def write_ledger(self, profile: Obj, name: str, data: Mapping[str, str], *, exists: bool) -> None:
+        """The profile's ledger of counted runs (issue 59): replaced when it ``exists``, else created,
+        owned by the profile (no ``blockOwnerDeletion``, which would need its finalizers), so the
+        garbage collector deletes it with the profile."""
+        meta = as_mapping(profile.get("metadata"))
+        namespace = str(meta.get("namespace", ""))
+        owner = {
+            "apiVersion": v.API_VERSION,
+            "kind": v.PROFILE_KIND,
+            "name": meta.get("name"),
+            "uid": meta.get("uid"),
+        }
+        body: Any = {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {
+                "name": name,
+                "namespace": namespace,
+                **({"ownerReferences": [owner]} if meta.get("uid") else {}),
+            },
+            "data": dict(data),
+        }
+        if exists:
+            try:
+                await self.core.replace_namespaced_config_map(name, namespace, body)
+                return
+            except ApiException as exc:
+                if exc.status != 404:
+                    raise
+        await self.core.create_namespaced_config_map(namespace, body)
+
     async def patch_profile_status(self, namespace: str, name: str, fields: Mapping[str, Any]) -> None:
         """A JSON merge patch of these status fields alone (None removes one): the calibration's
         shares, which no other writer of the status touches (their replace keeps what they read)."""
