@@ -305,3 +305,37 @@ async def test_a_run_is_counted_once_across_a_restart_in_the_middle_of_a_run(tmp
             assert profile is not None and profile["status"]["countedRuns"] == [pod_uid(kube, two)]
         finally:
             await api.close()
+
+
+async def test_the_ledger_is_owned_by_its_profile_and_goes_with_it(tmp_path: Path):
+    """Issue 59: the ledger ConfigMap names its WorkloadProfile as its owner (no blockOwnerDeletion,
+    which would need the profile's finalizers), so the garbage collector deletes it with the profile."""
+    kube = KubeDouble()
+    async with api_server(kube) as server, webhook_serving(kube, server, tmp_path):
+        opted_in_cluster(kube, (tmp_path / "certs" / "ca.crt").read_bytes(), *PRODUCTS)
+        old: dict[str, Any] = observed_profile("stream")
+        old["status"]["countedRuns"] = OLD_UIDS[:3]
+        profile = kube.put(*PROFILES, old)
+        api = api_for(server, "kubectl")
+        try:
+            async with controller_running(server) as running:
+                await eventually(running.informer.synced.is_set)
+                body: Any = job_of("stream-1", "stream")
+                await client.BatchV1Api(api).create_namespaced_job("team-a", body)
+                (one,) = await kube.run_jobs()
+                kube.finish_pod("team-a", one, node=NODE_OF[L4], seconds=seconds_on("stream", L4))
+                await eventually(lambda: ledger(kube) == OLD_UIDS[:3])
+            found = kube.get(*CONFIGMAPS, "team-a", ledger_name("stream-profile"))
+            assert found is not None
+            assert found["metadata"]["ownerReferences"] == [
+                {
+                    "apiVersion": v.API_VERSION,
+                    "kind": v.PROFILE_KIND,
+                    "name": "stream-profile",
+                    "uid": profile["metadata"]["uid"],
+                }
+            ]
+            kube.delete(*PROFILES, "team-a", "stream-profile")
+            assert kube.get(*CONFIGMAPS, "team-a", ledger_name("stream-profile")) is None
+        finally:
+            await api.close()
