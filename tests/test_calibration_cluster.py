@@ -30,6 +30,7 @@ from tests.harness import (
     api_for,
     api_server,
     controller_running,
+    events_of,
     eventually,
     opted_in_cluster,
     webhook_serving,
@@ -339,3 +340,36 @@ async def test_the_ledger_is_owned_by_its_profile_and_goes_with_it(tmp_path: Pat
             assert kube.get(*CONFIGMAPS, "team-a", ledger_name("stream-profile")) is None
         finally:
             await api.close()
+
+
+async def test_a_refused_calibration_write_is_an_event_and_a_metric_and_is_written_again_without_a_refit(
+    tmp_path: Path,
+):
+    """Issue 59: at 20,000 workloads every write was refused (413) and each retry refitted everything,
+    with only a log line to show for it. A refused write is a warning Event on the ConfigMap and the
+    metric kratos_calibration_write_failures_total; the write alone is tried again after
+    calibrationWriteSeconds, from the fit already made."""
+    kube = KubeDouble()
+    too_large = "Request entity too large: limit is 3145728"  # the real API server's words
+    for _ in range(2):  # the first write and its first retry
+        kube.fail("POST", "/namespaces/kratos-system/configmaps$", 413, "RequestEntityTooLarge", too_large)
+    async with api_server(kube) as server:
+        opted_in_cluster(kube, b"", *PRODUCTS)
+        for workload in SHAPES:
+            kube.put(*PROFILES, observed_profile(workload))
+        async with controller_running(server, config=Config(calibration_write_seconds=0.2)) as running:
+            await eventually(running.informer.synced.is_set)
+            await eventually(lambda: calibration_configmap(kube))
+            calibration = running.calibration
+            refused = running.metrics.registry.get_sample_value(
+                "kratos_calibration_write_failures_total", {"object": "configmap", "code": "413"}
+            )
+            assert refused == 2
+            assert calibration.fits == 1, "the retries write the fit made, they do not refit"
+            (event,) = events_of(kube, "CalibrationNotWritten")  # one Event, however many refusals
+            assert event["type"] == "Warning"
+            assert event["regarding"]["kind"] == "ConfigMap"
+            assert event["regarding"]["name"] == CONFIGMAP_NAME
+            assert event["regarding"]["namespace"] == "kratos-system"
+            assert "413" in event["note"] and "tried again in 0.2 s" in event["note"]
+            assert set(factors(kube)) == set(PRODUCTS), "then written"
