@@ -283,8 +283,11 @@ class KubeIO:
             self.node_products[node] = str(labels.get(v.GPU_PRODUCT_LABEL, ""))
         return self.node_products[node]
 
-    async def publish_configmap(self, namespace: str, name: str, data: Mapping[str, str]) -> str:
-        """Create the ConfigMap, or replace it when it exists; "created" or "updated"."""
+    async def publish_configmap(
+        self, namespace: str, name: str, data: Mapping[str, str], *, exists: bool = False
+    ) -> str:
+        """Replace the ConfigMap when it ``exists`` (as last read), else create it, each falling back on
+        the other when the server knows better (404, 409); "created" or "updated"."""
         # kubernetes_asyncio serialises plain dicts as they are; its model types would drop unknown fields
         body: Any = {
             "apiVersion": "v1",
@@ -292,6 +295,13 @@ class KubeIO:
             "metadata": {"name": name, "namespace": namespace},
             "data": dict(data),
         }
+        if exists:
+            try:
+                await self.core.replace_namespaced_config_map(name, namespace, body)
+                return "updated"
+            except ApiException as exc:
+                if exc.status != 404:
+                    raise
         try:
             await self.core.create_namespaced_config_map(namespace, body)
             return "created"
