@@ -2,10 +2,14 @@
 from the samples of all profiles' counted runs, kept per profile from the profiles' own watch (issue
 59: no list at resync, no refit while nothing changed, and each refit re-fits only the shares a change
 moved, ``FitMemo``). The factors go to the ConfigMap ``kratos-gpu-calibration`` (whose size grows with
-the GPU products only), each workload's shares to its profile's ``status.calibratedShares``, at the
-write cadence of ``learning.calibration_write_wait``. A refused write is a warning Event on the
-ConfigMap, the metric ``kratos_calibration_write_failures_total`` and an error log line, and is tried
-again (the write alone, never the fit) after ``calibrationWriteSeconds``."""
+the GPU products only) at the write cadence of ``learning.calibration_write_wait``; each workload's
+shares to its profile's ``status.calibratedShares``, apart: those that differ from what the profile
+holds, at most once per ``calibrationWriteSeconds`` (never sooner), ``SHARES_WRITERS`` at a time, and
+put off while finished runs wait to be counted (``counting``), up to ``SHARES_PATIENCE`` intervals: the
+runs' own writes of the same profiles go first and are not refused (409) for them, and a burst of runs
+writes each profile's shares a few times, not once an interval or a run. A refused write is the metric
+``kratos_calibration_write_failures_total`` and an error log line (and, for the ConfigMap, a warning
+Event on it), and is tried again (the write alone, never the fit) after ``calibrationWriteSeconds``."""
 
 from __future__ import annotations
 
@@ -14,6 +18,7 @@ import dataclasses
 import datetime as dt
 import functools
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from kubernetes_asyncio.client.exceptions import ApiException
@@ -41,6 +46,8 @@ from kratos_controller.runtime import Obj, Shared, WorkQueue, meta_of, reconcile
 
 log = logging.getLogger("kratos.controller")
 Key = tuple[str, str]
+SHARES_WRITERS = 4  # profiles' calibratedShares patched at once (20,000 after a first fit)
+SHARES_PATIENCE = 10  # calibrationWriteSeconds the shares wait at most for the runs to be counted
 
 
 # what the controller keeps of one profile: its samples, its workload (namespace/workload, as the
@@ -50,22 +57,38 @@ Held = tuple[tuple[Sample, ...], str, dict[str, Any] | None]
 
 class CalibrationController:
     """One key: the ConfigMap in the KRATOS namespace. Asked for once the profiles' first list is in
-    (a full fit), when a profile's samples change, at every resync (a write put off or refused is
-    made; nothing is refitted), and after each counted run (``request``)."""
+    (a full fit), when a profile's samples change, at every resync (``recheck``: the ConfigMap read,
+    a write put off or refused made; nothing is refitted), and after each counted run (``request``:
+    nothing read or written until the profile's watch event brings the run). The profiles' shares
+    have a queue of their own (``write_shares``)."""
 
-    def __init__(self, shared: Shared, *, watch_timeout: int = 300) -> None:
+    def __init__(
+        self, shared: Shared, *, watch_timeout: int = 300, counting: Callable[[], bool] = lambda: False
+    ) -> None:
         self.shared = shared
+        self.counting = counting  # whether finished runs wait to be counted (the observation queue)
         self.key = (shared.config.lease_namespace, CONFIGMAP_NAME)
         self.current: Calibration = NO_CALIBRATION  # the last fit, for releasing followers
         self.held: dict[Key, Held] = {}
         self.memo = FitMemo()
         self.changed = True  # samples changed since the last fit
+        # the ConfigMap holds the last fit (written, or read so): a count's request, which its profile's
+        # watch event follows, reads nothing; a refit, a refusal or a resync (``recheck``) reads it again
+        self.settled = False
         self.synced = False
         self.fits = 0
-        self.written_at: float | None = None  # loop time of this controller's last write
+        self.written_at: float | None = None  # loop time of this controller's last ConfigMap write
         self.due: asyncio.TimerHandle | None = None  # a write put off (calibrationWriteSeconds) or refused
+        self.shares_written_at: float | None = None  # loop time of its last round of shares writes
+        self.shares_due: asyncio.TimerHandle | None = None
+        self.shares_since: float | None = None  # loop time the shares to write were first put off
         self.queue: WorkQueue[tuple[str, str]] = WorkQueue(
             self.reconcile,
+            backoff=reconcile_backoff,
+            on_failure=reconcile_failed(shared.metrics, "calibrate"),
+        )
+        self.shares_queue: WorkQueue[tuple[str, str]] = WorkQueue(
+            self.write_shares,
             backoff=reconcile_backoff,
             on_failure=reconcile_failed(shared.metrics, "calibrate"),
         )
@@ -81,11 +104,16 @@ class CalibrationController:
     def request(self) -> None:
         self.queue.add(self.key)
 
+    def recheck(self) -> None:
+        """At a resync: read the ConfigMap again, and write it where it no longer holds the fit."""
+        self.settled = False
+        self.request()
+
     def calibration(self) -> Calibration:
         return self.current
 
     async def run(self) -> None:
-        await asyncio.gather(self.informer.run(), self.queue.run())
+        await asyncio.gather(self.informer.run(), self.queue.run(), self.shares_queue.run())
 
     # --- the profiles' watch: each profile's samples, read once per change -----------------------------
 
@@ -129,11 +157,11 @@ class CalibrationController:
     # --- the fit and its writes ------------------------------------------------------------------------
 
     async def reconcile(self, key: tuple[str, str]) -> None:
-        """Refit when a profile's samples changed since the last fit; write the ConfigMap and the
-        profiles' shares that differ from what they hold, at most once per ``calibrationWriteSeconds``
-        unless a factor moved beyond its noise (a write put off is made when the interval is up)."""
-        if not self.synced:
-            return  # the first list's end asks again
+        """Refit when a profile's samples changed since the last fit; write the ConfigMap when it
+        differs, at most once per ``calibrationWriteSeconds`` unless a factor moved beyond its noise (a
+        write put off is made when the interval is up); hand the shares to ``write_shares``."""
+        if not self.synced or (self.settled and not self.changed):
+            return  # before the first list ends (it asks again), or nothing to read or write
         namespace = key[0]
         shared, config = self.shared, self.shared.config
         configmap = await shared.io.get_configmap(namespace, CONFIGMAP_NAME)
@@ -150,10 +178,11 @@ class CalibrationController:
             self.current = self._dated(keep_unchanged_dates(fitted, written))
             self.fits += 1
         calibration = self.current
+        if self._shares_to_write(calibration):
+            self.shares_queue.add(self.key)
         data = published_calibration(calibration)
-        shares = self._shares_to_write(calibration)
-        same_configmap = configmap is not None and string_map(configmap.get("data")) == data
-        if same_configmap and not shares:
+        self.settled = configmap is not None and string_map(configmap.get("data")) == data
+        if self.settled:
             return
         loop = asyncio.get_running_loop()
         since = None if self.written_at is None else loop.time() - self.written_at
@@ -169,13 +198,39 @@ class CalibrationController:
             return
         reason = "interval" if since is None or since >= config.calibration_write_seconds else "moved"
         self.written_at = loop.time()
-        refused = 0
-        if not same_configmap:
-            refused += await self._write_configmap(namespace, data, reason, len(calibration.products))
-        for profile_key, body in shares.items():
-            refused += await self._write_shares(profile_key, body)
+        refused = await self._write_configmap(
+            namespace, data, reason, products=len(calibration.products), exists=configmap is not None
+        )
+        self.settled = not refused
         if refused:
             self._again(config.calibration_write_seconds)
+
+    async def write_shares(self, key: tuple[str, str]) -> None:
+        """Write every profile's ``calibratedShares`` that differs from the last fit's, the fit's
+        latest when the round starts, at most one round per ``calibrationWriteSeconds``; those refused,
+        or changed meanwhile, in the next round."""
+        loop, interval = asyncio.get_running_loop(), self.shared.config.calibration_write_seconds
+        since = None if self.shares_written_at is None else loop.time() - self.shares_written_at
+        if since is not None and since < interval:
+            self._shares_again(interval - since)
+            return
+        wanted = self._shares_to_write(self.current)
+        if not wanted:
+            return
+        waited = loop.time() - (self.shares_since or loop.time())
+        if self.counting() and waited < SHARES_PATIENCE * interval:
+            self.shares_since = loop.time() - waited
+            self._shares_again(interval)
+            return
+        self.shares_since = None
+        each = iter(wanted.items())
+
+        async def writer() -> int:
+            return sum([await self._write_shares(profile_key, body) for profile_key, body in each])
+
+        self.shares_written_at = loop.time()
+        if sum(await asyncio.gather(*(writer() for _ in range(SHARES_WRITERS)))):
+            self._shares_again(interval)
 
     def _dated(self, fitted: Calibration) -> Calibration:
         """``fitted`` with each workload's ``updatedAt`` kept from the shares its profile holds where
@@ -211,11 +266,21 @@ class CalibrationController:
         self.due = None
         self.request()
 
-    async def _write_configmap(self, namespace: str, data: dict[str, str], reason: str, products: int) -> int:
+    def _shares_again(self, wait: float) -> None:
+        if self.shares_due is None:
+            self.shares_due = asyncio.get_running_loop().call_later(wait, self._shares_are_due)
+
+    def _shares_are_due(self) -> None:
+        self.shares_due = None
+        self.shares_queue.add(self.key)
+
+    async def _write_configmap(
+        self, namespace: str, data: dict[str, str], reason: str, *, products: int, exists: bool
+    ) -> int:
         """Write the factors; 1 when the API server refused (reported: Event, metric, log), else 0."""
         shared = self.shared
         try:
-            await shared.io.publish_configmap(namespace, CONFIGMAP_NAME, data)
+            await shared.io.publish_configmap(namespace, CONFIGMAP_NAME, data, exists=exists)
         except ApiException as exc:
             shared.metrics.calibration_write_failures.labels("configmap", str(exc.status)).inc()
             note = (

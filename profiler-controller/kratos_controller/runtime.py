@@ -111,6 +111,10 @@ class WorkQueue(Generic[K]):
             self.queued.add(key)
             self.queue.put_nowait(key)
 
+    def busy(self) -> bool:
+        """Whether a key waits or is being handled."""
+        return bool(self.queued or self.processing)
+
     def add_after(self, delay: float, key: K) -> asyncio.TimerHandle:
         return asyncio.get_running_loop().call_later(delay, self.add, key)
 
