@@ -11,7 +11,10 @@ GPU Nodes labelled as GPU Feature Discovery labels them, with the status a kubel
 conditions, addresses, ten images) written through the status subresource, each tainted
 ``kratos.dev/scale-fill:NoSchedule`` from its creation (no kubelet runs a Pod bound to it: on a
 cluster with a scheduler, as the faults tier's, none is ever placed there); mature WorkloadProfiles as
-the controller writes them (observations on three products, ``countedRuns`` at its cap); Pods bound
+the controller writes them (observations on three products; ``countedRuns`` naming the last write's
+run, as issue 59's controller leaves it, the others being in the ledger ConfigMap only it reads, or
+with ``--shape before`` at its old cap of 256 uids; no ``calibratedShares``: the controller's first fit
+writes them); Pods bound
 to those Nodes (no kubelet runs them: they stay Pending) and suspended Jobs (so no Job controller
 makes Pods of them), a quarter of each labelled ``gpu.scheduler.io/workload``, the label KRATOS's
 informers select. Use a server of its own (an etcd and a kube-apiserver, no scheduler, no
@@ -24,8 +27,17 @@ it is Ready (its ``/readyz``: for the webhook, every cache synced) and its cache
 controller, ``kratos_cached_objects`` counted for Jobs and Pods), the time to each, the resident set once settled,
 and then the API server's requests per minute at rest (``apiserver_request_total`` over
 ``--rest`` seconds, by verb and resource, less what the server asked of itself over as long a time
-before the process started: the process is the server's only client). Prints a
-JSON line with the figures and the commit measured.
+before the process started: the process is the server's only client) and the process's CPU over them
+(``utime + stime`` of ``/proc/PID/stat``, its threads included). Its start's lists are in bytes too:
+``apiserver_response_sizes_sum`` of LIST, by resource, as the server serialised them (before any
+gzip). The controller is left to write its first calibration (``kratos_calibration_writes_total``,
+or a refused write) before ``--settle`` starts; at the end its refused writes are counted and the
+ConfigMap's size read. With ``--runs N`` (the controller), N runs then finish one after another, each
+as the Job controller and a kubelet would leave it (a signed, hinted Job of a filled workload, its
+Pod on a filled Node of a product the workload was observed on, the Pod's status and the Job's
+``Complete`` written through the status subresource), and each is timed from its Job's completion to
+its count in the profile's observations, to the ConfigMap's next write and to the profile's next
+``calibratedShares``. Prints a JSON line with the figures and the commit measured.
 """
 
 from __future__ import annotations
@@ -55,7 +67,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from memory_bench import node, profile  # the same objects as the in-process benchmark
 
 from kratos_admit.domain import vocabulary as v
+from kratos_admit.domain.signing import load_signing_key, sign_block
 from kratos_admit.edge.kube import api_client, is_status, list_pages, metadata_lister
+from kratos_admit.model.calibration import CONFIGMAP_NAME
 
 NAMESPACES = 200  # team-0 .. team-199, as memory_bench's profiles
 FILL_TAINT = "kratos.dev/scale-fill"  # on every Node the fill makes: no kubelet would run its Pods
@@ -138,7 +152,23 @@ def job(index: int) -> Obj:
     }  # fmt: skip
 
 
-async def fill(api: client.ApiClient, *, nodes: int, profiles: int, pods: int = 0, jobs: int = 0) -> None:
+def mature_profile(index: int, *, shape: str = "issue59") -> Obj:
+    """memory_bench's mature profile, its ``countedRuns`` as the controller of ``shape`` leaves it."""
+    obj = profile(index, mature=True)
+    if shape == "issue59":
+        obj["status"]["countedRuns"] = obj["status"]["countedRuns"][-1:]
+    return obj
+
+
+async def fill(
+    api: client.ApiClient,
+    *,
+    nodes: int,
+    profiles: int,
+    pods: int = 0,
+    jobs: int = 0,
+    shape: str = "issue59",
+) -> None:
     # Any: they are given plain dicts, which the generated clients send as they are
     core: Any = client.CoreV1Api(api)
     custom: Any = client.CustomObjectsApi(api)
@@ -187,7 +217,7 @@ async def fill(api: client.ApiClient, *, nodes: int, profiles: int, pods: int = 
     )
 
     async def make_profile(i: int) -> None:
-        obj = profile(i, mature=True)
+        obj = mature_profile(i, shape=shape)
         status = obj.pop("status")
         meta = obj["metadata"]
         obj["metadata"] = {"name": meta["name"], "namespace": meta["namespace"]}
@@ -266,14 +296,23 @@ async def sampled(pid: int, seconds: float) -> float:
     return peak
 
 
-async def requests_by(api: client.ApiClient) -> Counter[str]:
-    """apiserver_request_total by verb and resource (what every client asked so far)."""
+def cpu_seconds(pid: int) -> float:
+    """The CPU a process has used, user and system, its threads included (``/proc/PID/stat``)."""
+    with contextlib.suppress(FileNotFoundError, ProcessLookupError):
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return 0.0
+
+
+async def requests_by(api: client.ApiClient, metric: str = "apiserver_request_total") -> Counter[str]:
+    """apiserver_request_total by verb and resource (what every client asked so far); with ``metric``
+    ``apiserver_response_sizes_sum``, the bytes of the answers so."""
     response = await api.call_api("/metrics", "GET", auth_settings=["BearerToken"], _preload_content=False,
                                   _return_http_data_only=True)  # fmt: skip
     text = (await response.read()).decode()
     found: Counter[str] = Counter()
     for line in text.splitlines():
-        if not line.startswith("apiserver_request_total{"):
+        if not line.startswith(metric + "{"):
             continue
         labels = dict(
             p.split("=", 1) for p in line[line.index("{") + 1 : line.rindex("}")].split(",") if "=" in p
@@ -314,6 +353,7 @@ async def measure(api: client.ApiClient, args: argparse.Namespace) -> dict[str, 
     await asyncio.sleep(args.rest)
     quiet = await requests_by(api) - quiet_from
     before = await requests_by(api)
+    sizes_before = await requests_by(api, "apiserver_response_sizes_sum")
     started = time.monotonic()
     with (work / "stderr").open("wb") as stderr:
         # run from elsewhere: from the checkout, ``-m`` would import the checkout's kratos_admit, not --python's
@@ -351,13 +391,27 @@ async def measure(api: client.ApiClient, args: argparse.Namespace) -> dict[str, 
                         break
                 await asyncio.sleep(0.1)
             at_ready = rss_mib(process.pid)
+            sizes = await requests_by(api, "apiserver_response_sizes_sum") - sizes_before
+            calibrated_s = None
+            while args.process == "controller" and time.monotonic() - started < args.timeout:
+                peak = max(peak, rss_mib(process.pid))
+                if await controller_metric(http, "kratos_calibration_write") > 0:
+                    calibrated_s = time.monotonic() - started
+                    break
+                await asyncio.sleep(0.5)
             peak = max(peak, await sampled(process.pid, args.settle))
             settled = rss_mib(process.pid)
-            rest_from = await requests_by(api)
+            rest_from, cpu_from = await requests_by(api), cpu_seconds(process.pid)
             peak = max(peak, await sampled(process.pid, args.rest))
+            rest_cpu = (cpu_seconds(process.pid) - cpu_from) / args.rest
             rest = await requests_by(api) - rest_from - quiet
             scale = (time.monotonic() - started - args.rest) / args.rest  # the start's share of quiet
             listed = rest_from - before - Counter({k: round(n * scale) for k, n in quiet.items()})
+            runs = []
+            for index in range(args.runs):
+                runs.append(await run_to_calibration(api, load_signing_key(work / "signing.key"), index))
+                peak = max(peak, rss_mib(process.pid))
+            refused = await controller_metric(http, "kratos_calibration_write_failures_total")
     finally:
         process.terminate()
         with contextlib.suppress(subprocess.TimeoutExpired):
@@ -365,20 +419,187 @@ async def measure(api: client.ApiClient, args: argparse.Namespace) -> dict[str, 
         if process.poll() is None:
             process.kill()
     per_minute = {k: round(n * 60 / args.rest, 1) for k, n in sorted(rest.items())}
-    return {
+    lists = {k.split(" ", 1)[1]: n for k, n in sorted(sizes.items()) if k.startswith("LIST ")}
+    found: dict[str, Any] = {
         "commit": commit(args.python), "process": args.process, "readySeconds": None if ready_s is None else round(ready_s, 1),
         "syncedSeconds": None if synced_s is None else round(synced_s, 1),
         "peakMiB": round(peak, 1), "atReadyMiB": round(at_ready, 1), "settledMiB": round(settled, 1),
+        "startListBytes": lists, "startListBytesTotal": sum(lists.values()),
         "startRequests": dict(sorted(listed.items())), "restRequestsPerMinute": per_minute,
         "restRequestsPerMinuteTotal": round(sum(rest.values()) * 60 / args.rest, 1),
+        "restCpuCores": round(rest_cpu, 4),
     }  # fmt: skip
+    if args.process == "controller":
+        configmap = await client.CoreV1Api(api).read_namespaced_config_map(CONFIGMAP_NAME, "kratos-system")
+        found |= {
+            "calibratedSeconds": None if calibrated_s is None else round(calibrated_s, 1),
+            "calibrationWriteFailures": refused,
+            "configMapBytes": sum(len(text.encode()) for text in (configmap.data or {}).values()),
+            "runs": runs,
+        }
+    return found
+
+
+async def controller_metric(http: aiohttp.ClientSession, name: str) -> float:
+    """The sum of the controller's samples of ``name`` (and of every series whose name starts so)."""
+    with contextlib.suppress(aiohttp.ClientError, OSError, asyncio.TimeoutError):
+        async with http.get("http://127.0.0.1:19090/metrics") as answer:
+            return sum(
+                float(line.rsplit(" ", 1)[1])
+                for line in (await answer.text()).splitlines()
+                if line.startswith(name) and not line.startswith("#") and "_created" not in line.split(" ")[0]
+            )
+    return 0.0
+
+
+RUN_NODE, RUN_SECONDS = "gpu-node-00002", 102.5  # memory_bench's NVIDIA-L40S; the fill's mean there
+
+
+async def run_to_calibration(api: client.ApiClient, key: bytes, index: int) -> dict[str, Any]:
+    """One run of the fill's workload ``index`` finished on ``RUN_NODE``, timed from its Job's
+    ``Complete`` to its count, to the ConfigMap's next write and to the profile's next shares."""
+    core: Any = client.CoreV1Api(api)
+    batch: Any = client.BatchV1Api(api)
+    custom: Any = client.CustomObjectsApi(api)
+    namespace, workload = f"team-{index % NAMESPACES}", f"workload-{index}"
+    read_profile = functools.partial(
+        custom.get_namespaced_custom_object,
+        v.GROUP,
+        v.VERSION,
+        namespace,
+        v.PROFILE_PLURAL,
+        f"{workload}-profile",
+    )
+
+    async def now() -> tuple[int, str, Any]:
+        profile, configmap = (
+            await read_profile(),
+            await core.read_namespaced_config_map(CONFIGMAP_NAME, "kratos-system"),
+        )
+        status = profile.get("status") or {}
+        return (
+            sum(o["runs"] for o in status.get("observations") or []),
+            configmap.metadata.resource_version,
+            status.get("calibratedShares"),
+        )
+
+    runs, configmap, shares = await now()
+    name = f"scale-run-{index}-{int(time.time())}"
+    meta: Obj = {
+        "name": name,
+        "namespace": namespace,
+        "labels": {v.WORKLOAD_LABEL: workload},
+        "annotations": {v.HINTS_ANNOTATION: json.dumps({"ranked": []})},
+    }
+    sign_block(meta, namespace=namespace, key=key)
+    container = {
+        "name": "main",
+        "image": "nvcr.io/nvidia/pytorch:24.05-py3",
+        "resources": {"limits": {v.GPU_RESOURCE: "1"}},
+    }
+    made = await batch.create_namespaced_job(
+        namespace,
+        {
+            "apiVersion": "batch/v1",
+            "kind": "Job",
+            "metadata": meta,
+            "spec": {
+                "suspend": True,
+                "backoffLimit": 0,
+                "template": {
+                    "metadata": {"labels": {v.WORKLOAD_LABEL: workload}},
+                    "spec": {"restartPolicy": "Never", "containers": [container]},
+                },
+            },
+        },
+    )
+    owner = {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "name": name,
+        "uid": made.metadata.uid,
+        "controller": True,
+    }
+    await core.create_namespaced_pod(
+        namespace,
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": f"{name}-0",
+                "namespace": namespace,
+                "labels": {"job-name": name, v.WORKLOAD_LABEL: workload},
+                "ownerReferences": [owner],
+            },
+            "spec": {
+                "nodeName": RUN_NODE,
+                "restartPolicy": "Never",
+                "automountServiceAccountToken": False,
+                "containers": [container],
+                "tolerations": [{"operator": "Exists"}],
+            },
+        },
+    )
+    ended = time.time()
+    stamp = functools.partial(time.strftime, "%Y-%m-%dT%H:%M:%SZ")
+    terminated = {
+        "exitCode": 0,
+        "reason": "Completed",
+        "startedAt": stamp(time.gmtime(ended - RUN_SECONDS)),
+        "finishedAt": stamp(time.gmtime(ended)),
+    }
+    merge = "application/merge-patch+json"
+    await core.patch_namespaced_pod_status(
+        f"{name}-0",
+        namespace,
+        {
+            "status": {
+                "phase": "Succeeded",
+                "containerStatuses": [
+                    {
+                        "name": "main",
+                        "ready": False,
+                        "restartCount": 0,
+                        "image": container["image"],
+                        "imageID": "",
+                        "state": {"terminated": terminated},
+                    }
+                ],
+            }
+        },
+        _content_type=merge,
+    )
+    await batch.patch_namespaced_job_status(name, namespace, {"status": {
+        "startTime": terminated["startedAt"], "completionTime": terminated["finishedAt"], "succeeded": 1,
+        "conditions": [{"type": "Complete", "status": "True", "lastTransitionTime": terminated["finishedAt"]}]}},
+        _content_type=merge)  # fmt: skip
+    done = time.monotonic()
+    seen: dict[str, float | None] = {"countedSeconds": None, "configMapSeconds": None, "sharesSeconds": None}
+    while None in seen.values() and time.monotonic() - done < RUN_TIMEOUT:
+        now_runs, now_configmap, now_shares = await now()
+        for what, moved in (("countedSeconds", now_runs > runs), ("configMapSeconds", now_configmap != configmap),
+                            ("sharesSeconds", now_shares != shares)):  # fmt: skip
+            if moved and seen[what] is None:
+                seen[what] = round(time.monotonic() - done, 2)
+        await asyncio.sleep(0.1)
+    return {"workload": f"{namespace}/{workload}", **seen}
+
+
+RUN_TIMEOUT = 900.0  # a refit at 20,000 mature profiles is minutes of a core
 
 
 async def main_async(args: argparse.Namespace) -> int:
     api = await api_client(args.kubeconfig)
     try:
         if args.command == "fill":
-            await fill(api, nodes=args.nodes, profiles=args.profiles, pods=args.pods, jobs=args.jobs)
+            await fill(
+                api,
+                nodes=args.nodes,
+                profiles=args.profiles,
+                pods=args.pods,
+                jobs=args.jobs,
+                shape=args.shape,
+            )
         elif args.command == "empty":
             await empty(api)
         else:
@@ -399,6 +620,12 @@ def main(argv: list[str] | None = None) -> int:
     filling.add_argument("--profiles", type=int, default=20000)
     filling.add_argument("--pods", type=int, default=0)
     filling.add_argument("--jobs", type=int, default=0)
+    filling.add_argument(
+        "--shape",
+        choices=("issue59", "before"),
+        default="issue59",
+        help="profiles' countedRuns: the last write's run (issue 59's controller) or 256 uids (before it)",
+    )
     sub.add_parser("empty", help="delete the fill's Nodes and its team-* namespaces")
     measuring = sub.add_parser("measure", help="start the webhook or the controller and sample it")
     measuring.add_argument("process", choices=("webhook", "controller"))
@@ -407,6 +634,9 @@ def main(argv: list[str] | None = None) -> int:
         "--rest", type=float, default=60.0, help="seconds the requests at rest are counted over"
     )
     measuring.add_argument("--timeout", type=float, default=600.0, help="give up if not Ready by then")
+    measuring.add_argument(
+        "--runs", type=int, default=0, help="the controller: runs finished, each timed to the calibration"
+    )
     measuring.add_argument(
         "--python",
         default=sys.executable,

@@ -257,9 +257,8 @@ class KubeDouble:
     namespace_lifecycle: bool = False  # refuse creates in namespaces that do not exist (see the table)
     requests: list[Request] = field(default_factory=list)
     down: bool = False  # answer every call with 503 and end watches
-    failures: list[tuple[str, str, int]] = field(
-        default_factory=list
-    )  # (method, path regex, status), used once each
+    # (method, path regex, status, reason, message), used once each
+    failures: list[tuple[str, str, int, str, str]] = field(default_factory=list)
     # set once when anything changes, then replaced: a watch waits on the one it saw before reading
     # the history, so no change is missed. Not an asyncio.Condition: on Python 3.11 wait_for()
     # around Condition.wait() can leave the lock held when its timeout races a notify, and every
@@ -319,8 +318,17 @@ class KubeDouble:
             events.clear()
         self._notify()
 
-    def fail(self, method: str, path_regex: str, status: int = 500) -> None:
-        self.failures.append((method, path_regex, status))
+    def fail(
+        self,
+        method: str,
+        path_regex: str,
+        status: int = 500,
+        reason: str = "InternalError",
+        message: str = "",
+    ) -> None:
+        """The next ``method`` request to a path ``path_regex`` finds is answered ``status``, with this
+        Status reason and message (the real server's own words where a test gives them)."""
+        self.failures.append((method, path_regex, status, reason, message or "injected failure"))
 
     def calls(self, method: str, path_regex: str) -> list[Request]:
         return [r for r in self.requests if r.method == method and re.search(path_regex, r.path)]
@@ -362,10 +370,10 @@ class KubeDouble:
             return _status(503, "ServiceUnavailable", "the test double is down")
         if identity is None:
             return _status(401, "Unauthorized", "Unauthorized")
-        for i, (method, pattern, status) in enumerate(self.failures):
+        for i, (method, pattern, status, reason, message) in enumerate(self.failures):
             if method == request.method and re.search(pattern, request.path):
                 del self.failures[i]
-                return _status(status, "InternalError", "injected failure")
+                return _status(status, reason, message)
         if (
             request.method == "GET"
             and (found := _discovery(request.path, kueue=self.kueue_installed)) is not None

@@ -19,6 +19,7 @@ from kratos_admit.domain.profile import WorkloadProfile
 from kratos_admit.model.calibration import CONFIGMAP_KEY, CONFIGMAP_NAME, NO_CALIBRATION, samples_of
 from kratos_admit.model.calibration_fit import fit_calibration
 from kratos_admit.simulation.trace import Figures, Truth
+from kratos_controller.learning import COUNTED_KEY, ledger_name
 from tests.builders import A100, L4, L40S, T4, WORKLOAD_SHAPES, make_job, trace_job
 from tests.harness import (
     CATALOG,
@@ -29,6 +30,7 @@ from tests.harness import (
     api_for,
     api_server,
     controller_running,
+    events_of,
     eventually,
     opted_in_cluster,
     webhook_serving,
@@ -209,10 +211,14 @@ async def test_a_burst_of_600_runs_writes_the_configmap_once_per_interval_and_en
                                 n: p | {"updatedAt": ANY}
                                 for n, p in json.loads(every_run.to_json())["products"].items()
                             },
-                            "workloads": {
-                                n: w | {"updatedAt": ANY}
-                                for n, w in json.loads(every_run.to_json())["workloads"].items()
-                            },
+                        }
+                        and {  # issue 59: each workload's shares are in its own profile's status
+                            f"team-a/{p['spec']['workload']}": p["status"].get("calibratedShares")
+                            for p in kube.items(*PROFILES)
+                        }
+                        == {
+                            n: w | {"updatedAt": ANY}
+                            for n, w in json.loads(every_run.to_json())["workloads"].items()
                         }
                     ),
                     timeout=10,
@@ -233,3 +239,137 @@ async def test_a_burst_of_600_runs_writes_the_configmap_once_per_interval_and_en
             assert on_interval + moved < 600 / 4, (on_interval, moved, seconds)
         finally:
             await api.close()
+
+
+# --- issue 59: the runs counted live in a ledger ConfigMap only the controller reads -----------------
+
+OLD_UIDS = [f"old-run-{i}" for i in range(256)]
+
+
+def runs_on(kube: KubeDouble, product: str) -> int:
+    profile = kube.get(*PROFILES, "team-a", "stream-profile")
+    assert profile is not None
+    return int({o["product"]: o["runs"] for o in profile["status"]["observations"]}[product])
+
+
+def ledger(kube: KubeDouble) -> list[str]:
+    found = kube.get(*CONFIGMAPS, "team-a", ledger_name("stream-profile"))
+    return str(found["data"][COUNTED_KEY]).split() if found else []
+
+
+def pod_uid(kube: KubeDouble, name: str) -> str:
+    pod = kube.get(*PODS, "team-a", name)
+    assert pod is not None
+    return str(pod["metadata"]["uid"])
+
+
+async def test_a_run_is_counted_once_across_a_restart_in_the_middle_of_a_run(tmp_path: Path):
+    kube = KubeDouble()
+    async with api_server(kube) as server, webhook_serving(kube, server, tmp_path):
+        opted_in_cluster(kube, (tmp_path / "certs" / "ca.crt").read_bytes(), *PRODUCTS)
+        old: dict[str, Any] = observed_profile("stream")
+        old["status"]["countedRuns"] = OLD_UIDS  # as a controller before issue 59 wrote it
+        kube.put(*PROFILES, old)
+        product = PRODUCTS[2]
+        before = runs_on(kube, product)
+        api = api_for(server, "kubectl")
+        try:
+            async with controller_running(server) as first:
+                await eventually(first.informer.synced.is_set)
+                body: Any = job_of("stream-1", "stream")
+                await client.BatchV1Api(api).create_namespaced_job("team-a", body)
+                (one,) = await kube.run_jobs()
+                kube.finish_pod("team-a", one, node=NODE_OF[product], seconds=seconds_on("stream", product))
+                await eventually(lambda: runs_on(kube, product) == before + 1)
+                profile = kube.get(*PROFILES, "team-a", "stream-profile")
+                assert profile is not None
+                assert profile["status"]["countedRuns"] == [pod_uid(kube, one)], "the last write's run alone"
+                assert ledger(kube) == OLD_UIDS, "the older profile's uids moved to the ledger first"
+                # a second run starts; the controller stops while it runs
+                body = job_of("stream-2", "stream")
+                await client.BatchV1Api(api).create_namespaced_job("team-a", body)
+                (two,) = await kube.run_jobs()
+            kube.finish_pod("team-a", two, node=NODE_OF[product], seconds=seconds_on("stream", product))
+            async with controller_running(server, agent="controller-restarted") as second:
+                await eventually(second.informer.synced.is_set)
+                await eventually(lambda: runs_on(kube, product) == before + 2)
+                await asyncio.sleep(0.5)  # time to (wrongly) count the first run again
+                assert runs_on(kube, product) == before + 2
+            assert ledger(kube) == [*OLD_UIDS, pod_uid(kube, one)][-256:]
+            async with controller_running(server, agent="controller-third") as third:
+                await eventually(third.informer.synced.is_set)
+                await asyncio.sleep(0.5)
+                assert runs_on(kube, product) == before + 2, (
+                    "both finished Jobs replayed, neither counted again"
+                )
+            profile = kube.get(*PROFILES, "team-a", "stream-profile")
+            assert profile is not None and profile["status"]["countedRuns"] == [pod_uid(kube, two)]
+        finally:
+            await api.close()
+
+
+async def test_the_ledger_is_owned_by_its_profile_and_goes_with_it(tmp_path: Path):
+    """Issue 59: the ledger ConfigMap names its WorkloadProfile as its owner (no blockOwnerDeletion,
+    which would need the profile's finalizers), so the garbage collector deletes it with the profile."""
+    kube = KubeDouble()
+    async with api_server(kube) as server, webhook_serving(kube, server, tmp_path):
+        opted_in_cluster(kube, (tmp_path / "certs" / "ca.crt").read_bytes(), *PRODUCTS)
+        old: dict[str, Any] = observed_profile("stream")
+        old["status"]["countedRuns"] = OLD_UIDS[:3]
+        profile = kube.put(*PROFILES, old)
+        api = api_for(server, "kubectl")
+        try:
+            async with controller_running(server) as running:
+                await eventually(running.informer.synced.is_set)
+                body: Any = job_of("stream-1", "stream")
+                await client.BatchV1Api(api).create_namespaced_job("team-a", body)
+                (one,) = await kube.run_jobs()
+                kube.finish_pod("team-a", one, node=NODE_OF[L4], seconds=seconds_on("stream", L4))
+                await eventually(lambda: ledger(kube) == OLD_UIDS[:3])
+            found = kube.get(*CONFIGMAPS, "team-a", ledger_name("stream-profile"))
+            assert found is not None
+            assert found["metadata"]["ownerReferences"] == [
+                {
+                    "apiVersion": v.API_VERSION,
+                    "kind": v.PROFILE_KIND,
+                    "name": "stream-profile",
+                    "uid": profile["metadata"]["uid"],
+                }
+            ]
+            kube.delete(*PROFILES, "team-a", "stream-profile")
+            assert kube.get(*CONFIGMAPS, "team-a", ledger_name("stream-profile")) is None
+        finally:
+            await api.close()
+
+
+async def test_a_refused_calibration_write_is_an_event_and_a_metric_and_is_written_again_without_a_refit(
+    tmp_path: Path,
+):
+    """Issue 59: at 20,000 workloads every write was refused (413) and each retry refitted everything,
+    with only a log line to show for it. A refused write is a warning Event on the ConfigMap and the
+    metric kratos_calibration_write_failures_total; the write alone is tried again after
+    calibrationWriteSeconds, from the fit already made."""
+    kube = KubeDouble()
+    too_large = "Request entity too large: limit is 3145728"  # the real API server's words
+    for _ in range(2):  # the first write and its first retry
+        kube.fail("POST", "/namespaces/kratos-system/configmaps$", 413, "RequestEntityTooLarge", too_large)
+    async with api_server(kube) as server:
+        opted_in_cluster(kube, b"", *PRODUCTS)
+        for workload in SHAPES:
+            kube.put(*PROFILES, observed_profile(workload))
+        async with controller_running(server, config=Config(calibration_write_seconds=0.2)) as running:
+            await eventually(running.informer.synced.is_set)
+            await eventually(lambda: calibration_configmap(kube))
+            calibration = running.calibration
+            refused = running.metrics.registry.get_sample_value(
+                "kratos_calibration_write_failures_total", {"object": "configmap", "code": "413"}
+            )
+            assert refused == 2
+            assert calibration.fits == 1, "the retries write the fit made, they do not refit"
+            (event,) = events_of(kube, "CalibrationNotWritten")  # one Event, however many refusals
+            assert event["type"] == "Warning"
+            assert event["regarding"]["kind"] == "ConfigMap"
+            assert event["regarding"]["name"] == CONFIGMAP_NAME
+            assert event["regarding"]["namespace"] == "kratos-system"
+            assert "413" in event["note"] and "tried again in 0.2 s" in event["note"]
+            assert set(factors(kube)) == set(PRODUCTS), "then written"

@@ -92,7 +92,7 @@ def _sources(
             for unit in SCALED_UNITS
         }
     own = calibration.get(entry.product)
-    fitted = calibration.shares_of(profile.metadata.namespace, profile.spec.workload)
+    fitted = calibration.shares_for(profile)
     for unit in SCALED_UNITS:
         if own is not None and own.support(unit).qualifies(minimum):
             sources[unit] = _calibrated_source(own.support(unit))

@@ -226,6 +226,10 @@ class ProfileStatus(_Strict):
     # why the Nsight Compute profiling failed (the runner's class), kept once telemetry makes it Ready
     failure: str | None = None
     conditions: list[ProfileCondition] | None = None
+    # its shares re-fitted by the calibration from its runs on two or more products (issue 59: they
+    # were in calibration.json's ``workloads``, which outgrew its ConfigMap); written by the
+    # calibration controller alone, read as model/calibration.py ``profile_shares`` reads it
+    calibrated_shares: dict[str, Any] | None = Field(default=None, alias="calibratedShares")
 
     @property
     def measured_links(self) -> bool:

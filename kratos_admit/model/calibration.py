@@ -215,6 +215,12 @@ class Calibration:
         """The workload's re-fitted shares, or None while it has run on fewer than two products."""
         return self.workloads.get(f"{namespace}/{workload}")
 
+    def shares_for(self, profile: WorkloadProfile) -> WorkloadShares | None:
+        """Its own ``status.calibratedShares`` (issue 59), else an older calibration file's entry."""
+        namespace, workload = profile.metadata.namespace, profile.spec.workload
+        status = profile.status.calibrated_shares if profile.status is not None else None
+        return profile_shares(namespace, workload, status) or self.shares_of(namespace, workload)
+
     def calibrated(self, entry: GpuProduct, min_runs: int, gpus: int = 1) -> tuple[GpuProduct, bool]:
         """``entry`` with each sustained figure divided by its unit's factor where that factor
         qualifies (``minCalibrationRuns`` runs from at least two workloads), and whether any did. A
@@ -237,6 +243,7 @@ class Calibration:
         return entry.model_copy(update=update), True
 
     def to_json(self) -> str:
+        """The whole fit (comparisons; calibration.json before issue 59, now ``published_calibration``)."""
         document: dict[str, Any] = {
             "products": {name: p.as_dict() for name, p in sorted(self.products.items())}
         }
@@ -246,6 +253,17 @@ class Calibration:
 
 
 NO_CALIBRATION = Calibration()
+
+
+def profile_shares(namespace: str, workload: str, status: Mapping[str, Any] | None) -> WorkloadShares | None:
+    """The shares a ``status.calibratedShares`` holds; None when none can be read."""
+    if not status:
+        return None
+    try:
+        found = _workload(f"{namespace}/{workload}", dict(status))
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return None
+    return found if _valid_workload(found) else None
 
 
 class CalibrationError(ValueError):

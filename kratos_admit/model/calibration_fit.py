@@ -256,6 +256,38 @@ class _Factors:
     def of(self, unit: Unit) -> dict[str, float]:
         return self.by_unit[unit]
 
+    def published(self) -> _Factors:
+        """The factors as calibration.json publishes them (rounded to DIGITS): what the shares are
+        re-fitted against, so a factor's move below its last digit re-fits no workload's shares."""
+        by_unit = {u: {p: round(f, DIGITS) for p, f in by.items()} for u, by in self.by_unit.items()}
+        return _Factors(by_unit, self.votes, self.measured)
+
+
+@dataclass
+class FitMemo:
+    """What one fit leaves for the next (issue 59, incremental calibration): each workload's
+    re-fitted shares and profiled-product factors by everything they read (its samples, its prior,
+    the published factors and measured sets of its products), so a fit re-fits only the workloads
+    whose samples changed or whose products' published factors moved. The products' factors are one
+    alternating fit over all samples (any run on a product moves its factor; started elsewhere than
+    the catalog's figures, an under-determined fit settles elsewhere), so they are fitted whole each
+    time. Valid for one catalog: another starts over (``fit_calibration``)."""
+
+    catalog: Catalog | None = None
+    shares: dict[tuple[object, ...], Shares] = dataclasses.field(default_factory=dict)
+    profiled: dict[tuple[object, ...], float | None] = dataclasses.field(default_factory=dict)
+    refits: int = 0  # workloads whose shares the last fit re-fitted (not found in the memo)
+
+
+def _read_key(group: Sequence[Sample], prior: Shares, factors: _Factors) -> tuple[object, ...]:
+    """Everything a workload's share re-fit reads: its samples, its prior, and the published factors
+    and measured sets of the products it ran or was profiled on."""
+    names = sorted({s.product for s in group} | {s.profiled for s in group})
+    read = tuple(
+        (u, p, factors.by_unit[u].get(p, 1.0), p in factors.measured[u]) for u in FACTOR_UNITS for p in names
+    )
+    return (tuple(group), tuple(sorted(prior.items())), read)
+
 
 def _fit_factors(
     used: Sequence[Sample],
@@ -407,7 +439,9 @@ def _huber(x: float, delta: float = HUBER_DELTA) -> float:
     return x * x / 2 if abs(x) <= delta else delta * (abs(x) - delta / 2)
 
 
-def fit_calibration(samples: Sequence[Sample], catalog: Catalog, *, updated_at: str = "") -> Calibration:
+def fit_calibration(
+    samples: Sequence[Sample], catalog: Catalog, *, updated_at: str = "", memo: FitMemo | None = None
+) -> Calibration:
     """The factors per product and unit, and the shares per workload, that best explain the samples
     (module docstring, docs/ranking.md "Re-fitted shares"). Only workloads seen on at least two
     products say anything about products' ratios; the others are left out.
@@ -419,6 +453,10 @@ def fit_calibration(samples: Sequence[Sample], catalog: Catalog, *, updated_at: 
        its runs on measured products (its profile measured shares of that product's real figures);
        with those held, 2 again;
     4. each link's factor, from the gangs' samples, the units' factors of step 1 held.
+
+    Steps 2 and 3 read the factors as published (rounded). With ``memo`` (the previous fit's), they
+    re-fit only the workloads whose samples or read factors changed: the result is the same as a fit
+    without it (tests/test_calibration_incremental.py).
     """
     products_of: dict[str, set[str]] = {}
     for s in samples:
@@ -433,16 +471,39 @@ def fit_calibration(samples: Sequence[Sample], catalog: Catalog, *, updated_at: 
         w: {u: min(MAX_SHARE, max(MIN_SHARE, x)) for u, x in profile_shares_of(g[0]).items()}
         for w, g in by_workload.items()
     }
+    warm = memo is not None and memo.catalog is catalog
+    memo = memo if memo is not None else FitMemo()
+    if not warm:
+        memo.shares, memo.profiled = {}, {}
+    seen_shares: dict[tuple[object, ...], Shares] = {}
+    seen_profiled: dict[tuple[object, ...], float | None] = {}
+    memo.refits = 0
+
+    def refit(group: Sequence[Sample], workload_prior: Shares, at: _Factors) -> Shares:
+        key = _read_key(group, workload_prior, at)
+        found = memo.shares.get(key)
+        if found is None:
+            found = seen_shares.get(key) or _refit_shares(group, workload_prior, catalog, at)
+            memo.refits += 1
+        seen_shares[key] = found
+        return found
+
     factors = _fit_factors(used, catalog, prior, {})
-    shares = {w: _refit_shares(g, prior[w], catalog, factors) for w, g in by_workload.items()}
+    published = factors.published()
+    shares = {w: refit(g, prior[w], published) for w, g in by_workload.items()}
     profile_votes: Votes = {unit: {} for unit in FACTOR_UNITS}
     for workload, group in by_workload.items():
         profiled = group[0].profiled
         elsewhere = sum(s.runs for s in group if s.product != profiled)
-        for unit in sorted(_bounds(group, prior[workload], catalog, factors)):
+        for unit in sorted(_bounds(group, prior[workload], catalog, published)):
             if profiled in factors.measured[unit]:
                 continue
-            value = _profiled_factor(group, prior[workload], unit, catalog, factors)
+            key = (unit, *_read_key(group, prior[workload], published))
+            if key in memo.profiled or key in seen_profiled:
+                value = memo.profiled[key] if key in memo.profiled else seen_profiled[key]
+            else:
+                value = _profiled_factor(group, prior[workload], unit, catalog, published)
+            seen_profiled[key] = value
             if value is not None:
                 weight = dataclasses.replace(group[0], product=profiled, runs=elsewhere)
                 profile_votes[unit].setdefault(profiled, []).append((value, weight))
@@ -459,16 +520,18 @@ def fit_calibration(samples: Sequence[Sample], catalog: Catalog, *, updated_at: 
         # the products' factors stay those of step 1: a held factor rests on the idle shares of a
         # few workloads (ill-conditioned), so it reads only those workloads' own shares
         held = _Factors(
-            {unit: {**factors.by_unit[unit], **fixed[unit]} for unit in FACTOR_UNITS},
+            {unit: {**published.by_unit[unit], **fixed[unit]} for unit in FACTOR_UNITS},
             factors.votes,
             {u: factors.measured[u] | set(fixed[u]) for u in FACTOR_UNITS},
         )
         held_products = {p for by_product in fixed.values() for p in by_product}
         shares = {
-            w: _refit_shares(g, prior[w], catalog, held) if g[0].profiled in held_products else shares[w]
+            w: refit(g, prior[w], held) if g[0].profiled in held_products else shares[w]
             for w, g in by_workload.items()
         }
         reference = held
+    memo.catalog = catalog
+    memo.shares, memo.profiled = seen_shares, seen_profiled
     names = {s.product for s in used} | {s.profiled for s in used}
     result: dict[str, ProductCalibration] = {}
     for product in sorted(names):

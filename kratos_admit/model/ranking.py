@@ -214,7 +214,7 @@ def _read(
         return None
     shares, roofline = reading
     profiled = profile.status.gpu.product if profile.status else None
-    fitted = calibration.shares_of(profile.metadata.namespace, profile.spec.workload)
+    fitted = calibration.shares_for(profile)
     measured_on = catalog.placement(profiled) if profiled else None
     own = calibration.get(measured_on.product) if measured_on is not None else None
     if (

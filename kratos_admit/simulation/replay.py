@@ -53,7 +53,7 @@ from kratos_admit.domain.profile import ProfileStatus, WorkloadProfile, with_run
 from kratos_admit.domain.raw import as_mapping
 from kratos_admit.domain.signing import DEVELOPMENT_KEY
 from kratos_admit.model.calibration import samples_of
-from kratos_admit.model.calibration_fit import fit_calibration
+from kratos_admit.model.calibration_fit import FitMemo, fit_calibration
 from kratos_admit.model.catalog import Catalog
 from kratos_admit.model.telemetry import measuring_product
 from kratos_admit.simulation.knowledge import Learned, SimulatedProfiles
@@ -132,6 +132,7 @@ class PolicyRun:
         self.products = frozenset(n.product for n in nodes if n.product)
         self.profiles = SimulatedProfiles()
         self.calibration = StaticCalibrationStore()
+        self.fit_memo = FitMemo()  # each refit re-fits what the counted run moved, as the controller's
         self.engine: AdmissionEngine = build_engine(
             self.config,
             signing_key=DEVELOPMENT_KEY,
@@ -398,7 +399,7 @@ class PolicyRun:
         samples = samples_of(
             self.profiles.index.profiles(), self.catalog, reference_product=self.config.reference_product
         )
-        self.calibration.calibration = fit_calibration(samples, self.catalog)
+        self.calibration.calibration = fit_calibration(samples, self.catalog, memo=self.fit_memo)
 
     # --- the loop --------------------------------------------------------------------------------
 

@@ -29,6 +29,7 @@ Reason = Literal[
     "CertificateRenewed",
     "CertificateRenewalFailed",
     "WaitingForProduct",
+    "CalibrationNotWritten",
 ]
 # what the controller was doing when it reported each reason (the Event's ``action``)
 ACTIONS: dict[Reason, str] = {
@@ -43,8 +44,11 @@ ACTIONS: dict[Reason, str] = {
     "CertificateRenewed": "Renew",
     "CertificateRenewalFailed": "Renew",
     "WaitingForProduct": "Wait",
+    "CalibrationNotWritten": "Calibrate",
 }
-WARNINGS: frozenset[Reason] = frozenset({"ProfileFailed", "TelemetryUnavailable", "CertificateRenewalFailed"})
+WARNINGS: frozenset[Reason] = frozenset(
+    {"ProfileFailed", "TelemetryUnavailable", "CertificateRenewalFailed", "CalibrationNotWritten"}
+)
 NOTE_LIMIT = 1024  # the API server refuses a longer note
 
 

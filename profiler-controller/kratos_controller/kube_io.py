@@ -283,24 +283,77 @@ class KubeIO:
             self.node_products[node] = str(labels.get(v.GPU_PRODUCT_LABEL, ""))
         return self.node_products[node]
 
+    async def publish_configmap(
+        self, namespace: str, name: str, data: Mapping[str, str], *, exists: bool = False
+    ) -> str:
+        """Replace the ConfigMap when it ``exists`` (as last read), else create it, each falling back on
+        the other when the server knows better (404, 409); "created" or "updated"."""
+        # kubernetes_asyncio serialises plain dicts as they are; its model types would drop unknown fields
+        body: Any = {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {"name": name, "namespace": namespace},
+            "data": dict(data),
+        }
+        if exists:
+            try:
+                await self.core.replace_namespaced_config_map(name, namespace, body)
+                return "updated"
+            except ApiException as exc:
+                if exc.status != 404:
+                    raise
+        try:
+            await self.core.create_namespaced_config_map(namespace, body)
+            return "created"
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+        await self.core.replace_namespaced_config_map(name, namespace, body)
+        return "updated"
+
+    async def write_ledger(self, profile: Obj, name: str, data: Mapping[str, str], *, exists: bool) -> None:
+        """The profile's ledger of counted runs (issue 59): replaced when it ``exists``, else created,
+        owned by the profile (no ``blockOwnerDeletion``, which would need its finalizers), so the
+        garbage collector deletes it with the profile."""
+        meta = as_mapping(profile.get("metadata"))
+        namespace = str(meta.get("namespace", ""))
+        owner = {
+            "apiVersion": v.API_VERSION,
+            "kind": v.PROFILE_KIND,
+            "name": meta.get("name"),
+            "uid": meta.get("uid"),
+        }
+        body: Any = {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {
+                "name": name,
+                "namespace": namespace,
+                **({"ownerReferences": [owner]} if meta.get("uid") else {}),
+            },
+            "data": dict(data),
+        }
+        if exists:
+            try:
+                await self.core.replace_namespaced_config_map(name, namespace, body)
+                return
+            except ApiException as exc:
+                if exc.status != 404:
+                    raise
+        await self.core.create_namespaced_config_map(namespace, body)
+
+    async def patch_profile_status(self, namespace: str, name: str, fields: Mapping[str, Any]) -> None:
+        """A JSON merge patch of these status fields alone (None removes one): the calibration's
+        shares, which no other writer of the status touches (their replace keeps what they read)."""
+        patch: Any = {"status": dict(fields)}
+        await self.custom.patch_namespaced_custom_object_status(  # type: ignore[call-arg]
+            v.GROUP, v.VERSION, namespace, v.PROFILE_PLURAL, name, patch, _content_type=MERGE_PATCH
+        )
+
     async def apply(self, action: actions.Action) -> str:
         """Apply one action; returns what happened ("created", "updated", "exists", "gone")."""
         if isinstance(action, actions.PublishConfigMap):
-            # kubernetes_asyncio serialises plain dicts as they are; its model types would drop unknown fields
-            body: Any = {
-                "apiVersion": "v1",
-                "kind": "ConfigMap",
-                "metadata": {"name": action.name, "namespace": action.namespace},
-                "data": action.data,
-            }
-            try:
-                await self.core.create_namespaced_config_map(action.namespace, body)
-                return "created"
-            except ApiException as exc:
-                if exc.status != 409:
-                    raise
-            await self.core.replace_namespaced_config_map(action.name, action.namespace, body)
-            return "updated"
+            return await self.publish_configmap(action.namespace, action.name, action.data)
         if isinstance(action, actions.PublishProfile):
             profile: Any = {
                 "apiVersion": v.API_VERSION,

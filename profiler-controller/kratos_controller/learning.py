@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -15,6 +16,7 @@ from pydantic import ValidationError
 from kratos_admit.decisions.record import recorded_gang_gpus
 from kratos_admit.domain import vocabulary as v
 from kratos_admit.domain.profile import (
+    MAX_COUNTED_RUNS,
     ProfileStatus,
     WorkloadProfile,
     as_read,
@@ -96,13 +98,46 @@ def runs_of(pods: Iterable[Mapping[str, Any]], products: Mapping[str, str]) -> l
     return runs
 
 
-def record_runs(profile: Obj, runs: Sequence[Run]) -> RecordObservations | None:
-    """The profile's status with the runs it has not counted yet: a running mean and count per
-    product, and the run's uid remembered (the last MAX_COUNTED_RUNS) so none is counted twice."""
+COUNTED_KEY = "countedRuns"  # the ledger ConfigMap's key: the uids counted, one a line
+
+
+def ledger_name(profile_name: str) -> str:
+    """The ConfigMap that holds the runs counted into a profile's observations (issue 59), beside it:
+    only the controller reads it, so the webhook's list of profiles carries none of them."""
+    return f"{profile_name}-counted-runs"
+
+
+def ledger_runs(configmap: Mapping[str, Any] | None) -> list[str]:
+    """The run uids a ledger ConfigMap holds (none when it is absent)."""
+    return string_map(as_mapping(as_mapping(configmap).get("data"))).get(COUNTED_KEY, "").split()
+
+
+def ledger_after(counted: Sequence[str], profile: Obj) -> dict[str, str] | None:
+    """The ledger's data once it holds the runs the profile's ``countedRuns`` names (those its last
+    write of observations counted, or up to 256 in a profile from before issue 59), the last
+    MAX_COUNTED_RUNS kept; None when it holds them all already. Written before the profile's next
+    write replaces its ``countedRuns``, so a run is in one of the two from its count on."""
+    pending = [str(u) for u in as_list(as_mapping(profile.get("status")).get("countedRuns"))]
+    known = set(counted)
+    missing = [u for u in pending if u not in known]
+    if not missing:
+        return None
+    return {COUNTED_KEY: "\n".join([*counted, *missing][-MAX_COUNTED_RUNS:])}
+
+
+def record_runs(profile: Obj, runs: Sequence[Run], counted: Iterable[str] = ()) -> RecordObservations | None:
+    """The profile's status with the runs neither it (``countedRuns``) nor the ledger (``counted``)
+    has counted yet: a running mean and count per product, and ``countedRuns`` naming this write's
+    runs alone (the earlier ones are in the ledger by then: ``ledger_after``)."""
     try:
         status = ProfileStatus.model_validate(profile.get("status") or {})
     except ValidationError:
         return None
+    known = {*counted, *status.counted_runs}
+    runs = [r for r in runs if r.uid not in known]
+    if not runs:
+        return None
+    status = status.model_copy(update={"counted_runs": []})
     updated: ProfileStatus | None = None
     for size in sorted({run.gang_gpus or 1 for run in runs}):  # a gang's size is its own entry
         of_size = [(r.uid, r.product, r.seconds) for r in runs if (r.gang_gpus or 1) == size]
@@ -136,6 +171,14 @@ def current_calibration(configmap: Mapping[str, Any] | None) -> Calibration:
         return parse_calibration(text)
     except CalibrationError:
         return NO_CALIBRATION
+
+
+def published_calibration(calibration: Calibration) -> dict[str, str]:
+    """The ConfigMap's data: the products' factors alone, compact (issue 59: with every workload's
+    shares, pretty-printed, it passed 1 MiB at 2,898 workloads). A workload's shares (``as_dict``)
+    go to its profile's ``status.calibratedShares``."""
+    products = {name: p.as_dict() for name, p in sorted(calibration.products.items())}
+    return {CONFIGMAP_KEY: json.dumps({"products": products}, sort_keys=True, separators=(",", ":"))}
 
 
 def calibration_write_wait(

@@ -123,7 +123,7 @@ class Manager:
         telemetry = config.telemetry
         prometheus = prometheus or (Prometheus(telemetry) if telemetry.prometheus_url else None)
         self.telemetry = TelemetryController(self.shared, prometheus) if prometheus is not None else None
-        self.calibration = CalibrationController(self.shared)
+        self.calibration = CalibrationController(self.shared, watch_timeout=watch_timeout)
         self.release = ReleaseController(
             self.shared,
             calibration=self.calibration.calibration,
@@ -135,6 +135,7 @@ class Manager:
             on_counted=self.calibration.request,
             on_job_pods=self.telemetry.job_pods_seen if self.telemetry is not None else None,
         )
+        self.calibration.counting = self.observation.queue.busy  # the runs' counts before the shares
         self.waiting = WaitController(self.shared)
         self.controllers: list[Watcher] = [self.profiling, self.release, self.observation, self.waiting]
         if self.telemetry is not None:
@@ -183,7 +184,7 @@ class Manager:
     async def _resync(self) -> None:
         while True:
             await asyncio.sleep(self.resync_seconds)
-            self.calibration.request()
+            self.calibration.recheck()
             caches: tuple[tuple[Kind, Cache], ...] = (("Job", self.jobs), ("Pod", self.pods))
             for kind, cache in caches:
                 for obj in list(cache.values()):

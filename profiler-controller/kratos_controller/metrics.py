@@ -83,6 +83,13 @@ class ControllerMetrics:
             ["reason"],
             registry=self.registry,
         )
+        self.calibration_write_failures = Counter(
+            "kratos_calibration_write_failures",
+            "Calibration writes the API server refused or failed, by what: configmap (the factors) "
+            "or shares (a profile's status.calibratedShares), and the HTTP status (413: too large).",
+            ["object", "code"],
+            registry=self.registry,
+        )
         self.leader = Gauge(
             "kratos_controller_leader",
             "1 while this replica holds the Lease and acts, else 0.",

@@ -65,13 +65,15 @@ class Shared:
     async def report(
         self,
         obj: Obj,
-        kind: Kind | Literal["WorkloadProfile", "Secret"],
+        kind: Kind | Literal["WorkloadProfile", "Secret", "ConfigMap"],
         reason: Reason,
         note: str,
         detail: str = "",
     ) -> None:
         """An Event about ``obj`` (best effort: see ``KubeIO.record``)."""
-        api_version = {"Job": "batch/v1", "Pod": "v1", "Secret": "v1"}.get(kind, v.API_VERSION)
+        api_version = {"Job": "batch/v1", "Pod": "v1", "Secret": "v1", "ConfigMap": "v1"}.get(
+            kind, v.API_VERSION
+        )
         regarding = Regarding.of(obj, api_version=api_version, kind=kind)
         now = dt.datetime.now(dt.UTC)
         await self.io.record(
@@ -108,6 +110,10 @@ class WorkQueue(Generic[K]):
         elif key not in self.queued:
             self.queued.add(key)
             self.queue.put_nowait(key)
+
+    def busy(self) -> bool:
+        """Whether a key waits or is being handled."""
+        return bool(self.queued or self.processing)
 
     def add_after(self, delay: float, key: K) -> asyncio.TimerHandle:
         return asyncio.get_running_loop().call_later(delay, self.add, key)

@@ -1,0 +1,151 @@
+"""Issue 59: the calibration refitted incrementally (``FitMemo``: the last fit's factors a start, each
+workload's re-fitted shares kept by what they read) is the calibration a fit from nothing gives, on
+the example trace after every counted run, and on a 20,000-profile fill after one profile changed;
+and the published calibration.json no longer grows with the workloads."""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+
+from kratos_admit.domain.config import Config
+from kratos_admit.model.calibration import (
+    CONFIGMAP_KEY,
+    Calibration,
+    Sample,
+    parse_calibration,
+)
+from kratos_admit.model.calibration_fit import FitMemo, fit_calibration
+from kratos_admit.model.catalog import Catalog
+from kratos_admit.simulation import replay
+from kratos_admit.simulation.inputs import load_cluster, load_trace
+from kratos_admit.simulation.trace import Figures, Truth
+from kratos_controller.learning import profile_samples, published_calibration
+from tests.builders import A100, L4, L40S, T4
+from tests.harness import CATALOG, EXAMPLES
+
+PRODUCTS = (A100, L40S, L4)
+
+
+def drawn_truth(seed: int, spread: float = 0.4) -> Truth:
+    """Every product's sustained FP32 and bandwidth off the catalog's by up to +-``spread``."""
+    rng = random.Random(seed)
+    figures = {}
+    for product in (A100, L40S, L4, T4):
+        entry = CATALOG.lookup(product)
+        assert entry is not None
+        figures[product] = Figures(
+            entry.sustained_fp32_tflops * rng.uniform(1 - spread, 1 + spread),
+            entry.sustained_bandwidth_gbs * rng.uniform(1 - spread, 1 + spread),
+        )
+    return Truth(CATALOG, figures)
+
+
+def test_on_the_example_trace_each_incremental_refit_equals_a_fit_from_nothing(
+    monkeypatch: pytest.MonkeyPatch,
+):
+    """The simulator refits after every counted run, as the controller does; here each of its fits
+    is made both ways, and the two calibrations are compared byte for byte."""
+    real = fit_calibration
+    memo = FitMemo()
+    compared: list[int] = []
+
+    def both(samples: Sequence[Sample], catalog: Catalog, **kwargs: Any) -> Calibration:
+        incremental = real(samples, catalog, memo=memo)
+        full = real(samples, catalog)
+        assert incremental.to_json() == full.to_json(), f"after {len(compared)} refits"
+        compared.append(memo.refits)
+        return full
+
+    monkeypatch.setattr(replay, "fit_calibration", both)
+    cluster = load_cluster(EXAMPLES / "simulation" / "cluster.yaml", CATALOG)
+    trace = load_trace(EXAMPLES / "simulation" / "trace.yaml", CATALOG)
+    replay.simulate(
+        trace, cluster, truth=drawn_truth(1), config=Config(), catalog=CATALOG, seed=1, policies=("kratos",)
+    )
+    fitted = [n for n in compared if n]
+    assert len(compared) > 20 and fitted, compared
+    assert min(fitted) < max(fitted), "some refits re-fitted fewer workloads' shares than others"
+
+
+def observed(index: int, rng: random.Random, *, products: Sequence[str], runs: int = 5) -> dict[str, Any]:
+    """A mature profile as the controller writes it, observed on ``products`` (time shares by unit)."""
+    memory = rng.uniform(0.05, 0.85)
+    fp32 = rng.uniform(0.02, 0.95 - memory)
+    profiled = PRODUCTS[index % len(PRODUCTS)]
+    speed = {A100: 1.0, L40S: 1.6, L4: 3.1}
+    return {
+        "apiVersion": "gpu.scheduler.io/v1alpha1",
+        "kind": "WorkloadProfile",
+        "metadata": {"name": f"w{index}-profile", "namespace": f"team-{index % 50}", "resourceVersion": "1"},
+        "spec": {"workload": f"w{index}"},
+        "status": {
+            "phase": "Ready",
+            "boundType": "memory" if memory > fp32 else "compute",
+            "metrics": {"smThroughput": f"{fp32 * 100:.2f}", "memoryThroughput": f"{memory * 100:.2f}"},
+            "timeShares": {"tensor": "0.00", "fp32": f"{fp32:.2f}", "fp64": "0.00", "memory": f"{memory:.2f}",
+                           "latency": f"{1 - fp32 - memory:.2f}"},
+            "gpu": {"product": profiled},
+            "observations": [
+                {"product": p, "runs": runs,
+                 "meanSeconds": f"{100 * speed[p] / speed[profiled] * rng.uniform(0.95, 1.05):.1f}"}
+                for p in products
+            ],
+        },
+    }  # fmt: skip
+
+
+def test_on_a_20000_profile_fill_a_changed_profile_refits_to_what_a_full_fit_gives():
+    """20,000 profiles, 100 of them observed on three products (the others on the one they ran on:
+    they say nothing of ratios, and cost the fit nothing). Their samples are kept per workload, as
+    the controller keeps them from the profiles' watch; one profile's runs change and only its
+    samples are read again. Affordable on two CPUs: the fit is over the 300 samples that say something."""
+    rng = random.Random(59)
+    profiles = [
+        observed(i, rng, products=PRODUCTS if i % 200 == 0 else (PRODUCTS[i % 3],)) for i in range(20_000)
+    ]
+    samples = {
+        p["metadata"]["name"]: profile_samples([p], catalog=CATALOG, reference_product=A100) for p in profiles
+    }
+    memo = FitMemo()
+    every = [s for found in samples.values() for s in found]
+    first = fit_calibration(every, CATALOG, memo=memo)
+    assert len(first.workloads) == 100 and memo.refits == len(first.workloads)
+
+    changed = profiles[200]
+    changed["status"]["observations"][1] = {"product": L40S, "runs": 9, "meanSeconds": "75.0"}
+    samples[changed["metadata"]["name"]] = profile_samples([changed], catalog=CATALOG, reference_product=A100)
+    every = [s for found in samples.values() for s in found]
+    incremental = fit_calibration(every, CATALOG, memo=memo)
+    full = fit_calibration(every, CATALOG)
+    assert incremental.to_json() == full.to_json()
+    assert incremental.workloads["team-0/w200"] != first.workloads["team-0/w200"]
+    moved = {
+        p
+        for p, c in full.products.items()
+        if c.as_dict() | {"updatedAt": ""} != first.products[p].as_dict() | {"updatedAt": ""}
+    }
+    touching = {w for w, s in full.workloads.items() if {s.profiled} & moved}
+    touching |= {s.workload for s in every if s.product in moved}
+    assert memo.refits <= len(touching | {"team-0/w200"}), (memo.refits, moved)
+
+
+@pytest.mark.parametrize("workloads", [20_000, 50_000])
+def test_the_published_calibration_does_not_grow_with_the_workloads(workloads: int):
+    """What the ConfigMap carries is the products' factors: the same bytes at 20,000 and 50,000
+    workloads (their shares are in their own profiles), far below a ConfigMap's 1 MiB."""
+    calibration = fit_calibration(
+        [s for i in range(30) for s in profile_samples([observed(i, random.Random(i), products=PRODUCTS)],
+                                                        catalog=CATALOG, reference_product=A100)],
+        CATALOG,
+    )  # fmt: skip
+    many = Calibration(
+        calibration.products, {f"ns/w{i}": calibration.workloads["team-0/w0"] for i in range(workloads)}
+    )
+    text = published_calibration(many)[CONFIGMAP_KEY]
+    assert len(text.encode()) < 4096 and "workloads" not in json.loads(text)
+    assert parse_calibration(text).products.keys() == calibration.products.keys()
