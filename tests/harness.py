@@ -18,6 +18,7 @@ import importlib.util
 import io
 import json
 import os
+import random
 import re
 import shutil
 import socket
@@ -64,6 +65,7 @@ from kratos_admit.model.telemetry import (
     Sample,
     parse_exposition,
 )
+from kratos_admit.simulation.trace import Figures, Truth
 from kratos_admit.webhook.certs import generate, service_dns_names
 from kratos_admit.webhook.metrics import AdmissionMetrics
 from kratos_admit.webhook.server import create_app, running_site
@@ -1266,3 +1268,18 @@ def docs_generator() -> ModuleType:
     sys.modules[spec.name] = module  # dataclasses look their module up while the file runs
     spec.loader.exec_module(module)
     return module
+
+
+def drawn_truth(seed: int, spread: float = 0.4) -> Truth:
+    """Every product's sustained FP32 and bandwidth off the catalog's by up to +-``spread``: the A100,
+    L40S, L4 and T4, drawn in that order (the calibration tests' truths)."""
+    rng = random.Random(seed)
+    figures = {}
+    for product in ("NVIDIA-A100-SXM4-80GB", "NVIDIA-L40S", "NVIDIA-L4", "Tesla-T4"):
+        entry = CATALOG.lookup(product)
+        assert entry is not None
+        figures[product] = Figures(
+            entry.sustained_fp32_tflops * rng.uniform(1 - spread, 1 + spread),
+            entry.sustained_bandwidth_gbs * rng.uniform(1 - spread, 1 + spread),
+        )
+    return Truth(CATALOG, figures)

@@ -42,24 +42,10 @@ from kratos_admit.simulation.replay import simulate
 from kratos_admit.simulation.trace import Figures, Truth
 from kratos_controller.learning import calibrate, calibrate_samples, calibration_write_wait, profile_samples
 from tests.builders import A100, L4, L40S, T4, WORKLOAD_SHAPES, make_job, make_profile, trace_job
-from tests.harness import CATALOG, EXAMPLES, MIXED_CLUSTER, admit, engine, make_ctx
+from tests.harness import CATALOG, EXAMPLES, MIXED_CLUSTER, admit, drawn_truth, engine, make_ctx
 
 PRODUCTS = (A100, L40S, L4, T4)
 SHAPES = WORKLOAD_SHAPES
-
-
-def drawn_truth(seed: int, spread: float = 0.4) -> Truth:
-    """Every product's sustained FP32 and bandwidth off the catalog's by up to +-``spread``."""
-    rng = random.Random(seed)
-    figures = {}
-    for product in PRODUCTS:
-        entry = CATALOG.lookup(product)
-        assert entry is not None
-        figures[product] = Figures(
-            entry.sustained_fp32_tflops * rng.uniform(1 - spread, 1 + spread),
-            entry.sustained_bandwidth_gbs * rng.uniform(1 - spread, 1 + spread),
-        )
-    return Truth(CATALOG, figures)
 
 
 def exact_samples(truth: Truth, pairs: Mapping[str, tuple[str, ...]], *, runs: int = 5) -> list[Sample]:

@@ -23,26 +23,11 @@ from kratos_admit.model.calibration_fit import FitMemo, fit_calibration
 from kratos_admit.model.catalog import Catalog
 from kratos_admit.simulation import replay
 from kratos_admit.simulation.inputs import load_cluster, load_trace
-from kratos_admit.simulation.trace import Figures, Truth
 from kratos_controller.learning import profile_samples, published_calibration
-from tests.builders import A100, L4, L40S, T4
-from tests.harness import CATALOG, EXAMPLES
+from tests.builders import A100, L4, L40S
+from tests.harness import CATALOG, EXAMPLES, drawn_truth
 
 PRODUCTS = (A100, L40S, L4)
-
-
-def drawn_truth(seed: int, spread: float = 0.4) -> Truth:
-    """Every product's sustained FP32 and bandwidth off the catalog's by up to +-``spread``."""
-    rng = random.Random(seed)
-    figures = {}
-    for product in (A100, L40S, L4, T4):
-        entry = CATALOG.lookup(product)
-        assert entry is not None
-        figures[product] = Figures(
-            entry.sustained_fp32_tflops * rng.uniform(1 - spread, 1 + spread),
-            entry.sustained_bandwidth_gbs * rng.uniform(1 - spread, 1 + spread),
-        )
-    return Truth(CATALOG, figures)
 
 
 def test_on_the_example_trace_each_incremental_refit_equals_a_fit_from_nothing(
