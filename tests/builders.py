@@ -380,3 +380,24 @@ def elf_program(machine: int, interpreter: str | None = None, *, elf_type: int =
         return header
     program_header = struct.pack("<IIQQQQQQ", 3, 4, 64 + 56, 0, 0, len(interp), len(interp), 1)  # PT_INTERP
     return header + program_header + interp
+
+
+def shares_profile(
+    workload: str, shares: dict[str, str], *, product: str = "NVIDIA-A100-SXM4-80GB"
+) -> WorkloadProfile:
+    """A Ready profile whose GPU time goes where ``shares`` says (status.timeShares), measured on ``product``."""
+    return WorkloadProfile.model_validate(
+        {
+            "apiVersion": "gpu.scheduler.io/v1alpha1",
+            "kind": "WorkloadProfile",
+            "metadata": {"name": f"{workload}-profile", "namespace": "ml-team", "resourceVersion": "3"},
+            "spec": {"workload": workload},
+            "status": {
+                "phase": "Ready",
+                "boundType": "compute",
+                "metrics": {"smThroughput": "86.0", "memoryThroughput": "30.0"},
+                "gpu": {"product": product},
+                "timeShares": shares,
+            },
+        }
+    )

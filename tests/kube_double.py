@@ -24,13 +24,13 @@ named after what it imitates (Kubernetes 1.28):
 | ``namespace_lifecycle = True``: creating a namespaced object in a namespace that does not exist is refused with 404 ``namespaces "X" not found`` | the ``NamespaceLifecycle`` admission plugin | terminating namespaces; off by default, as most tests never create namespaces |
 | chunked lists: ``limit`` and ``continue``; every page from the snapshot the first was read at, with that resourceVersion; a token older than the last ``compact()`` is 410 ``Expired`` with the real message | the generic registry's paged list (etcd3 store ``GetList`` with ``continue``), API concepts "Retrieving large results sets in chunks" | ``remainingItemCount`` |
 | metadata-only lists and watches: ``Accept: application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1`` lists, ``as=PartialObjectMetadata`` the objects of a watch; an empty such list has ``"items": null``; ``as=PartialObjectMetadata`` on a list is 406 ``NotAcceptable`` (JSON after it in Accept or not); ``as=PartialObjectMetadataList`` on a watch sends no event | ``staging/src/k8s.io/apiserver/pkg/endpoints/handlers/response.go`` (``transformObject``), checked with curl against kube-apiserver 1.28.7 | Table, protobuf |
-| list and watch with ``fieldSelector`` on ``metadata.name`` / ``metadata.namespace`` (``=``, ``==``, ``!=``, comma-ANDed) | the generic registry's field selectors, which every resource supports for these two fields | other fields (``spec.nodeName``, ``status.phase``) |
+| list and watch with ``fieldSelector`` on ``metadata.name`` / ``metadata.namespace`` (``=``, ``==``, ``!=``, comma-ANDed), and a Pod's ``spec.nodeName`` and ``status.phase`` (``spec.nodeName!=``: bound) | the generic registry's field selectors, which every resource supports for these two fields; ``PodToSelectableFields`` | other fields (a Node's ``spec.unschedulable``, a Pod's ``spec.restartPolicy``...) |
 | a watch without ``resourceVersion`` first sends every object it selects as an ADDED event, then the changes after them | "Get State and Start at Most Recent" (API concepts, "Semantics for watch") | ``resourceVersion=0`` ("Start at Any"): replayed from the double's history |
 | discovery: ``GET /api``, ``/apis``, ``/api/v1``, ``/apis/<group>/<version>`` list the resources above (legacy, unaggregated form), so ``kubectl apply --dry-run=client`` can map kinds to resources | the discovery handlers of ``staging/src/k8s.io/apiserver/pkg/endpoints/discovery`` | verbs, short names, categories, aggregated discovery (kubectl falls back) |
 | an events.k8s.io/v1 Event is created only with ``eventTime``, ``reportingController``, ``reportingInstance``, ``action``, ``reason`` (at most 128 characters), a ``note`` of at most 1 KiB and ``type`` Normal or Warning (422 otherwise) | ``pkg/apis/events/validation.ValidateEventCreate`` | series, related |
 | authentication by bearer token (``tokens``: token -> ``Identity``; none is ``system:anonymous``, an unknown one 401) and RBAC authorisation of every request against the Roles, ClusterRoles, RoleBindings and ClusterRoleBindings stored in the double: verb (``get``/``list``/``watch``, a ``fieldSelector=metadata.name=X`` list or watch naming X, ``create``, ``update``, ``patch``, ``delete``, ``deletecollection``), API group, resource and subresource, namespace, ``resourceNames``; ``system:masters`` may do anything; a refusal is 403 with the real Status body and message | ``staging/src/k8s.io/apiserver/pkg/endpoints/request/requestinfo.go``, ``plugin/pkg/auth/authorizer/rbac``, ``endpoints/handlers/responsewriters.forbiddenMessage`` | aggregation of ClusterRoles, non-resource URLs, impersonation, the default system roles |
 | a WorkloadProfile written through the API (create, update, patch, the status subresource) loses every field its CRD's schema does not name (``PRUNED``: the structural schema of ``webhook-config/crd-workloadprofiles.yaml``, the file the install applies), at any depth; ``additionalProperties`` keeps any key, its value pruned by that schema; ``x-kubernetes-preserve-unknown-fields`` keeps all below it | structural pruning, ``apiextensions-apiserver/pkg/apiserver/schema/pruning`` (a field the CRD lacks is dropped silently, never refused) | ``x-kubernetes-embedded-resource``, defaults; objects seeded with ``put()`` bypass it, as writes to etcd would |
-| ``run_jobs()`` / ``finish_pod()``: one Pod per unsuspended, unfinished Job, created through admission like the Job controller's, owned by the Job; a finished Pod completes or fails its Job | ``pkg/controller/job`` in miniature | parallelism, retries, indexes |
+| ``run_jobs()`` / ``finish_pod()``: one Pod per unsuspended, unfinished Job, created through admission like the Job controller's, owned by the Job, ``startTime`` set; a finished Pod completes or fails its Job; a suspended Job's active Pods deleted and counted ``failed`` (without a ``podFailurePolicy``), ``active`` 0, ``Suspended`` True, ``startTime`` kept | ``pkg/controller/job`` in miniature (``manageJob`` on suspension, ``isPodFailed``: "Count deleted Pods as failures") | parallelism, retries, indexes |
 """
 
 from __future__ import annotations
@@ -798,7 +798,10 @@ class KubeDouble:
         created = []
         for (namespace, name), job in list(self.objects[JOBS].items()):
             spec = job.get("spec") or {}
-            if spec.get("suspend") or _finished_at(job) or job["metadata"].get("deletionTimestamp"):
+            if spec.get("suspend") and not _finished_at(job):
+                self._suspend_job(namespace, name, job)
+                continue
+            if _finished_at(job) or job["metadata"].get("deletionTimestamp"):
                 continue
             if any(resource == PODS for resource, _, _ in self._dependents(job["metadata"]["uid"])):
                 continue  # the Job controller counts its Pods (an owned Workload, say, is no Pod)
@@ -844,6 +847,33 @@ class KubeDouble:
             self._store(*JOBS, (namespace, name), updated, "MODIFIED")
             created.append(pod["metadata"]["name"])
         return created
+
+    def _suspend_job(self, namespace: str, name: str, job: Obj) -> None:
+        """A suspended Job's active Pods deleted, each counted failed where the Job has no
+        ``podFailurePolicy`` (``isPodFailed``: "Count deleted Pods as failures"), ``active`` 0 and the
+        ``Suspended`` condition True; its ``startTime`` kept (the Job controller resets it only on
+        resume)."""
+        uid = job["metadata"]["uid"]
+        active = [
+            key for resource, key, _ in self._dependents(uid)
+            if resource == PODS and (self.objects[PODS][key].get("status") or {}).get("phase") not in ("Succeeded", "Failed")
+        ]  # fmt: skip
+        for key in active:
+            self.delete(*PODS, *key)
+        status = job.get("status") or {}
+        suspended = any(
+            c.get("type") == "Suspended" and c.get("status") == "True" for c in status.get("conditions") or []
+        )
+        if not active and suspended:
+            return
+        updated = copy.deepcopy(job)
+        status = updated.setdefault("status", {})
+        if active and (job.get("spec") or {}).get("podFailurePolicy") is None:
+            status["failed"] = int(status.get("failed") or 0) + len(active)
+        status["active"] = 0
+        others = [c for c in status.get("conditions") or [] if c.get("type") != "Suspended"]
+        status["conditions"] = [*others, {"type": "Suspended", "status": "True", "reason": "JobSuspended", "lastTransitionTime": NOW}]  # fmt: skip
+        self._store(*JOBS, (namespace, name), updated, "MODIFIED")
 
     def finish_pod(
         self, namespace: str, name: str, *, exit_code: int = 0, message: str | None = None,
@@ -1220,15 +1250,23 @@ def _selects(selector: str, obj: Obj) -> bool:
     return True
 
 
+# the fields a Pod's field selector may name beyond metadata's (``pkg/registry/core/pod/strategy.go``
+# ``PodToSelectableFields``, the two KRATOS asks for)
+_POD_FIELDS = ("spec.nodeName", "status.phase")
+
+
 def _field_selects(selector: str, obj: Obj) -> bool:
-    """A field selector on metadata.name / metadata.namespace; any other field matches nothing."""
-    meta = obj.get("metadata", {})
+    """A field selector on metadata.name / metadata.namespace, and on a Pod's spec.nodeName and
+    status.phase (an unset field is ""); any other field matches nothing."""
     for term in filter(None, (t.strip() for t in selector.split(","))):
         negate = "!=" in term
         key, _, value = term.replace("!=", "=").replace("==", "=").partition("=")
-        if key not in ("metadata.name", "metadata.namespace"):
+        if key not in ("metadata.name", "metadata.namespace") and not (
+            obj.get("kind") == "Pod" and key in _POD_FIELDS
+        ):
             return False
-        if (str(meta.get(key.split(".")[1], "")) == value) == negate:
+        section, _, field_name = key.partition(".")
+        if (str((obj.get(section) or {}).get(field_name) or "") == value) == negate:
             return False
     return True
 

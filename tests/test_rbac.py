@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime as dt
+import json
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ import pytest
 from kubernetes_asyncio import client
 
 from kratos_admit.domain import vocabulary as v
+from kratos_admit.domain.signing import sign_block
 from kratos_controller.leader import LeaderElector
 from kratos_controller.manager import Manager, run_when_leading
 from kratos_controller.metrics import ControllerMetrics
@@ -29,6 +31,7 @@ from tests.harness import (
     CONFIGMAPS,
     JOBS,
     NAMESPACES,
+    NODES,
     PODS,
     PROFILES,
     SECRETS,
@@ -118,6 +121,7 @@ async def everything_kratos_does(kube: KubeDouble, tmp_path: Path) -> None:
                 await eventually(lambda: profile_status(kube).get("observedRuns") == 2)
                 # the Observed Events follow the status write (best effort): told, or refused
                 await eventually(lambda: observed_told(kube))
+                await escape_once(kube, controller)
                 await eventually(lambda: renewed(kube))
                 await eventually(
                     lambda: (
@@ -129,6 +133,55 @@ async def everything_kratos_does(kube: KubeDouble, tmp_path: Path) -> None:
                 with contextlib.suppress(asyncio.CancelledError):
                     await leading
                 await asyncio.gather(admin.close(), api.close())
+
+
+async def escape_once(kube: KubeDouble, controller: Manager) -> None:
+    """A narrowed Job waits unschedulable for its one busy H100 while an L40S is free: the controller
+    suspends it, resets its start (jobs/status) and widens it (the escape of "Wait or run slow")."""
+    now = dt.datetime.now(dt.UTC)
+    stamp = (now - dt.timedelta(seconds=60)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    said = json.dumps({
+        "maxSlowdown": 4, "bestSeconds": 300.0, "acceptable": [{"product": "NVIDIA-H100-80GB-HBM3", "slowdown": 1.0}],
+        "keptOff": [{"product": L40S, "slowdown": 6.0}],
+    })  # fmt: skip
+    for name, product in (("esc-h100", "NVIDIA-H100-80GB-HBM3"), ("esc-l40s", L40S)):
+        labels = {"nvidia.com/gpu.present": "true", "nvidia.com/gpu.product": product}
+        status = {"allocatable": {v.GPU_RESOURCE: "1"}, "conditions": [{"type": "Ready", "status": "True"}]}
+        kube.put(*NODES, {"metadata": {"name": name, "labels": labels}, "status": status})
+    job = make_job("escapee", namespace="team-a").label(v.WORKLOAD_LABEL, "escapee").obj()
+    template = job["spec"]["template"]
+    template["spec"]["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [{"matchExpressions": [{"key": "nvidia.com/gpu.product", "operator": "In",
+                                                      "values": ["NVIDIA-H100-80GB-HBM3"]}]}]}}}  # fmt: skip
+    for block in (job["metadata"], template.setdefault("metadata", {})):
+        block.setdefault("annotations", {})[v.HINTS_ANNOTATION] = said
+        sign_block(block, namespace="team-a", key=TEST_KEY)
+    job["metadata"].update(uid="uid-escapee", creationTimestamp=stamp)
+    job["spec"].update(suspend=False, backoffLimit=6, parallelism=1)
+    job["status"] = {"startTime": stamp, "active": 1}
+    kube.put(*JOBS, job)
+    running = make_pod("holder", namespace="team-a").obj()
+    running["spec"]["nodeName"] = "esc-h100"
+    # no record: predicted to run as long again as it has, 5000 s, longer than the 1800 s on the L40S
+    running["status"] = {
+        "phase": "Running",
+        "startTime": (now - dt.timedelta(seconds=5000)).strftime("%Y-%m-%dT%H:%M:%SZ"),
+    }
+    kube.put(*PODS, running)
+    waiting = make_pod("escapee-x1", namespace="team-a").obj()
+    waiting["metadata"].update(labels={"job-name": "escapee"}, creationTimestamp=stamp, ownerReferences=[
+        {"apiVersion": "batch/v1", "kind": "Job", "name": "escapee", "uid": "uid-escapee", "controller": True}])  # fmt: skip
+    waiting["status"] = {"phase": "Pending", "conditions": [
+        {"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}]}  # fmt: skip
+    kube.put(*PODS, waiting)
+    controller.waiting.escapes.settle_seconds = 0.0
+    controller.waiting.watch(stored(kube, JOBS, "escapee"), "Job")
+    await controller.waiting.check(now)
+    await kube.run_jobs()
+    controller.waiting.watch(stored(kube, JOBS, "escapee"), "Job")
+    await controller.waiting.check(now)
+    assert stored(kube, JOBS, "escapee")["spec"]["suspend"] is False
+    assert L40S in json.dumps(stored(kube, JOBS, "escapee")["spec"]["template"]["spec"]["affinity"])
 
 
 def observed_told(kube: KubeDouble) -> bool:

@@ -17,7 +17,7 @@ from kratos_admit.domain import vocabulary as v
 from kratos_admit.domain.config import Config
 from kratos_admit.domain.profile import WorkloadProfile
 from kratos_admit.model.ranking import rank_gpu_products
-from tests.builders import make_job, make_pod
+from tests.builders import make_job, make_pod, shares_profile
 from tests.harness import CATALOG, TEST_KEY, admit, make_ctx, mutate_and_check
 
 A100, H100, L40S, A10, L4 = (
@@ -28,25 +28,6 @@ A100, H100, L40S, A10, L4 = (
     "NVIDIA-L4",
 )
 CLUSTER = (A100, H100, L40S, A10)
-
-
-def shares_profile(workload: str, shares: dict[str, str], *, product: str = A100) -> WorkloadProfile:
-    """A Ready profile whose GPU time goes where ``shares`` says (status.timeShares), measured on ``product``."""
-    return WorkloadProfile.model_validate(
-        {
-            "apiVersion": "gpu.scheduler.io/v1alpha1",
-            "kind": "WorkloadProfile",
-            "metadata": {"name": f"{workload}-profile", "namespace": "ml-team", "resourceVersion": "3"},
-            "spec": {"workload": workload},
-            "status": {
-                "phase": "Ready",
-                "boundType": "compute",
-                "metrics": {"smThroughput": "86.0", "memoryThroughput": "30.0"},
-                "gpu": {"product": product},
-                "timeShares": shares,
-            },
-        }
-    )
 
 
 FP64 = shares_profile("cfd", {"fp64": "0.80", "memory": "0.12", "latency": "0.08"})
@@ -390,7 +371,7 @@ def test_placement_shows_the_cut_per_product_and_what_it_keeps_off():
     assert "NVIDIA-L4 (8.17x)" in footer and "Tesla-T4 (7.67x)" in footer
 
 
-# --- the load-aware escape, modelled (simulate's kratos-escape) -------------------------------------
+# --- the load-aware escape (decisions/escape.py), in simulate's kratos --------------------------------
 
 
 def test_a_waiting_job_escapes_onto_a_kept_off_product_only_where_it_ends_sooner_than_by_waiting():
@@ -417,12 +398,12 @@ def test_a_waiting_job_escapes_onto_a_kept_off_product_only_where_it_ends_sooner
     assert eft.running[H100] == [] and eft.ends == {}
 
 
-def test_simulate_kratos_escape_runs_slow_only_where_the_queue_for_the_fast_gpus_is_longer_than_the_slowdown():
+def test_simulate_kratos_escapes_only_where_the_queue_for_the_fast_gpus_is_longer_than_the_slowdown():
     """Training work predicted 8.3x slower on a T4 than on the H100 (the cap of 6 keeps it off), arriving
-    faster than one 4-GPU H100 Node carries it: kratos keeps every Job on the H100 and the queue grows;
-    kratos-escape sends Jobs to the T4s once their wait would be longer (a Job every 20 s: 3814 s against
-    4347 s, the greedy oracle 4295 s). A trace the H100 carries alone (a Job every 600 s) escapes
-    never: the same as kratos."""
+    faster than one 4-GPU H100 Node carries it: the cap alone (kratos-cap) keeps every Job on the H100
+    and the queue grows; kratos sends Jobs to the T4s once their wait would be longer (a Job every 20 s:
+    3814 s against 4347 s, the greedy oracle 4295 s). A trace the H100 carries alone (a Job every 600 s)
+    escapes never: the same as the cap alone."""
     from kratos_admit.domain.vocabulary import Unit
     from kratos_admit.simulation.replay import simulate
     from kratos_admit.simulation.trace import Trace, TraceJob, Truth
@@ -444,12 +425,12 @@ def test_simulate_kratos_escape_runs_slow_only_where_the_queue_for_the_fast_gpus
     def run(gap: float) -> dict[str, float]:
         result = simulate(
             trace(gap), nodes, truth=Truth(CATALOG, {}), config=Config(), catalog=CATALOG, seed=1,
-            policies=("kratos", "kratos-escape", "oracle"),
+            policies=("kratos", "kratos-cap", "oracle"),
         )  # fmt: skip
         return {name: r.mean_jct for name, r in result.policies.items()}
 
     busy = run(20.0)
-    assert busy["kratos-escape"] < 0.9 * busy["kratos"], busy
-    assert busy["kratos-escape"] < busy["oracle"], busy
+    assert busy["kratos"] < 0.9 * busy["kratos-cap"], busy
+    assert busy["kratos"] < busy["oracle"], busy
     quiet = run(600.0)
-    assert quiet["kratos-escape"] == pytest.approx(quiet["kratos"]), quiet
+    assert quiet["kratos"] == pytest.approx(quiet["kratos-cap"]), quiet

@@ -12,11 +12,15 @@
 - ``kratos``: as ``kratos-no-exploration``, and ``explorationShare`` of each workload's Jobs are sent
   to a product whose figure for their bound type is not yet calibrated (docs/ranking.md
   "Exploration"); left out when the share is 0 (it would be the same run).
+- In all three a narrowed Job that finds no acceptable product with room escapes onto a kept-off
+  one where it is predicted to finish sooner, as the controller lets it (``waiting.py``,
+  ``decisions/escape.py``); ``kratos-cap`` (asked for by name) is ``kratos`` without the escape.
 - ``oracle``: every Job on the free GPU product that truly runs it fastest (greedy: it never waits
   while a GPU is free).
 - ``oracle-wait``: the truth with KRATOS's rule of "Wait or run slow": every Job waits for a product
   whose true time is within ``maxSlowdown`` times its truly best (of those with a Node that can hold
-  its Pod), and takes the fastest of them that is free; the bound of that rule. Run only where
+  its Pod), and takes the fastest of them that is free, or escapes as kratos does, by the true
+  times; the bound of that rule. Run only where
   ``maxSlowdown`` is set.
 
 Telemetry, as the controller counts it from DCGM counters (the simulator models a cluster whose
@@ -61,7 +65,7 @@ from kratos_admit.simulation.result import SimulationResult, simulation_result
 from kratos_admit.simulation.scheduling import ClusterState, PodRequest, SimNode, schedule
 from kratos_admit.simulation.trace import (
     LEARNING,
-    MODEL_ONLY,
+    LOAD_AWARE,
     NAMESPACE,
     ORACLES,
     POLICIES,
@@ -76,7 +80,7 @@ from kratos_admit.simulation.trace import (
     job_manifest,
     time_shares_status,
 )
-from kratos_admit.simulation.waiting import EarliestFinish, note_started, place_load_aware
+from kratos_admit.simulation.waiting import EarliestFinish, note_started, oracle_escape, place_load_aware
 
 
 @dataclass(order=True)
@@ -113,7 +117,7 @@ class PolicyRun:
         # load-aware rule waits by predicted finish time instead of the fixed cap
         self.config = (
             config
-            if policy in ("kratos", "kratos-escape")
+            if policy in ("kratos", "kratos-cap")
             else config.model_copy(update={"exploration_share": 0.0})
         )
         if policy == "kratos-eft":
@@ -209,7 +213,7 @@ class PolicyRun:
         return frozenset(p for p, t in times.items() if t <= best * self.config.max_slowdown * (1 + 1e-9))
 
     def _place(self, entry: Pending, ahead: dict[str, list[float]] | None = None) -> SimNode | None:
-        if self.policy in MODEL_ONLY and not entry.profiling and ahead is not None:
+        if self.policy in LOAD_AWARE and not entry.profiling and ahead is not None:
             return place_load_aware(self, entry, ahead)
         if self.policy not in ORACLES:
             return schedule(entry.pod, self.state, self.rng)
@@ -217,8 +221,12 @@ class PolicyRun:
         free = [
             n for n in self.state.nodes if self.state.free_gpus(n) >= entry.pod.gpus and n.product in accepted
         ]
-        if not free:
-            return None
+        if not free:  # oracle-wait escapes as kratos does, by the truth; the greedy oracle had nothing free
+            return (
+                None
+                if ahead is None or accepted == self.products
+                else oracle_escape(self, entry, accepted, ahead)
+            )
         times = {n.product: self._true_time(entry.job, n.product) for n in free}
         best = min(times.values())
         return schedule(entry.pod, self.state, self.rng, among=[n for n in free if times[n.product] == best])
@@ -264,7 +272,7 @@ class PolicyRun:
     def _schedule_pending(self, now: float) -> None:
         waiting: list[Pending] = []
         self.now = now
-        ahead: dict[str, list[float]] = {}  # MODEL_ONLY: the Jobs before this one that wait for each product
+        ahead: dict[str, list[float]] = {}  # LOAD_AWARE: the Jobs before this one that wait for each product
         while self.pending:
             entry = heapq.heappop(self.pending)
             if entry.job.pods > 1 and not entry.profiling:
@@ -298,8 +306,10 @@ class PolicyRun:
             seconds = (
                 entry.job.reference_seconds * self._true_time(entry.job, product) * self.noise[entry.job.name]
             )
-            if self.policy in MODEL_ONLY:
+            if self.policy in LOAD_AWARE:
                 note_started(self, entry, product, entry.pod.gpus * pods)
+            elif self.policy == "oracle-wait":
+                self.eft.started(entry.job.name, product, self.now + seconds, entry.pod.gpus * pods)
         self.gpu_seconds += seconds * entry.pod.gpus * pods
         return seconds
 

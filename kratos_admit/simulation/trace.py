@@ -19,7 +19,7 @@ Policy = Literal[
     "kratos-no-exploration",
     "kratos",
     "kratos-eft",
-    "kratos-escape",
+    "kratos-cap",
     "oracle",
     "oracle-wait",
 ]
@@ -36,10 +36,15 @@ ORACLES: frozenset[Policy] = frozenset({"oracle", "oracle-wait"})
 # told after each moment of a run: the policy, its Jobs finished, the trace's Jobs
 Progress = Callable[[Policy, int, int], None]
 # the policies that learn as the trace runs (observations, calibration); kratos also explores
-LEARNING: frozenset[Policy] = frozenset({"kratos", "kratos-no-exploration", "kratos-eft", "kratos-escape"})
-# asked for by name only (bench/wait_or_run_slow.py): the load-aware rules, modelled, not built
-# (simulation/waiting.py)
-MODEL_ONLY: frozenset[Policy] = frozenset({"kratos-eft", "kratos-escape"})
+LEARNING: frozenset[Policy] = frozenset({"kratos", "kratos-no-exploration", "kratos-eft", "kratos-cap"})
+# asked for by name only (bench/wait_or_run_slow.py), in the model only (simulation/waiting.py):
+# kratos-eft, a load-aware rule not built; kratos-cap, the fixed cap without the escape (kratos before it)
+MODEL_ONLY: frozenset[Policy] = frozenset({"kratos-eft", "kratos-cap"})
+# the policies whose waiting Jobs escape onto a kept-off product as the controller lets them
+# (decisions/escape.py): KRATOS's own, through the admission engine
+ESCAPING: frozenset[Policy] = frozenset({"kratos", "kratos-static", "kratos-no-exploration"})
+# the policies that keep the predicted ends of what runs (simulation/waiting.py)
+LOAD_AWARE: frozenset[Policy] = ESCAPING | {"kratos-eft"}
 # the figure a workload's runs exercise: that of its largest unit (bandwidth: memory's)
 Figure = Literal["tensor", "fp32", "fp64", "bandwidth"]
 FIGURES: tuple[Figure, ...] = ("tensor", "fp32", "fp64", "bandwidth")

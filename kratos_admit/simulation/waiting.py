@@ -1,33 +1,32 @@
-"""The load-aware rules of "Wait or run slow", in the model only (``MODEL_ONLY``), beside the fixed cap
-that ``kratos`` runs through the admission engine:
+"""The load-aware rules of "Wait or run slow" in the model's replay (``trace.LOAD_AWARE``):
 
-- ``kratos-eft``: no cap; each waiting Job, in arrival order, takes the product where it is predicted
-  to finish first, the wait counted (HEFT's earliest finish time), and starts only when that product has
-  a free GPU; otherwise it waits for it.
-- ``kratos-escape``: ``kratos`` (the cap, through the admission engine), and a narrowed Job that finds
-  no acceptable product free escapes onto a product the cap keeps it off where that product has room
-  now and the Job is predicted to finish there before it would on any acceptable product, the Jobs
-  running there and those ahead of it in the queue counted (Lin and Kumar's threshold: the slow server
-  only once the queue for the fast one is long enough). It never waits for a kept-off product.
+- the escape, in ``kratos``, ``kratos-static`` and ``kratos-no-exploration`` (``trace.ESCAPING``), as
+  the controller runs it in a cluster (the rule: ``decisions/escape.py``): the cap, through the
+  admission engine, and a narrowed Job that finds no acceptable product free escapes onto a product
+  the cap keeps it off where that product has room now and the Job is predicted to finish there
+  before it would on any acceptable product, the Jobs running there and those ahead of it in the
+  queue counted (Lin and Kumar's threshold). It never waits for a kept-off product. Single-Pod Jobs
+  only: a gang waits whole, for one acceptable product.
+- ``kratos-eft``, in the model only (``MODEL_ONLY``): no cap; each waiting Job, in arrival order, takes
+  the product where it is predicted to finish first, the wait counted (HEFT's earliest finish time),
+  and starts only when that product has a free GPU; otherwise it waits for it.
 
 The wait for a product is read from the predicted ends of the Jobs running there and of the Jobs ahead
 in the queue that wait for it; every prediction is KRATOS's own (the ranking's relative times, in the
-unit of the Job's runtime on the product its profile was measured on), never the truth. It is what a
-controller that holds Pods by a scheduling gate (or Jobs suspended) and widens or narrows them at
-release would do; the measured comparison with the fixed cap is in docs/placement.md ("Wait or run
-slow").
+unit of the Job's runtime on the product its profile was measured on), never the truth. The measured
+comparison with the fixed cap (``kratos-cap``) is in docs/placement.md ("Wait or run slow").
 """
 
 from __future__ import annotations
 
 import bisect
-import heapq
 import math
 import random
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
+from kratos_admit.decisions.escape import escape_product, finish_time
 from kratos_admit.decisions.hints import ranking_of
 from kratos_admit.decisions.stores import StaticCalibrationStore
 from kratos_admit.domain import vocabulary as v
@@ -73,15 +72,10 @@ class EarliestFinish:
     ) -> float:
         """When a Job of ``seconds`` on ``product`` is predicted to end: each GPU there frees at its
         running Job's predicted end (now if idle or overdue), the Jobs ahead take them in turn, and this
-        one the next (inf: the product has no GPU)."""
+        one the next (inf: the product has no GPU); the rule's ``finish_time``."""
         ends = self.running.get(product, [])
         frees = [now] * max(self.capacity.get(product, 0) - len(ends), 0) + [max(now, e) for e in ends]
-        if not frees:
-            return math.inf
-        heapq.heapify(frees)
-        for before in ahead.get(product, ()):
-            heapq.heappush(frees, heapq.heappop(frees) + before)
-        return frees[0] + seconds
+        return finish_time(frees, seconds, ahead.get(product, ()))
 
     def choose(
         self,
@@ -112,16 +106,11 @@ class EarliestFinish:
         free: Callable[[str], bool],
         ahead: Mapping[str, Sequence[float]],
     ) -> str | None:
-        """The kept-off product (not in ``acceptable``) with room now where the Job is predicted to end
-        before it would on any acceptable product, the wait there counted; the soonest such, or None."""
-        waited = min(
-            (self.finish_on(p, s, now, ahead=ahead) for p, s in predicted.items() if p in acceptable),
-            default=math.inf,
+        """The kept-off product a waiting Job escapes to (the rule's ``escape_product``), or None."""
+        found = escape_product(
+            now, predicted, acceptable, room=free, finish=lambda p, s: self.finish_on(p, s, now, ahead=ahead)
         )
-        sooner = sorted(
-            (now + s, p) for p, s in predicted.items() if p not in acceptable and now + s < waited and free(p)
-        )
-        return sooner[0][1] if sooner else None
+        return found[0] if found is not None else None
 
 
 def predicted_seconds(
@@ -157,6 +146,18 @@ class Entry(Protocol):
 
     job: TraceJob
     pod: PodRequest
+
+
+class OracleRun(Protocol):
+    """What ``oracle_escape`` reads of the wait-aware oracle's replay (``replay.PolicyRun``)."""
+
+    now: float
+    products: frozenset[str]
+    state: ClusterState
+    rng: random.Random
+    eft: EarliestFinish
+
+    def _true_time(self, job: TraceJob, product: str) -> float: ...
 
 
 class Run(Protocol):
@@ -222,7 +223,7 @@ def place_load_aware(run: Run, entry: Entry, ahead: dict[str, list[float]]) -> S
         pod = widened(entry.pod, product)
         return any(n.product == product and feasible(n, pod, run.state) for n in run.state.nodes)
 
-    if run.policy == "kratos-escape":
+    if run.policy != "kratos-eft":  # the escape of KRATOS's own policies (trace.ESCAPING)
         node = schedule(entry.pod, run.state, run.rng)
         acceptable = acceptable_products(entry.pod)
         if node is not None or acceptable is None or not predicted:
@@ -255,3 +256,24 @@ def note_started(run: Run, entry: Entry, product: str, gpus: int) -> None:
     seconds = _predicted(run, entry.job).get(product)
     if seconds is not None:
         run.eft.started(entry.job.name, product, run.now + seconds, gpus)
+
+
+def oracle_escape(
+    run: OracleRun, entry: Entry, accepted: frozenset[str], ahead: dict[str, list[float]]
+) -> SimNode | None:
+    """``oracle-wait``'s escape: the rule of ``decisions/escape.py`` on the true times, the true ends
+    of what runs counted; None: it waits (counted ahead on its truly best acceptable product)."""
+    job = entry.job
+    predicted = {p: job.reference_seconds * run._true_time(job, p) for p in run.products}
+
+    def free(product: str) -> bool:
+        return any(n.product == product and run.state.free_gpus(n) >= entry.pod.gpus for n in run.state.nodes)
+
+    product = run.eft.escape(run.now, predicted, accepted, free=free, ahead=ahead)
+    if product is None:
+        best = min(accepted, key=predicted.__getitem__, default=None)
+        if best is not None:
+            ahead.setdefault(best, []).append(predicted[best])
+        return None
+    among = [n for n in run.state.nodes if n.product == product and run.state.free_gpus(n) >= entry.pod.gpus]
+    return schedule(entry.pod, run.state, run.rng, among=among)

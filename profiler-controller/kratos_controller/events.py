@@ -29,6 +29,7 @@ Reason = Literal[
     "CertificateRenewed",
     "CertificateRenewalFailed",
     "WaitingForProduct",
+    "EscapedToProduct",
     "CalibrationNotWritten",
 ]
 # what the controller was doing when it reported each reason (the Event's ``action``)
@@ -44,6 +45,7 @@ ACTIONS: dict[Reason, str] = {
     "CertificateRenewed": "Renew",
     "CertificateRenewalFailed": "Renew",
     "WaitingForProduct": "Wait",
+    "EscapedToProduct": "Widen",
     "CalibrationNotWritten": "Calibrate",
 }
 WARNINGS: frozenset[Reason] = frozenset(

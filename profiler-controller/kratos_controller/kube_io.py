@@ -16,6 +16,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from kratos_admit.decisions.stores import most_gpus, node_gpus
 from kratos_admit.domain import vocabulary as v
 from kratos_admit.domain.raw import as_list, as_mapping
+from kratos_admit.domain.workload import Kind
 from kratos_admit.edge.kube import is_status, list_pages, list_raw, one_line
 from kratos_controller import actions
 from kratos_controller import reconcile as rc
@@ -408,8 +409,10 @@ class KubeIO:
                 action.name, action.namespace, patch, field_manager=FIELD_MANAGER, _content_type=MERGE_PATCH
             )
             return "updated"
-        if isinstance(action, actions.ReleaseFollower):
-            return await self._release(action)
+        if isinstance(action, actions.ReleaseFollower):  # only what changed: never Kueue's spec.suspend
+            return await self.patch_changed(
+                action.kind, action.namespace, action.name, action.held, action.released
+            )
         current: Any = await self.get_profile(action.namespace, action.name)
         if current is None:
             return "gone"
@@ -420,26 +423,48 @@ class KubeIO:
         )
         return "updated"
 
-    async def _release(self, action: actions.ReleaseFollower) -> str:
-        """Write a released follower: a JSON patch of exactly what changed, conditional on the
-        resourceVersion it was read at (a concurrent change, Kueue admitting the Job, gives 409 and
-        a retry on the fresh object). So KRATOS's field manager owns only the fields it changed: on a
-        Job Kueue manages, never ``spec.suspend``."""
-        ops: Any = jsonpatch.make_patch(action.held, action.released).patch
+    async def patch_changed(self, kind: Kind, namespace: str, name: str, held: Obj, changed: Obj) -> str:
+        """A JSON patch of exactly what ``changed`` changes of ``held`` (so KRATOS's field manager owns
+        only those fields), conditional on the resourceVersion ``held`` was read at (a concurrent change,
+        Kueue admitting a held Job, gives 409 and a retry on the fresh object); "exists": no change."""
+        ops: Any = jsonpatch.make_patch(held, changed).patch
         if not ops:
             return "exists"
-        version = str(as_mapping(action.held.get("metadata")).get("resourceVersion") or "")
+        version = str(as_mapping(held.get("metadata")).get("resourceVersion") or "")
         if version:
             ops = [{"op": "replace", "path": "/metadata/resourceVersion", "value": version}, *ops]
-        if action.kind == "Job":
+        if kind == "Job":
             await self.batch.patch_namespaced_job(  # type: ignore[call-arg]
-                action.name, action.namespace, ops, field_manager=FIELD_MANAGER, _content_type=JSON_PATCH
+                name, namespace, ops, field_manager=FIELD_MANAGER, _content_type=JSON_PATCH
             )
         else:
             await self.core.patch_namespaced_pod(  # type: ignore[call-arg]
-                action.name, action.namespace, ops, field_manager=FIELD_MANAGER, _content_type=JSON_PATCH
+                name, namespace, ops, field_manager=FIELD_MANAGER, _content_type=JSON_PATCH
             )
         return "updated"
+
+    async def reset_job_start(self, namespace: str, name: str) -> None:
+        """Clear a suspended Job's ``status.startTime`` (422 where it is no longer suspended), as Kueue
+        does to a Job it stops: only then may its template's affinity change."""
+        ops: Any = [
+            {"op": "test", "path": "/spec/suspend", "value": True},
+            {"op": "remove", "path": "/status/startTime"},
+        ]
+        await self.batch.patch_namespaced_job_status(  # type: ignore[call-arg]
+            name, namespace, ops, field_manager=FIELD_MANAGER, _content_type=JSON_PATCH
+        )
+
+    async def gpu_occupancy(self) -> tuple[list[Obj], list[Obj]]:
+        """The GPU Nodes and every bound, unfinished Pod (a chunked list): what holds each product's
+        GPUs, for a waiting Job's escape, asked only while a narrowed Job waits unschedulable."""
+        nodes = await list_raw(self.core.list_node, label_selector=f"{v.GPU_PRESENT_LABEL}=true")
+        pods: list[Obj] = []
+        async for page in list_pages(
+            self.core.list_pod_for_all_namespaces,
+            field_selector="spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed",
+        ):
+            pods.extend(p for p in as_list(page.get("items")) if isinstance(p, dict))
+        return [n for n in as_list(nodes.get("items")) if isinstance(n, dict)], pods
 
     async def _remove_finalizer(self, action: actions.RemoveFinalizer) -> str:
         try:

@@ -64,6 +64,13 @@ class ControllerMetrics:
             "have waited unbound for an acceptable GPU product, counted at each look (every 30 s).",
             registry=self.registry,
         )
+        self.escapes = Counter(
+            "kratos_wait_escapes",
+            "Jobs narrowed by maxSlowdown that found no acceptable GPU product with room and were widened "
+            "to a kept-off product where they were predicted to finish sooner than by waiting, by product.",
+            ["product"],
+            registry=self.registry,
+        )
         self.waiting_for_product = Gauge(
             "kratos_pods_waiting_for_product",
             "Pods of narrowed objects waiting unbound for an acceptable GPU product, at the last look.",

@@ -23,9 +23,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from kratos_admit.decisions.escape import escape_under_way
 from kratos_admit.domain import vocabulary as v
 from kratos_admit.domain.raw import as_list, as_mapping, string_map
 from kratos_admit.domain.workload import Kind
+from kratos_controller.escapes import Escapes, Waiting
 from kratos_controller.faults import finished, timestamp
 from kratos_controller.runtime import Obj, Shared, meta_of
 
@@ -95,6 +97,10 @@ def unbound(pod: Mapping[str, Any]) -> bool:
     )
 
 
+def finished_pod(pod: Mapping[str, Any]) -> bool:
+    return as_mapping(pod.get("status")).get("phase") in ("Succeeded", "Failed")
+
+
 def created(obj: Mapping[str, Any]) -> dt.datetime | None:
     return timestamp(as_mapping(obj.get("metadata")).get("creationTimestamp"))
 
@@ -108,6 +114,7 @@ class WaitController:
         self.narrowed: dict[tuple[Kind, str, str], tuple[Obj, Narrowed]] = {}
         self.seen: dict[str, float] = {}  # Pod uid -> the waited seconds already counted
         self.told: set[str] = set()  # Pod uids given the Event
+        self.escapes = Escapes(shared)
 
     def watch(self, obj: Obj, kind: Kind) -> None:
         namespace, name, _, _ = meta_of(obj)
@@ -135,9 +142,14 @@ class WaitController:
                 log.warning("could not look at the Pods waiting for an acceptable product", exc_info=True)
 
     async def check(self, now: dt.datetime) -> None:
-        """One look: count the waits, tell the Pods that waited too long."""
+        """One look: count the waits, tell the Pods that waited too long, let Jobs escape."""
         waiting: set[str] = set()
+        queue: list[Waiting] = []
+        under_way: list[Obj] = []
         for (kind, namespace, name), (obj, narrowed) in list(self.narrowed.items()):
+            if kind == "Job" and escape_under_way(obj):
+                under_way.append(obj)
+                continue
             since = created(obj)
             if since is None or (now - since).total_seconds() < self.check_seconds:
                 continue  # too young to have waited: no list for it
@@ -156,7 +168,11 @@ class WaitController:
                 if waited > narrowed.patience and uid not in self.told:
                     self.told.add(uid)
                     await self.shared.report(pod, "Pod", "WaitingForProduct", narrowed.note(waited))
+            starts = [s.timestamp() for s in (created(p) for p in pods if unbound(p)) if s is not None]
+            if kind == "Job" and starts:
+                queue.append(Waiting(min(starts), obj, tuple(p for p in pods if not finished_pod(p))))
         self.shared.metrics.waiting_for_product.set(len(waiting))
         # forget the Pods no longer waiting (bound, gone): what is kept stays as large as what waits
         self.seen = {uid: s for uid, s in self.seen.items() if uid in waiting}
         self.told &= waiting
+        await self.escapes.look(now, queue, under_way)
