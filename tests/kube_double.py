@@ -30,7 +30,7 @@ named after what it imitates (Kubernetes 1.28):
 | an events.k8s.io/v1 Event is created only with ``eventTime``, ``reportingController``, ``reportingInstance``, ``action``, ``reason`` (at most 128 characters), a ``note`` of at most 1 KiB and ``type`` Normal or Warning (422 otherwise) | ``pkg/apis/events/validation.ValidateEventCreate`` | series, related |
 | authentication by bearer token (``tokens``: token -> ``Identity``; none is ``system:anonymous``, an unknown one 401) and RBAC authorisation of every request against the Roles, ClusterRoles, RoleBindings and ClusterRoleBindings stored in the double: verb (``get``/``list``/``watch``, a ``fieldSelector=metadata.name=X`` list or watch naming X, ``create``, ``update``, ``patch``, ``delete``, ``deletecollection``), API group, resource and subresource, namespace, ``resourceNames``; ``system:masters`` may do anything; a refusal is 403 with the real Status body and message | ``staging/src/k8s.io/apiserver/pkg/endpoints/request/requestinfo.go``, ``plugin/pkg/auth/authorizer/rbac``, ``endpoints/handlers/responsewriters.forbiddenMessage`` | aggregation of ClusterRoles, non-resource URLs, impersonation, the default system roles |
 | a WorkloadProfile written through the API (create, update, patch, the status subresource) loses every field its CRD's schema does not name (``PRUNED``: the structural schema of ``webhook-config/crd-workloadprofiles.yaml``, the file the install applies), at any depth; ``additionalProperties`` keeps any key, its value pruned by that schema; ``x-kubernetes-preserve-unknown-fields`` keeps all below it | structural pruning, ``apiextensions-apiserver/pkg/apiserver/schema/pruning`` (a field the CRD lacks is dropped silently, never refused) | ``x-kubernetes-embedded-resource``, defaults; objects seeded with ``put()`` bypass it, as writes to etcd would |
-| ``run_jobs()`` / ``finish_pod()``: one Pod per unsuspended, unfinished Job, created through admission like the Job controller's, owned by the Job, ``startTime`` set; a finished Pod completes or fails its Job; a suspended Job's active Pods deleted and counted ``failed`` (without a ``podFailurePolicy``), ``active`` 0, ``Suspended`` True, ``startTime`` kept | ``pkg/controller/job`` in miniature (``manageJob`` on suspension, ``isPodFailed``: "Count deleted Pods as failures") | parallelism, retries, indexes |
+| ``run_jobs()`` / ``finish_pod()``: one Pod per unsuspended, unfinished Job, created through admission like the Job controller's, owned by the Job, ``startTime`` set; a finished Pod completes or fails its Job; a suspended Job's active Pods deleted, not counted ``failed``, ``active`` 0, ``Suspended`` True, ``startTime`` kept | ``pkg/controller/job`` in miniature (``manageJob`` on suspension; checked against kube-controller-manager 1.28.7: an Unschedulable Pod deleted so leaves ``status.failed`` unset) | parallelism, retries, indexes |
 """
 
 from __future__ import annotations
@@ -849,10 +849,10 @@ class KubeDouble:
         return created
 
     def _suspend_job(self, namespace: str, name: str, job: Obj) -> None:
-        """A suspended Job's active Pods deleted, each counted failed where the Job has no
-        ``podFailurePolicy`` (``isPodFailed``: "Count deleted Pods as failures"), ``active`` 0 and the
-        ``Suspended`` condition True; its ``startTime`` kept (the Job controller resets it only on
-        resume)."""
+        """A suspended Job's active Pods deleted, none counted failed (a Job of one Unschedulable Pod,
+        suspended on kube-apiserver and kube-controller-manager 1.28.7, kept ``status.failed`` unset),
+        ``active`` 0 and the ``Suspended`` condition True; its ``startTime`` kept (the Job controller
+        sets it anew only on resume)."""
         uid = job["metadata"]["uid"]
         active = [
             key for resource, key, _ in self._dependents(uid)
@@ -868,8 +868,6 @@ class KubeDouble:
             return
         updated = copy.deepcopy(job)
         status = updated.setdefault("status", {})
-        if active and (job.get("spec") or {}).get("podFailurePolicy") is None:
-            status["failed"] = int(status.get("failed") or 0) + len(active)
         status["active"] = 0
         others = [c for c in status.get("conditions") or [] if c.get("type") != "Suspended"]
         status["conditions"] = [*others, {"type": "Suspended", "status": "True", "reason": "JobSuspended", "lastTransitionTime": NOW}]  # fmt: skip

@@ -13,10 +13,10 @@ restart of the controller: a Job that holds one and is still suspended is finish
 
 Which Jobs may escape (``escapable``): a Job of one Pod at a time that no Kueue queue manages (Kueue's
 flavor assignment decides those) and that is no gang (a gang waits whole), none of whose Pods has
-started, one of them marked ``Unschedulable`` by the scheduler, whose record gives its predicted
-runtimes, and whose ``backoffLimit`` leaves room for one failure: Kubernetes 1.28 counts a Pod the Job
-controller deletes on suspension as failed (``isPodFailed``) unless the Job has a ``podFailurePolicy``.
-A bare Pod cannot escape: the API server never widens a Pod's required affinity.
+started, one of them marked ``Unschedulable`` by the scheduler, and whose record gives its predicted
+runtimes. The Pending Pod the Job controller deletes on suspension is not counted as failed (seen on
+Kubernetes 1.28.7: ``status.failed`` stays unset), so ``backoffLimit: 0`` is no obstacle. A bare Pod
+cannot escape: the API server never widens a Pod's required affinity.
 """
 
 from __future__ import annotations
@@ -67,8 +67,6 @@ def escapable(job: Mapping[str, Any], pods: Sequence[Mapping[str, Any]]) -> bool
     """Whether a narrowed Job may escape now (the module's list)."""
     spec, status = as_mapping(job.get("spec")), as_mapping(job.get("status"))
     record = job_record(job)
-    failed = int(status.get("failed") or 0)
-    limit = spec.get("backoffLimit")
     return (
         not kueue_queue(job)
         and not record.get("gang")
@@ -76,7 +74,6 @@ def escapable(job: Mapping[str, Any], pods: Sequence[Mapping[str, Any]]) -> bool
         and spec.get("suspend") is not True
         and not as_mapping(job.get("metadata")).get("deletionTimestamp")
         and not status.get("succeeded")
-        and (spec.get("podFailurePolicy") is not None or (isinstance(limit, int) and limit >= failed + 1))
         and bool(recorded_seconds(record))
         and bool(pods)
         and all(not as_mapping(p.get("spec")).get("nodeName") for p in pods)
@@ -157,7 +154,7 @@ class Escapes:
             if fresh is None:
                 return
             if not as_mapping(fresh.get("status")).get("active"):
-                await self._finish(fresh)
+                await self._finish(fresh)  # reads it again: one GET more, once per escape
                 return
             if asyncio.get_running_loop().time() >= deadline:
                 return
@@ -168,9 +165,13 @@ class Escapes:
         is active; else leave it to the next look."""
         shared = self.shared
         namespace, name, _, _ = meta_of(job)
-        if not escape_under_way(job) or as_mapping(job.get("status")).get("active"):
-            return
         try:
+            fresh = await shared.io.read_job(namespace, name)  # the informer's copy may lag the writes
+            if fresh is None:
+                return
+            job = fresh
+            if not escape_under_way(job) or as_mapping(job.get("status")).get("active"):
+                return
             if as_mapping(job.get("status")).get("startTime"):
                 await shared.io.reset_job_start(namespace, name)
                 fresh = await shared.io.read_job(namespace, name)
