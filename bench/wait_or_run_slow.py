@@ -74,6 +74,7 @@ class Shape:
     workloads: Workloads
     every: float  # mean seconds between arrivals
     jobs: int
+    gangs: int = 0  # every gangs-th Job a gang of two single-GPU Pods, of a workload of its own (0: none)
 
 
 SHAPES: tuple[Shape, ...] = (
@@ -84,6 +85,9 @@ SHAPES: tuple[Shape, ...] = (
     # tensor work where the slow product is many times slower and the fast GPUs cannot carry the load
     # alone: where a fixed cap harms and only a load-aware rule gains
     Shape("h100-t4-tensor-15s", {H100: (1, 8), T4: (6, 4)}, TENSOR_ONLY, 15.0, 300),
+    # the same tensor work with every third Job a 2-Pod gang: gangs wait whole and never escape, so a
+    # cap tighter than their slowdown on the L4 keeps them waiting for the one H100 server
+    Shape("h100-l4-gangs-15s", {H100: (1, 8), L4: (6, 4)}, TENSOR_ONLY, 15.0, 300, gangs=3),
 )
 
 
@@ -100,16 +104,18 @@ def trace_of(shape: Shape, seed: int) -> tuple[Trace, list[SimNode], Truth]:
             "memoryThroughput": f"{mem:.2f}",
             "achievedOccupancy": "60.00",
         }
+        gang = shape.gangs > 0 and i % shape.gangs == shape.gangs - 1
         jobs.append(
             TraceJob(
                 f"{workload}-{i:03d}",
-                workload,
+                f"{workload}-gang" if gang else workload,
                 round(arrival, 1),
                 1,
                 A100,
                 round(seconds * rng.uniform(0.9, 1.1), 1),
                 metrics,
                 shares,
+                pods=2 if gang else 1,
             )
         )
         arrival += rng.expovariate(1 / shape.every)
@@ -146,7 +152,8 @@ def run(shape: Shape, cap: float, seed: int) -> dict[str, Any]:
         trace, nodes, truth=truth, config=config, catalog=load_catalog(), seed=seed, policies=POLICIES
     )
     found: dict[str, Any] = {
-        name: {"mean": r.mean_jct, "p95": r.p95_jct} for name, r in result.policies.items()
+        name: {"mean": r.mean_jct, "p95": r.p95_jct, "gangs": r.mean_jct_of(True) or 0.0}
+        for name, r in result.policies.items()
     }
     found["predictionError"] = max(result.prediction_error.values(), default=0.0)
     return found
@@ -179,7 +186,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 **{
                     f"{p}.{k}": round(mean_of(p, k), 1)
                     for p in POLICIES
-                    for k in ("mean", "p95")
+                    for k in ("mean", "p95", *(("gangs",) if shape.gangs else ()))
                     if cap or p != "oracle-wait"
                 },
                 "worstPredictionError": round(max(float(r["predictionError"]) for r in runs), 4),
@@ -199,6 +206,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                     + (f"oracle-wait {row['oracle-wait.mean']:>7.0f} | " if cap else "")
                     + f"eft {row['kratos-eft.mean']:>7.0f}/{row['kratos-eft.p95']:>7.0f} | "
                     + f"cap alone {row['kratos-cap.mean']:>7.0f}/{row['kratos-cap.p95']:>7.0f} | "
+                    + (
+                        f"gangs kratos {row['kratos.gangs']:.0f} oracle {row['oracle.gangs']:.0f} "
+                        f"default {row['default.gangs']:.0f} | "
+                        if shape.gangs
+                        else ""
+                    )
                     + f"k/oracle {min(row['kratosVsOracle']):.2f}-{max(row['kratosVsOracle']):.2f} "
                     f"k/default {min(row['kratosVsDefault']):.2f}-{max(row['kratosVsDefault']):.2f} "
                     f"err {row['worstPredictionError']:.1%}",

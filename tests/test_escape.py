@@ -222,6 +222,18 @@ def test_the_plan_counts_the_queue_and_never_escapes_without_a_runtime_or_twice(
     assert recorded_seconds(hints()) == {H100: 300.0, A100: 480.0, L40S: 1800.0, A10: 5760.0}
 
 
+def test_a_gang_escapes_only_onto_a_product_with_room_for_all_its_pods_and_waits_for_its_last_gpu():
+    gang = narrowed_job(gang="parallelism 2")
+    gang["spec"].update(parallelism=2, completions=2)
+    assert finish_time([0.0, 100.0, 400.0], 50.0, gpus=2) == 150.0, "it starts when its second GPU frees"
+    assert finish_time([0.0], 50.0, gpus=2) == math.inf
+    one_free = [*busy_h100(2900.0), *full("a100-0"), *full("l40s-0", 3), *full("a10-0")]
+    assert plan(narrowed_job(), Occupancy.read(CLUSTER, one_free, now=T0), {}) is not None, "one Pod fits"
+    assert plan(gang, Occupancy.read(CLUSTER, one_free, now=T0), {}) is None, "the gang's two do not"
+    two_free = [*busy_h100(2900.0), *full("a100-0"), *full("l40s-0", 2), *full("a10-0")]
+    assert plan(gang, Occupancy.read(CLUSTER, two_free, now=T0), {}) == Plan(L40S, 6.0, 1800.0, 3200.0)
+
+
 def test_the_two_writes_suspend_with_the_plan_then_widen_every_term_sign_and_resume():
     job = narrowed_job()
     chosen = Plan(L40S, 6.0, 1800.0, 3200.0)
@@ -357,8 +369,8 @@ async def test_a_job_waits_on_where_escaping_does_not_pay_or_is_not_known(
     ("why", "change"),
     [
         ("Kueue's flavors decide a queued Job", lambda j: j["metadata"]["labels"].update({"kueue.x-k8s.io/queue-name": "gpu"})),
-        ("a gang waits whole", lambda j: j["metadata"]["annotations"].update({v.HINTS_ANNOTATION: json.dumps(hints(gang="parallelism 2"))})),
-        ("more than one Pod at a time", lambda j: j["spec"].update(parallelism=2)),
+        ("a JobSet's Job: its gang spans Jobs", lambda j: j["metadata"].update(ownerReferences=[{"apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet", "name": "train", "uid": "u", "controller": True}])),
+        ("Pods that do not all run at once", lambda j: j["spec"].update(parallelism=2, completions=8)),
     ],
 )  # fmt: skip
 def test_jobs_that_may_not_escape(why: str, change: Any):

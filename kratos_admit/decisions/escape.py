@@ -36,17 +36,18 @@ ESCAPE_KEY = "escapedTo"
 UNKNOWN_REMAINING_FLOOR_SECONDS = 60.0
 
 
-def finish_time(frees: Iterable[float], seconds: float, ahead: Sequence[float] = ()) -> float:
-    """When a Job of ``seconds`` ends on a product whose GPUs free at ``frees``: the Jobs ``ahead``
-    (their seconds, in queue order) each take the next GPU that frees, and this one the next after
-    them (inf where the product has no GPU)."""
+def finish_time(frees: Iterable[float], seconds: float, ahead: Sequence[float] = (), gpus: int = 1) -> float:
+    """When a Job of ``seconds`` on ``gpus`` GPUs together ends on a product whose GPUs free at
+    ``frees``: the GPUs ``ahead`` (their seconds, in queue order) each take the next GPU that frees,
+    and this one the next ``gpus`` after them, starting when the last of those frees (inf where the
+    product has fewer GPUs)."""
     heap = list(frees)
-    if not heap:
+    if len(heap) < max(gpus, 1):
         return math.inf
     heapq.heapify(heap)
     for before in ahead:
         heapq.heappush(heap, heapq.heappop(heap) + before)
-    return heap[0] + seconds
+    return heapq.nsmallest(max(gpus, 1), heap)[-1] + seconds
 
 
 def escape_product(
@@ -190,12 +191,12 @@ class Occupancy:
             return max(self.now, start + seconds)
         return self.now + max(self.now - start, UNKNOWN_REMAINING_FLOOR_SECONDS)
 
-    def room(self, product: str, gpus: int) -> bool:
-        """Whether one Node of the product has ``gpus`` free now."""
-        return any(free >= gpus for free in self.free_now.get(product, ()))
+    def room(self, product: str, gpus: int, pods: int = 1) -> bool:
+        """Whether the product's Nodes have room now for ``pods`` Pods of ``gpus`` GPUs each."""
+        return sum(free // max(gpus, 1) for free in self.free_now.get(product, ())) >= pods
 
-    def finish(self, product: str, seconds: float, ahead: Sequence[float] = ()) -> float:
-        return finish_time(self.frees.get(product, ()), seconds, ahead)
+    def finish(self, product: str, seconds: float, ahead: Sequence[float] = (), gpus: int = 1) -> float:
+        return finish_time(self.frees.get(product, ()), seconds, ahead, gpus)
 
 
 def _asks_gpus(spec: Mapping[str, Any]) -> bool:
@@ -254,22 +255,31 @@ def job_record(job: Mapping[str, Any]) -> dict[str, Any]:
     return _record(as_mapping(job.get("metadata")))
 
 
+def job_gpus(job: Mapping[str, Any]) -> tuple[int, int]:
+    """A Job's GPUs per Pod and the Pods that run together (its parallelism: a gang's, all at once)."""
+    spec = as_mapping(job.get("spec"))
+    parallelism = spec.get("parallelism")
+    pods = parallelism if isinstance(parallelism, int) and parallelism > 0 else 1
+    return pod_gpus(as_mapping(as_mapping(spec.get("template")).get("spec"))), pods
+
+
 def plan(job: Mapping[str, Any], occupancy: Occupancy, ahead: Mapping[str, Sequence[float]]) -> Plan | None:
     """The escape of a narrowed Job that waits, or None: it waits on. ``ahead``: per product, the
-    predicted seconds of the Jobs before it in the queue that wait for it."""
+    predicted seconds of the Jobs before it in the queue that wait for it, one entry per GPU. A gang
+    (its parallelism's Pods at once) needs room for all its Pods and starts when its last GPU frees."""
     record = job_record(job)
     predicted = recorded_seconds(record)
     acceptable = [str(as_mapping(a).get("product", "")) for a in as_list(record.get("acceptable"))]
     if not predicted or not acceptable or ESCAPE_KEY in record:
         return None
-    gpus = pod_gpus(as_mapping(as_mapping(as_mapping(job.get("spec")).get("template")).get("spec")))
+    gpus, pods = job_gpus(job)
     now = occupancy.now
     found = escape_product(
         now,
         predicted,
         acceptable,
-        room=lambda p: occupancy.room(p, gpus),
-        finish=lambda p, s: occupancy.finish(p, s, ahead.get(p, ())),
+        room=lambda p: occupancy.room(p, gpus, pods),
+        finish=lambda p, s: occupancy.finish(p, s, ahead.get(p, ()), gpus * pods),
     )
     if found is None:
         return None

@@ -80,7 +80,13 @@ from kratos_admit.simulation.trace import (
     job_manifest,
     time_shares_status,
 )
-from kratos_admit.simulation.waiting import EarliestFinish, note_started, oracle_escape, place_load_aware
+from kratos_admit.simulation.waiting import (
+    EarliestFinish,
+    escape_gang,
+    note_started,
+    oracle_escape,
+    place_load_aware,
+)
 
 
 @dataclass(order=True)
@@ -277,6 +283,11 @@ class PolicyRun:
             entry = heapq.heappop(self.pending)
             if entry.job.pods > 1 and not entry.profiling:
                 nodes = self._place_gang(entry)
+                accepted = self.acceptable(entry.job, entry.pod.gpus)
+                if nodes is None and (escape := escape_gang(self, entry, ahead, accepted)):
+                    among = [n for n in self.state.nodes if n.product == escape]
+                    first = schedule(entry.pod, self.state, self.rng, among=among)
+                    nodes = self._fill(entry, first) if first is not None else None
             else:
                 node = self._place(entry, ahead)
                 nodes = [node] if node is not None else None

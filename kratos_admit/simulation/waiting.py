@@ -37,7 +37,7 @@ from kratos_admit.model.calibration import Calibration
 from kratos_admit.model.catalog import Catalog
 from kratos_admit.simulation.knowledge import SimulatedProfiles
 from kratos_admit.simulation.scheduling import ClusterState, PodRequest, SimNode, feasible, schedule
-from kratos_admit.simulation.trace import NAMESPACE, Policy, TraceJob
+from kratos_admit.simulation.trace import ESCAPING, NAMESPACE, Policy, TraceJob
 
 
 @dataclass
@@ -68,14 +68,14 @@ class EarliestFinish:
                 ends.pop(i)
 
     def finish_on(
-        self, product: str, seconds: float, now: float, *, ahead: Mapping[str, Sequence[float]]
+        self, product: str, seconds: float, now: float, *, ahead: Mapping[str, Sequence[float]], gpus: int = 1
     ) -> float:
         """When a Job of ``seconds`` on ``product`` is predicted to end: each GPU there frees at its
         running Job's predicted end (now if idle or overdue), the Jobs ahead take them in turn, and this
         one the next (inf: the product has no GPU); the rule's ``finish_time``."""
         ends = self.running.get(product, [])
         frees = [now] * max(self.capacity.get(product, 0) - len(ends), 0) + [max(now, e) for e in ends]
-        return finish_time(frees, seconds, ahead.get(product, ()))
+        return finish_time(frees, seconds, ahead.get(product, ()), gpus)
 
     def choose(
         self,
@@ -277,3 +277,63 @@ def oracle_escape(
         return None
     among = [n for n in run.state.nodes if n.product == product and run.state.free_gpus(n) >= entry.pod.gpus]
     return schedule(entry.pod, run.state, run.rng, among=among)
+
+
+def gang_escape(
+    run: Run | OracleRun,
+    entry: Entry,
+    ahead: dict[str, list[float]],
+    *,
+    predicted: Mapping[str, float],
+    acceptable: frozenset[str] | None,
+) -> str | None:
+    """The kept-off product a narrowed gang that found no acceptable product with room for all its
+    Pods escapes to (the rule of ``decisions/escape.py``, the gang's GPUs taken together), its Pod
+    widened to it; None: it waits, counted ahead (each of its GPUs) on its best acceptable product.
+    KRATOS's policies pass their predictions and the Pod's cut, ``oracle-wait`` the truth and its own."""
+    if acceptable is None or not predicted:
+        return None
+    job, gpus = entry.job, entry.pod.gpus
+
+    def room(product: str) -> bool:
+        pod = widened(entry.pod, product)
+        fits = sum(
+            run.state.free_gpus(n) // gpus
+            for n in run.state.nodes
+            if n.product == product and feasible(n, pod, run.state)
+        )
+        return fits >= job.pods
+
+    found = escape_product(
+        run.now,
+        predicted,
+        acceptable,
+        room=room,
+        finish=lambda p, s: run.eft.finish_on(p, s, run.now, ahead=ahead, gpus=job.total_gpus),
+    )
+    if found is None:
+        target = min((p for p in predicted if p in acceptable), key=predicted.__getitem__, default=None)
+        if target is not None:
+            ahead.setdefault(target, []).extend([predicted[target]] * job.total_gpus)
+        return None
+    entry.pod = widened(entry.pod, found[0])
+    return found[0]
+
+
+class FullRun(Run, OracleRun, Protocol):
+    """The whole of a policy's replay, as ``escape_gang`` reads it."""
+
+
+def escape_gang(
+    run: FullRun, entry: Entry, ahead: dict[str, list[float]], accepted: frozenset[str]
+) -> str | None:
+    """Where a gang that found no room escapes to: KRATOS's own policies by their predictions and the
+    cut admission wrote into its Pod, ``oracle-wait`` by the truth and the products it ``accepted``;
+    None for the others (and for ``oracle-wait`` without a cap: it accepts every product)."""
+    if run.policy in ESCAPING:
+        predicted = _predicted(run, entry.job)
+        return gang_escape(run, entry, ahead, predicted=predicted, acceptable=acceptable_products(entry.pod))
+    if accepted == run.products:
+        return None
+    truth = {p: entry.job.reference_seconds * run._true_time(entry.job, p) for p in run.products}
+    return gang_escape(run, entry, ahead, predicted=truth, acceptable=accepted)

@@ -11,9 +11,10 @@ plan in its hints record (the Job controller deletes its Pending Pod), its ``sta
 reset, then widened to the product and resumed. The plan in the record carries the escape across a
 restart of the controller: a Job that holds one and is still suspended is finished at the next look.
 
-Which Jobs may escape (``escapable``): a Job of one Pod at a time that no Kueue queue manages (Kueue's
-flavor assignment decides those) and that is no gang (a gang waits whole), none of whose Pods has
-started, one of them marked ``Unschedulable`` by the scheduler, and whose record gives its predicted
+Which Jobs may escape (``escapable``): a Job that no Kueue queue manages (Kueue's flavor assignment
+decides those) and no JobSet owns (its gang spans Jobs), of one Pod at a time or a gang of all its Pods
+at once (``parallelism`` equal to ``completions``: the whole gang moves, onto a product with room for
+every Pod), none of whose Pods has started, one of them marked ``Unschedulable`` by the scheduler, and whose record gives its predicted
 runtimes. The Pending Pod the Job controller deletes on suspension is not counted as failed (seen on
 Kubernetes 1.28.7: ``status.failed`` stays unset), so ``backoffLimit: 0`` is no obstacle. A bare Pod
 cannot escape: the API server never widens a Pod's required affinity.
@@ -38,6 +39,7 @@ from kratos_admit.decisions.escape import (
     escape_under_way,
     escaped,
     escaping,
+    job_gpus,
     job_record,
     plan,
     ready_to_widen,
@@ -67,10 +69,12 @@ def escapable(job: Mapping[str, Any], pods: Sequence[Mapping[str, Any]]) -> bool
     """Whether a narrowed Job may escape now (the module's list)."""
     spec, status = as_mapping(job.get("spec")), as_mapping(job.get("status"))
     record = job_record(job)
+    parallelism = int(spec.get("parallelism") or 1)
+    owners = [as_mapping(o).get("kind") for o in as_list(as_mapping(job.get("metadata")).get("ownerReferences"))]
     return (
         not kueue_queue(job)
-        and not record.get("gang")
-        and int(spec.get("parallelism") or 1) == 1
+        and all(kind == "CronJob" for kind in owners)  # a JobSet's Jobs: its gang spans Jobs
+        and (parallelism == 1 or int(spec.get("completions") or parallelism) == parallelism)
         and spec.get("suspend") is not True
         and not as_mapping(job.get("metadata")).get("deletionTimestamp")
         and not status.get("succeeded")
@@ -125,13 +129,14 @@ class Escapes:
 
     @staticmethod
     def _queue_behind(job: Obj, ahead: dict[str, list[float]]) -> None:
-        """A Job that waits on is ahead of the later ones on its best acceptable product."""
+        """A Job that waits on is ahead of the later ones on its best acceptable product, each GPU."""
         record = job_record(job)
         predicted = recorded_seconds(record)
         acceptable = [str(as_mapping(a).get("product", "")) for a in as_list(record.get("acceptable"))]
         best = min((p for p in acceptable if p in predicted), key=predicted.__getitem__, default=None)
         if best is not None:
-            ahead.setdefault(best, []).append(predicted[best])
+            gpus, pods = job_gpus(job)
+            ahead.setdefault(best, []).extend([predicted[best]] * (gpus * pods))
 
     async def _start(self, job: Obj, chosen: Plan) -> None:
         shared = self.shared
