@@ -454,3 +454,20 @@ def test_the_validating_webhook_admits_both_writes_of_a_job_admission_narrowed()
     result = admit(forged, eng, webhook="validate", operation="UPDATE", old=narrowed)
     assert not result.decision.allowed
     assert any("reserved-key" in str(violation) for violation in result.decision.violations)
+
+
+def test_the_slim_forms_a_cluster_wide_list_is_kept_in_read_the_same():
+    """The controller keeps a cluster-wide list of Pods and Nodes page by page in a slim form (only
+    what holds GPUs, and only what is read of it): the occupancy read from it is the same."""
+    from kratos_admit.decisions.escape import slim_node, slim_pod
+
+    nodes = [*CLUSTER, node("l40s-tainted", L40S, taints=[{"key": "x", "effect": "NoSchedule"}])]
+    pods = [*busy_h100(2900.0), running("u", "a100-0", started=NOW, record=None, gpus=2)]
+    cpu_only = running("c", "a100-0", started=NOW, record=None)
+    cpu_only["spec"]["containers"][0]["resources"] = {"limits": {"cpu": "1"}}
+    assert slim_pod(cpu_only) is None
+    slim = Occupancy.read(
+        [slim_node(n) for n in nodes], [p for p in map(slim_pod, [*pods, cpu_only]) if p], now=T0
+    )
+    whole = Occupancy.read(nodes, [*pods, cpu_only], now=T0)
+    assert (slim.frees, slim.free_now) == (whole.frees, whole.free_now)

@@ -199,6 +199,38 @@ class Occupancy:
         return finish_time(self.frees.get(product, ()), seconds, ahead, gpus)
 
 
+def slim_pod(pod: Mapping[str, Any]) -> dict[str, Any] | None:
+    """What ``Occupancy`` reads of a Pod, or None for a Pod that asks no GPU: a cluster-wide list is
+    kept page by page in this form, not whole (tens of thousands of Pods at the largest clusters)."""
+    meta, spec, status = (as_mapping(pod.get(k)) for k in ("metadata", "spec", "status"))
+    if not _asks_gpus(spec):
+        return None
+    record = string_map(meta.get("annotations")).get(v.HINTS_ANNOTATION)
+    return {
+        "metadata": {
+            "creationTimestamp": meta.get("creationTimestamp"),
+            "annotations": {v.HINTS_ANNOTATION: record} if record is not None else {},
+        },
+        "spec": {"nodeName": spec.get("nodeName"), "containers": [
+            {"resources": {"limits": {v.GPU_RESOURCE: as_mapping(as_mapping(as_mapping(c).get("resources")).get("limits")).get(v.GPU_RESOURCE)}}}
+            for c in as_list(spec.get("containers"))
+        ]},
+        "status": {"phase": status.get("phase"), "startTime": status.get("startTime")},
+    }  # fmt: skip
+
+
+def slim_node(node: Mapping[str, Any]) -> dict[str, Any]:
+    """What ``Occupancy`` reads of a Node: its name and product, taints, cordon, readiness and GPUs."""
+    meta, spec, status = (as_mapping(node.get(k)) for k in ("metadata", "spec", "status"))
+    labels = string_map(meta.get("labels"))
+    return {
+        "metadata": {"name": meta.get("name"), "labels": {k: labels[k] for k in (v.GPU_PRODUCT_LABEL, v.GPU_COUNT_LABEL) if k in labels}},
+        "spec": {"taints": spec.get("taints") or [], "unschedulable": spec.get("unschedulable")},
+        "status": {"allocatable": {v.GPU_RESOURCE: as_mapping(status.get("allocatable")).get(v.GPU_RESOURCE)},
+                   "conditions": [c for c in as_list(status.get("conditions")) if as_mapping(c).get("type") == "Ready"]},
+    }  # fmt: skip
+
+
 def _asks_gpus(spec: Mapping[str, Any]) -> bool:
     return any(
         v.GPU_RESOURCE in as_mapping(as_mapping(as_mapping(c).get("resources")).get("limits"))

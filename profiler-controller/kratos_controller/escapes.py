@@ -70,7 +70,9 @@ def escapable(job: Mapping[str, Any], pods: Sequence[Mapping[str, Any]]) -> bool
     spec, status = as_mapping(job.get("spec")), as_mapping(job.get("status"))
     record = job_record(job)
     parallelism = int(spec.get("parallelism") or 1)
-    owners = [as_mapping(o).get("kind") for o in as_list(as_mapping(job.get("metadata")).get("ownerReferences"))]
+    owners = [
+        as_mapping(o).get("kind") for o in as_list(as_mapping(job.get("metadata")).get("ownerReferences"))
+    ]
     return (
         not kueue_queue(job)
         and all(kind == "CronJob" for kind in owners)  # a JobSet's Jobs: its gang spans Jobs

@@ -13,6 +13,7 @@ import jsonpatch
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
+from kratos_admit.decisions.escape import slim_node, slim_pod
 from kratos_admit.decisions.stores import most_gpus, node_gpus
 from kratos_admit.domain import vocabulary as v
 from kratos_admit.domain.raw import as_list, as_mapping
@@ -457,14 +458,16 @@ class KubeIO:
     async def gpu_occupancy(self) -> tuple[list[Obj], list[Obj]]:
         """The GPU Nodes and every bound, unfinished Pod (a chunked list): what holds each product's
         GPUs, for a waiting Job's escape, asked only while a narrowed Job waits unschedulable."""
-        nodes = await list_raw(self.core.list_node, label_selector=f"{v.GPU_PRESENT_LABEL}=true")
-        pods: list[Obj] = []
-        async for page in list_pages(
-            self.core.list_pod_for_all_namespaces,
-            field_selector="spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed",
-        ):
-            pods.extend(p for p in as_list(page.get("items")) if isinstance(p, dict))
-        return [n for n in as_list(nodes.get("items")) if isinstance(n, dict)], pods
+        nodes: list[Obj] = []
+        async for page in list_pages(self.core.list_node, label_selector=f"{v.GPU_PRESENT_LABEL}=true"):
+            nodes.extend(slim_node(n) for n in as_list(page.get("items")) if isinstance(n, dict))
+        pods: list[Obj] = []  # kept slim, page by page: only what holds GPUs, and only what is read of it
+        selector = "spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed"
+        async for page in list_pages(self.core.list_pod_for_all_namespaces, field_selector=selector):
+            pods.extend(
+                s for s in (slim_pod(p) for p in as_list(page.get("items")) if isinstance(p, dict)) if s
+            )
+        return nodes, pods
 
     async def _remove_finalizer(self, action: actions.RemoveFinalizer) -> str:
         try:
