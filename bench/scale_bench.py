@@ -29,8 +29,10 @@ and then the API server's requests per minute at rest (``apiserver_request_total
 ``--rest`` seconds, by verb and resource, less what the server asked of itself over as long a time
 before the process started: the process is the server's only client) and the process's CPU over them
 (``utime + stime`` of ``/proc/PID/stat``, its threads included). Its start's lists are in bytes too:
-``apiserver_response_sizes_sum`` of LIST, by resource, as the server serialised them (before any
-gzip). The controller is left to write its first calibration (``kratos_calibration_writes_total``,
+``apiserver_response_sizes_sum`` of LIST, by resource, as the server sent them (the
+``ResponseWriterDelegator`` that counts them wraps the handler that gzips a list over 128 KiB for a
+client that accepts gzip, as the webhook's does: kube-apiserver 1.28.7's ``endpoints/metrics`` and
+``responsewriters/writers.go``). The controller is left to write its first calibration (``kratos_calibration_writes_total``,
 or a refused write) before ``--settle`` starts; at the end its refused writes are counted and the
 ConfigMap's size read. With ``--runs N`` (the controller), N runs then finish one after another, each
 as the Job controller and a kubelet would leave it (a signed, hinted Job of a filled workload, its
