@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from kratos_admit.domain.config import Config
+from kratos_admit.model import calibration_fit
 from kratos_admit.model.calibration import (
     CONFIGMAP_KEY,
     Calibration,
@@ -134,3 +135,31 @@ def test_the_published_calibration_does_not_grow_with_the_workloads(workloads: i
     text = published_calibration(many)[CONFIGMAP_KEY]
     assert len(text.encode()) < 4096 and "workloads" not in json.loads(text)
     assert parse_calibration(text).products.keys() == calibration.products.keys()
+
+
+def test_the_factors_fit_settles_and_its_result_is_not_the_parity_of_its_rounds(
+    monkeypatch: pytest.MonkeyPatch,
+):
+    """1,000 workloads on three products: some samples sit at the DOMINANT edge, clear at one round's
+    factors and not at the next's. Read afresh every round, they took the factors round a cycle of
+    two (0.1 % apart, visible in four digits), every fit ran all ROUNDS, and its result was their
+    parity. Now the fit settles in a few dozen rounds, and a cap one round longer changes nothing."""
+    rng = random.Random(59)
+    samples = [
+        s
+        for i in range(1_000)
+        for s in profile_samples(
+            [observed(i, rng, products=PRODUCTS)], catalog=CATALOG, reference_product=A100
+        )
+    ]
+    by_workload: dict[str, list[Sample]] = {}
+    for s in samples:
+        by_workload.setdefault(s.workload, []).append(s)
+    prior = {w: calibration_fit.profile_shares_of(g[0]) for w, g in by_workload.items()}
+    settled = calibration_fit._fit_factors(samples, CATALOG, prior, {})
+    assert settled.rounds < 60, settled.rounds
+    fits = {}
+    for cap in (200, 201):
+        monkeypatch.setattr(calibration_fit, "ROUNDS", cap)
+        fits[cap] = fit_calibration(samples, CATALOG).to_json()
+    assert fits[200] == fits[201]

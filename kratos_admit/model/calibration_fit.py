@@ -131,11 +131,10 @@ def _ratios(catalog: Catalog, product: str, profiled: str) -> dict[Unit, float]:
     return found
 
 
-def _references(votes: Mapping[str, list[tuple[float, Sample]]], used: Sequence[Sample]) -> set[str]:
+def _references(votes: Mapping[str, list[tuple[float, Sample]]], ran: set[tuple[str, str]]) -> set[str]:
     """The products whose factor the votes are ratios to: the profiled product of each voting
-    workload that also ran there (that run set the workload's scale). A workload that never ran on
-    the product it was profiled on measures nothing there."""
-    ran = {(s.workload, s.product) for s in used}
+    workload that also ran there (``ran``: by workload, the products; that run set the workload's
+    scale). A workload that never ran on the product it was profiled on measures nothing there."""
     return {s.profiled for cast in votes.values() for _, s in cast if (s.workload, s.profiled) in ran}
 
 
@@ -252,6 +251,7 @@ class _Factors:
     by_unit: Factors
     votes: Votes
     measured: dict[Unit, set[str]]  # by unit: the products the last round's votes measured
+    rounds: int = 0  # the rounds the fit took (ROUNDS at most)
 
     def of(self, unit: Unit) -> dict[str, float]:
         return self.by_unit[unit]
@@ -289,6 +289,30 @@ def _read_key(group: Sequence[Sample], prior: Shares, factors: _Factors) -> tupl
     return (tuple(group), tuple(sorted(prior.items())), read)
 
 
+@dataclass(frozen=True, slots=True)
+class _Row:
+    """One sample read with its workload's shares: the parts of its terms no factor moves, computed
+    once per fit instead of once per round (``_terms`` gives the same floats)."""
+
+    s: Sample
+    bases: tuple[tuple[Unit, float], ...]  # by unit: the share x the catalog's figure ratio
+    idle: float
+
+
+def _row(s: Sample, catalog: Catalog, shares: Shares) -> _Row:
+    ratios = _ratios(catalog, s.product, s.profiled)
+    return _Row(s, tuple((unit, share * ratios[unit]) for unit, share in shares.items()), _idle(s, shares))
+
+
+def _row_terms(row: _Row, factors: Factors) -> Shares:
+    product, profiled = row.s.product, row.s.profiled
+    return {unit: base * factors[unit][product] / factors[unit][profiled] for unit, base in row.bases}
+
+
+SETTLING = 1e-3  # the factors are near their fit: a sample's clearness that changes now is at the edge
+SETTLED = 1e-9  # a round that moves no factor by more than this (in log) ends a phase of the fit
+
+
 def _fit_factors(
     used: Sequence[Sample],
     catalog: Catalog,
@@ -296,7 +320,14 @@ def _fit_factors(
     fixed: Mapping[Unit, Mapping[str, float]],
 ) -> _Factors:
     """Each product's factors from the runs, the workloads read with ``shares``; a factor in
-    ``fixed`` (by unit, by product) is held at that value (known, but not voted on)."""
+    ``fixed`` (by unit, by product) is held at that value (known, but not voted on).
+
+    Least-squares rounds until no factor moves (at most ROUNDS // 2), then Huber rounds until none
+    moves. Which samples are clearly bound, and by which unit, is read afresh in each least-squares
+    round and held through the Huber rounds: read afresh there, a sample at the DOMINANT edge voted
+    in one round and not the next, and the factors went round a cycle of two (0.1 % apart at 1,000
+    workloads) until the last round, so the result was the parity of ROUNDS and each fit ran all of
+    them. Each round's terms are computed once and read by both of its steps."""
     names = {s.product for s in used} | {s.profiled for s in used}
     factors: Factors = {unit: dict.fromkeys(names, 1.0) for unit in FACTOR_UNITS}
     # the catalog's measured ground (every figure a cited measurement: the H100 80GB HBM3 today), which
@@ -308,59 +339,75 @@ def _fit_factors(
     votes: Votes = {unit: {} for unit in FACTOR_UNITS}
     # the factors some round measured (voted on, or the reference of votes): the others stay 1
     known: dict[Unit, set[str]] = {unit: set(fixed.get(unit, {})) for unit in FACTOR_UNITS}
-    by_workload: dict[str, list[Sample]] = {}
+    ran = {(s.workload, s.product) for s in used}
+    rows: dict[str, list[_Row]] = {}
     for s in used:
-        by_workload.setdefault(s.workload, []).append(s)
+        rows.setdefault(s.workload, []).append(_row(s, catalog, shares[s.workload]))
+    # by sample: whether one unit clearly bounds it, and which (read in least-squares rounds, then held)
+    held: dict[int, tuple[bool, Unit]] = {}
+    flips: dict[int, int] = {}  # by sample: how often its clearness changed between least-squares rounds
+    huber = settling = False
     for round_ in range(ROUNDS):
-        # least squares first (a unique fit, near which the Huber steps then converge), then Huber
-        delta = math.inf if round_ < ROUNDS // 2 else HUBER_DELTA
+        delta = HUBER_DELTA if huber else math.inf
         scale: dict[str, float] = {}
-        for workload, group in by_workload.items():
+        read: list[tuple[_Row, Shares]] = []
+        for workload, group in rows.items():
             # the scale comes from the samples the model reads clearly: the run on the profiled
             # product (which the model predicts exactly), and runs clearly bound by one unit
             logs, weights = [], []
-            for s in group:
-                terms, idle = _terms(s, catalog, factors, shares[workload])
-                if s.product == s.profiled or _clear(s, terms, idle):
-                    logs.append(math.log(s.seconds / _modelled(s, terms, idle)))
-                    weights.append(s.runs)
+            for row in group:
+                terms = _row_terms(row, factors)
+                if not huber:
+                    clear = _clear(row.s, terms, row.idle)
+                    if settling and held[id(row)][0] != clear:
+                        flips[id(row)] = flips.get(id(row), 0) + 1
+                    held[id(row)] = (clear and flips.get(id(row), 0) < 2, _bound(terms))
+                read.append((row, terms))
+                if row.s.product == row.s.profiled or held[id(row)][0]:
+                    logs.append(math.log(row.s.seconds / _modelled(row.s, terms, row.idle)))
+                    weights.append(row.s.runs)
             if logs:
                 scale[workload] = math.exp(huber_location(logs, weights, delta=delta))
         votes = {unit: {} for unit in FACTOR_UNITS}
-        for s in used:
+        for row, terms in read:
+            s = row.s
             if s.product == s.profiled:
                 continue  # the run on its own profiled product sets the scale, not a ratio
             if s.workload not in scale:
                 continue
-            terms, idle = _terms(s, catalog, factors, shares[s.workload])
-            unit = _bound(terms)
+            clear, unit = held[id(row)]
             # the units model adds the other units' time; the roofline of a profile by throughputs does not
             others = sum(t for u, t in terms.items() if u != unit) if s.shares else 0.0
-            busy = s.seconds / scale[s.workload] - idle - others
-            if busy <= 0 or not _clear(s, terms, idle):
+            busy = s.seconds / scale[s.workload] - row.idle - others
+            if busy <= 0 or not clear:
                 continue  # which unit bounds it is not clear: it could explain either factor
             if s.product in fixed.get(unit, {}):
                 continue
             votes[unit].setdefault(s.product, []).append((factors[unit][s.product] * busy / terms[unit], s))
-        moved = 0.0
+        before = {unit: dict(by) for unit, by in factors.items()}
         for unit in FACTOR_UNITS:
             here = factors[unit]
             for product, cast in votes[unit].items():
-                new = math.exp(
+                here[product] = math.exp(
                     huber_location([math.log(f) for f, _ in cast], [s.runs for _, s in cast], delta=delta)
                 )
-                moved = max(moved, abs(math.log(new / here[product])))
-                here[product] = new
             here.update(fixed.get(unit, {}))
-            known[unit] |= set(votes[unit]) | _references(votes[unit], used)
+            known[unit] |= set(votes[unit]) | _references(votes[unit], ran)
             _anchor(here, set(votes[unit]), known[unit], ground[unit])
-        if moved < 1e-7 and delta != math.inf:
-            break
+        # measured after the anchor: a vote's move the anchor takes back is no move
+        moved = max(
+            (abs(math.log(f / before[u][p])) for u, by in factors.items() for p, f in by.items()), default=0.0
+        )
+        settling = settling or moved < SETTLING
+        if moved < SETTLED or (not huber and round_ == ROUNDS // 2 - 1):
+            if huber:
+                break
+            huber = True
     measured = {
-        unit: set(votes[unit]) | _references(votes[unit], used) | set(fixed.get(unit, {}))
+        unit: set(votes[unit]) | _references(votes[unit], ran) | set(fixed.get(unit, {}))
         for unit in FACTOR_UNITS
     }
-    return _Factors(factors, votes, measured)
+    return _Factors(factors, votes, measured, round_ + 1)
 
 
 def _refit_shares(group: Sequence[Sample], prior: Shares, catalog: Catalog, factors: _Factors) -> Shares:

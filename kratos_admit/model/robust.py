@@ -30,6 +30,10 @@ def huber_location(values: Sequence[float], weights: Sequence[float], *, delta: 
     """Huber's M-estimate of location (iteratively reweighted, from the weighted median): values
     within ``delta`` of it count fully, as in a mean; one farther out counts delta/distance of its
     weight, so an outlier moves it by at most about delta times its share of the weight."""
+    if delta == math.inf:
+        # every weight counts fully: the weighted mean, which is the first step's result and its fixed
+        # point (the same floats, without the median and the second step)
+        return sum(x * wt for x, wt in zip(values, weights, strict=True)) / sum(weights)
     centre = weighted_median(values, weights)
     for _ in range(20):
         w = [
