@@ -289,24 +289,22 @@ def _read_key(group: Sequence[Sample], prior: Shares, factors: _Factors) -> tupl
     return (tuple(group), tuple(sorted(prior.items())), read)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class _Row:
     """One sample read with its workload's shares: the parts of its terms no factor moves, computed
-    once per fit instead of once per round (``_terms`` gives the same floats)."""
+    once per fit instead of once per round (the same floats as ``_terms``), and how the fit reads it."""
 
     s: Sample
     bases: tuple[tuple[Unit, float], ...]  # by unit: the share x the catalog's figure ratio
     idle: float
+    clear: bool = False  # one unit clearly bounds it (read in least-squares rounds, then held)
+    bound: Unit = "memory"  # the unit with the largest term
+    flips: int = 0  # how often its clearness changed once the factors were settling
 
 
 def _row(s: Sample, catalog: Catalog, shares: Shares) -> _Row:
     ratios = _ratios(catalog, s.product, s.profiled)
     return _Row(s, tuple((unit, share * ratios[unit]) for unit, share in shares.items()), _idle(s, shares))
-
-
-def _row_terms(row: _Row, factors: Factors) -> Shares:
-    product, profiled = row.s.product, row.s.profiled
-    return {unit: base * factors[unit][product] / factors[unit][profiled] for unit, base in row.bases}
 
 
 SETTLING = 1e-3  # the factors are near their fit: a sample's clearness that changes now is at the edge
@@ -343,47 +341,43 @@ def _fit_factors(
     rows: dict[str, list[_Row]] = {}
     for s in used:
         rows.setdefault(s.workload, []).append(_row(s, catalog, shares[s.workload]))
-    # by sample: whether one unit clearly bounds it, and which (read in least-squares rounds, then held)
-    held: dict[int, tuple[bool, Unit]] = {}
-    flips: dict[int, int] = {}  # by sample: how often its clearness changed between least-squares rounds
     huber = settling = False
     for round_ in range(ROUNDS):
         delta = HUBER_DELTA if huber else math.inf
-        scale: dict[str, float] = {}
-        read: list[tuple[_Row, Shares]] = []
-        for workload, group in rows.items():
+        votes = {unit: {} for unit in FACTOR_UNITS}
+        for group in rows.values():
             # the scale comes from the samples the model reads clearly: the run on the profiled
             # product (which the model predicts exactly), and runs clearly bound by one unit
-            logs, weights = [], []
+            logs, weights, read = [], [], []
             for row in group:
-                terms = _row_terms(row, factors)
+                s = row.s
+                terms = {u: base * factors[u][s.product] / factors[u][s.profiled] for u, base in row.bases}
                 if not huber:
-                    clear = _clear(row.s, terms, row.idle)
-                    if settling and held[id(row)][0] != clear:
-                        flips[id(row)] = flips.get(id(row), 0) + 1
-                    held[id(row)] = (clear and flips.get(id(row), 0) < 2, _bound(terms))
-                read.append((row, terms))
-                if row.s.product == row.s.profiled or held[id(row)][0]:
-                    logs.append(math.log(row.s.seconds / _modelled(row.s, terms, row.idle)))
-                    weights.append(row.s.runs)
-            if logs:
-                scale[workload] = math.exp(huber_location(logs, weights, delta=delta))
-        votes = {unit: {} for unit in FACTOR_UNITS}
-        for row, terms in read:
-            s = row.s
-            if s.product == s.profiled:
-                continue  # the run on its own profiled product sets the scale, not a ratio
-            if s.workload not in scale:
+                    clear = _clear(s, terms, row.idle)
+                    if settling and row.clear != clear:
+                        row.flips += 1
+                    row.clear, row.bound = clear and row.flips < 2, _bound(terms)
+                read.append(terms)
+                if s.product == s.profiled or row.clear:
+                    logs.append(math.log(s.seconds / _modelled(s, terms, row.idle)))
+                    weights.append(s.runs)
+            if not logs:
                 continue
-            clear, unit = held[id(row)]
-            # the units model adds the other units' time; the roofline of a profile by throughputs does not
-            others = sum(t for u, t in terms.items() if u != unit) if s.shares else 0.0
-            busy = s.seconds / scale[s.workload] - row.idle - others
-            if busy <= 0 or not clear:
-                continue  # which unit bounds it is not clear: it could explain either factor
-            if s.product in fixed.get(unit, {}):
-                continue
-            votes[unit].setdefault(s.product, []).append((factors[unit][s.product] * busy / terms[unit], s))
+            scale = math.exp(huber_location(logs, weights, delta=delta))
+            for row, terms in zip(group, read, strict=True):
+                s, unit = row.s, row.bound
+                if s.product == s.profiled or not row.clear:
+                    # the run on its own profiled product sets the scale, not a ratio; a run that no
+                    # unit clearly bounds could explain either factor
+                    continue
+                # the units model adds the other units' time; the roofline of a profile by throughputs does not
+                others = sum(t for u, t in terms.items() if u != unit) if s.shares else 0.0
+                busy = s.seconds / scale - row.idle - others
+                if busy <= 0 or s.product in fixed.get(unit, {}):
+                    continue
+                votes[unit].setdefault(s.product, []).append(
+                    (factors[unit][s.product] * busy / terms[unit], s)
+                )
         before = {unit: dict(by) for unit, by in factors.items()}
         for unit in FACTOR_UNITS:
             here = factors[unit]
