@@ -308,6 +308,7 @@ def _row(s: Sample, catalog: Catalog, shares: Shares) -> _Row:
 
 
 SETTLING = 1e-3  # the factors are near their fit: a sample's clearness that changes now is at the edge
+SETTLING_ROUNDS = 10  # or this many rounds have passed (a cycle wider than SETTLING never comes near)
 SETTLED = 1e-9  # a round that moves no factor by more than this (in log) ends a phase of the fit
 
 
@@ -392,7 +393,7 @@ def _fit_factors(
         moved = max(
             (abs(math.log(f / before[u][p])) for u, by in factors.items() for p, f in by.items()), default=0.0
         )
-        settling = settling or moved < SETTLING
+        settling = settling or moved < SETTLING or round_ + 1 >= SETTLING_ROUNDS
         if moved < SETTLED or (not huber and round_ == ROUNDS // 2 - 1):
             if huber:
                 break
