@@ -270,8 +270,9 @@ class FitMemo:
     the published factors and measured sets of its products), so a fit re-fits only the workloads
     whose samples changed or whose products' published factors moved. The products' factors are one
     alternating fit over all samples (any run on a product moves its factor; started elsewhere than
-    the catalog's figures, an under-determined fit settles elsewhere), so they are fitted whole each
-    time. Valid for one catalog: another starts over (``fit_calibration``)."""
+    the catalog's figures, an under-determined fit settles elsewhere: started from the last fit's
+    factors, 188 of the example trace's 240 refits differed from a fit from nothing, the A100's memory
+    factor 0.67 against 0.73 at one), so they are fitted whole each time. Valid for one catalog: another starts over (``fit_calibration``)."""
 
     catalog: Catalog | None = None
     shares: dict[tuple[object, ...], Shares] = dataclasses.field(default_factory=dict)
