@@ -367,7 +367,7 @@ def test_placement_shows_the_cut_per_product_and_what_it_keeps_off():
         H100: "acceptable", A100: "acceptable", L40S: "acceptable", L4: "kept-off", "Tesla-T4": "kept-off"
     }  # fmt: skip
     assert cut_of[H100][1] == 1.0 and cut_of[L4][1] == 8.17
-    assert footer.startswith("maxSlowdown 5: required onto the products within 5x of the best; kept off ")
+    assert footer.startswith("maxSlowdown 6: required onto the products within 6x of the best; kept off ")
     assert "NVIDIA-L4 (8.17x)" in footer and "Tesla-T4 (7.67x)" in footer
 
 
