@@ -475,7 +475,7 @@ def as_before(calibration: Calibration, min_runs: int) -> Calibration:
 
 @pytest.mark.parametrize(
     ("seed", "before_at_least"),
-    [(1, 0.2), (2, 0.0), (3, 0.0), (4, 0.0), (5, 0.3), (6, 0.2)],
+    [(1, 0.2), (2, 0.0), (3, 0.0), (4, 0.0), (5, 0.0), (6, 0.2)],
     ids=["draw-1", "draw-2", "draw-3", "draw-4", "draw-5", "draw-6"],
 )
 def test_workloads_profiled_on_the_product_furthest_from_the_catalog_are_predicted_within_ten_percent(
@@ -486,7 +486,7 @@ def test_workloads_profiled_on_the_product_furthest_from_the_catalog_are_predict
     the catalog. After the example trace, every product calibrated in both figures (FP32 and memory
     factors on minCalibrationRuns runs from two workloads) is predicted within 10 % for every workload
     of the trace. Read as before (a product calibrated only once both its factors qualify, the
-    profiles' own shares), the same runs predict those products worse, by up to 39 % (draw 5).
+    profiles' own shares), the same runs predict those products worse, by up to 39 % (draw 5, before the fit settled).
 
     A product with a figure no run measured keeps the catalog's, and a workload that never ran there
     is predicted with the catalog's error (docs/ranking.md "What it does not achieve"): here the T4's
@@ -499,8 +499,8 @@ def test_workloads_profiled_on_the_product_furthest_from_the_catalog_are_predict
     the T4s it would run 6 times slower on, so the T4's factors rest on fewer and other runs: in draw 2
     it ends calibrated and 19.1 % off, and read as before the products are no longer worse by the
     margins below (the runs that made them worse no longer happen). Since the factors' fit settles
-    (issue 59; it used to end on the parity of its rounds), draw 3's runs predict the products as
-    well read either way (the T4 5.1 % off, as after), where before the old reading was 20 % worse."""
+    (issue 59; it used to end on the parity of its rounds), draws 3 and 5 predict the products as well
+    read either way (worst 5.1 % and 3.4 %, as after), where the old reading was 20 % and 39 % worse."""
     cluster = load_cluster(EXAMPLES / "simulation" / "cluster.yaml", CATALOG)
     t4 = next(n for n in cluster if n.product == T4)
     cluster += [dataclasses.replace(t4, name=f"gpu-t4-extra-{i}") for i in range(6)]
