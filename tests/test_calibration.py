@@ -6,13 +6,17 @@ from __future__ import annotations
 import dataclasses
 import io
 import json
+import math
 import random
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kratos_admit.cli.main import main
 from kratos_admit.cli.placement import placement_rows
@@ -35,7 +39,7 @@ from kratos_admit.model.calibration import (
 )
 from kratos_admit.model.calibration_fit import fit_calibration
 from kratos_admit.model.catalog import Catalog
-from kratos_admit.model.robust import huber_location, weighted_median
+from kratos_admit.model.robust import huber_location, huber_locations, weighted_median, weighted_medians
 from kratos_admit.simulation.inputs import load_cluster, load_trace
 from kratos_admit.simulation.knowledge import Learned, prediction_errors
 from kratos_admit.simulation.replay import simulate
@@ -891,3 +895,38 @@ def test_re_fitted_time_shares_round_trip_and_the_ranking_reads_them_against_the
     document["workloads"]["bf16-train"]["timeShares"]["bogus"] = "0.1"
     with pytest.raises(CalibrationError, match="'bogus' is not a unit"):
         parse_calibration(json.dumps(document))
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.integers(0, 7),
+            st.sampled_from([-0.3, -0.05, 0.0, 0.02, 0.1, 0.1, 0.2]) | st.floats(-1, 1),
+            st.integers(1, 6),
+        ),
+        max_size=60,
+    ),
+    st.sampled_from([math.inf, 0.1, 0.02]),
+)
+def test_the_group_wise_estimators_are_the_scalar_ones_on_each_group(
+    rows: list[tuple[int, float, int]], delta: float
+):
+    """``huber_locations`` and ``weighted_medians`` (issue 59: the factors' fit over arrays) give, for
+    each group, exactly what ``huber_location`` and ``weighted_median`` give on its values in order,
+    ties (repeated values, a running weight at half) included; nan for a group with none."""
+    rows = sorted(rows, key=lambda r: r[0])
+    count = 8
+    groups = np.array([g for g, _, _ in rows], dtype=np.intp)
+    values = np.array([x for _, x, _ in rows], dtype=np.float64)
+    weights = np.array([float(w) for _, _, w in rows], dtype=np.float64)
+    located = huber_locations(values, weights, groups, count, delta=delta)
+    medians = weighted_medians(values, weights, groups, count)
+    for k in range(count):
+        mine = [(x, w) for g, x, w in rows if g == k]
+        if not mine:
+            assert math.isnan(located[k]) and math.isnan(medians[k])
+            continue
+        xs, ws = [x for x, _ in mine], [w for _, w in mine]
+        assert located[k] == huber_location(xs, ws, delta=delta)
+        assert medians[k] == weighted_median(xs, ws)

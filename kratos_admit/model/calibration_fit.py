@@ -34,6 +34,9 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+import numpy as np
+from numpy.typing import NDArray
+
 from kratos_admit.domain.vocabulary import Unit
 from kratos_admit.model.calibration import (
     DIGITS,
@@ -49,7 +52,7 @@ from kratos_admit.model.calibration import (
 )
 from kratos_admit.model.calibration_links import fit_links
 from kratos_admit.model.catalog import Catalog
-from kratos_admit.model.robust import ROUNDS, huber_location
+from kratos_admit.model.robust import ROUNDS, huber_location, huber_locations
 
 # re-fitted shares (docs/ranking.md "Re-fitted shares"): the profile's measured shares are a prior
 # worth PRIOR_RUNS runs; a step moves a share by at most this much in log; a share stays in (0, 1]
@@ -291,27 +294,98 @@ def _read_key(group: Sequence[Sample], prior: Shares, factors: _Factors) -> tupl
     return (tuple(group), tuple(sorted(prior.items())), read)
 
 
-@dataclass(slots=True)
-class _Row:
-    """One sample read with its workload's shares: the parts of its terms no factor moves, computed
-    once per fit instead of once per round (the same floats as ``_terms``), and how the fit reads it."""
-
-    s: Sample
-    bases: tuple[tuple[Unit, float], ...]  # by unit: the share x the catalog's figure ratio
-    idle: float
-    clear: bool = False  # one unit clearly bounds it (read in least-squares rounds, then held)
-    bound: Unit = "memory"  # the unit with the largest term
-    flips: int = 0  # how often its clearness changed once the factors were settling
-
-
-def _row(s: Sample, catalog: Catalog, shares: Shares) -> _Row:
-    ratios = _ratios(catalog, s.product, s.profiled)
-    return _Row(s, tuple((unit, share * ratios[unit]) for unit, share in shares.items()), _idle(s, shares))
-
-
 SETTLING = 1e-3  # the factors are near their fit: a sample's clearness that changes now is at the edge
 SETTLING_ROUNDS = 10  # or this many rounds have passed (a cycle wider than SETTLING never comes near)
 SETTLED = 1e-9  # a round that moves no factor by more than this (in log) ends a phase of the fit
+MEMORY = FACTOR_UNITS.index("memory")
+
+
+@dataclass(frozen=True)
+class _Rows:
+    """The samples as arrays, one row a sample, one column a unit of FACTOR_UNITS: the parts of their
+    terms no factor moves (the share x the catalog's figure ratio, 0 for a unit the workload's shares
+    do not name, which adds nothing to a sum and bounds nothing), built once per fit."""
+
+    samples: Sequence[Sample]
+    products: list[str]  # the index of a product in the arrays
+    workload: NDArray[np.intp]  # each row's workload (rows of one workload in their given order)
+    workloads: int
+    product: NDArray[np.intp]
+    profiled: NDArray[np.intp]
+    bases: NDArray[np.float64]  # rows x units
+    idle: NDArray[np.float64]
+    seconds: NDArray[np.float64]
+    runs: NDArray[np.float64]
+    units_model: NDArray[np.bool_]  # time shares (terms summed) or a profile by throughputs (the larger)
+    own: NDArray[np.bool_]  # the run on the workload's profiled product
+    reference: NDArray[np.bool_]  # the workload ran on its profiled product: its votes are ratios to it
+
+
+def _rows(used: Sequence[Sample], catalog: Catalog, shares: Mapping[str, Shares]) -> _Rows:
+    products = sorted({s.product for s in used} | {s.profiled for s in used})
+    index = {p: i for i, p in enumerate(products)}
+    order: dict[str, int] = {}
+    for s in used:
+        order.setdefault(s.workload, len(order))
+    # rows grouped by workload, each workload's in the order given: the sums of a group run as the
+    # scalar fit's did over its lists
+    ordered = sorted(used, key=lambda s: order[s.workload])
+    bases = np.zeros((len(ordered), len(FACTOR_UNITS)))
+    idle = np.zeros(len(ordered))
+    for i, s in enumerate(ordered):
+        read = shares[s.workload]
+        ratios = _ratios(catalog, s.product, s.profiled)
+        for unit, share in read.items():
+            bases[i, FACTOR_UNITS.index(unit)] = share * ratios[unit]
+        idle[i] = _idle(s, read)
+    workload = np.array([order[s.workload] for s in ordered], dtype=np.intp)
+    ran = {(s.workload, s.product) for s in ordered}
+    return _Rows(
+        samples=ordered,
+        products=products,
+        workload=workload,
+        workloads=len(order),
+        product=np.array([index[s.product] for s in ordered], dtype=np.intp),
+        profiled=np.array([index[s.profiled] for s in ordered], dtype=np.intp),
+        bases=bases,
+        idle=idle,
+        seconds=np.array([s.seconds for s in ordered], dtype=np.float64),
+        runs=np.array([float(s.runs) for s in ordered], dtype=np.float64),
+        units_model=np.array([bool(s.shares) for s in ordered], dtype=np.bool_),
+        own=np.array([s.product == s.profiled for s in ordered], dtype=np.bool_),
+        reference=np.array([(s.workload, s.profiled) in ran for s in ordered], dtype=np.bool_),
+    )
+
+
+def _read_terms(rows: _Rows, factors: NDArray[np.float64]) -> NDArray[np.float64]:
+    """Each row's terms under ``factors`` (units x products): ``_terms``'s formula on the bases."""
+    return rows.bases * factors[:, rows.product].T / factors[:, rows.profiled].T
+
+
+def _bound_of(terms: NDArray[np.float64]) -> NDArray[np.intp]:
+    """``_bound`` per row: the unit with the largest term, memory first on a tie."""
+    top = terms.max(axis=1)
+    first = np.argmax(terms, axis=1).astype(np.intp)
+    return np.where(terms[:, MEMORY] == top, MEMORY, first).astype(np.intp)
+
+
+def _clear_of(rows: _Rows, terms: NDArray[np.float64], bound: NDArray[np.intp]) -> NDArray[np.bool_]:
+    """``_clear`` per row: the bounding unit's term at least DOMINANT times every other's (and the
+    idle share's, for time shares)."""
+    at = np.arange(len(bound))
+    top = terms[at, bound]
+    others = terms.copy()
+    others[at, bound] = -np.inf
+    rival = np.maximum(others.max(axis=1), np.where(rows.units_model, rows.idle, -np.inf))
+    return np.asarray(top >= DOMINANT * rival)
+
+
+def _modelled_of(rows: _Rows, terms: NDArray[np.float64]) -> NDArray[np.float64]:
+    """``_modelled`` per row: the terms summed in unit order (or the larger, by throughputs), plus idle."""
+    total = np.zeros(len(terms))
+    for u in range(terms.shape[1]):
+        total = total + terms[:, u]
+    return np.where(rows.units_model, total, terms.max(axis=1)) + rows.idle
 
 
 def _fit_factors(
@@ -328,85 +402,111 @@ def _fit_factors(
     round and held through the Huber rounds: read afresh there, a sample at the DOMINANT edge voted
     in one round and not the next, and the factors went round a cycle of two (0.1 % apart at 1,000
     workloads) until the last round, so the result was the parity of ROUNDS and each fit ran all of
-    them. Each round's terms are computed once and read by both of its steps."""
-    names = {s.product for s in used} | {s.profiled for s in used}
-    factors: Factors = {unit: dict.fromkeys(names, 1.0) for unit in FACTOR_UNITS}
+    them. Each round's terms are computed once and read by both of its steps, for every sample at
+    once (numpy arrays: 21 s of a core at 20,000 workloads when it went sample by sample)."""
+    rows = _rows(used, catalog, shares)
+    names, units = rows.products, len(FACTOR_UNITS)
+    pinned = np.ones((units, len(names)))
+    held = np.zeros((units, len(names)), dtype=np.bool_)
+    for u, unit in enumerate(FACTOR_UNITS):
+        for product, value in fixed.get(unit, {}).items():
+            pinned[u, names.index(product)] = value
+            held[u, names.index(product)] = True
+    factors = pinned.copy()
     # the catalog's measured ground (every figure a cited measurement: the H100 80GB HBM3 today), which
     # anchors each unit's factors where the fit measured it
-    measured_ground = frozenset(p for p in names if catalog.measured_ground(p))
-    ground = dict.fromkeys(FACTOR_UNITS, measured_ground)
-    for unit in FACTOR_UNITS:
-        factors[unit].update(fixed.get(unit, {}))
-    votes: Votes = {unit: {} for unit in FACTOR_UNITS}
+    ground = np.array([catalog.measured_ground(p) for p in names], dtype=np.bool_)
     # the factors some round measured (voted on, or the reference of votes): the others stay 1
-    known: dict[Unit, set[str]] = {unit: set(fixed.get(unit, {})) for unit in FACTOR_UNITS}
-    ran = {(s.workload, s.product) for s in used}
-    rows: dict[str, list[_Row]] = {}
-    for s in used:
-        rows.setdefault(s.workload, []).append(_row(s, catalog, shares[s.workload]))
+    known = held.copy()
+    n = len(rows.samples)
+    clear = np.zeros(n, dtype=np.bool_)
+    bound = np.full(n, MEMORY, dtype=np.intp)
+    flips = np.zeros(n, dtype=np.intp)
+    voted = np.zeros((units, len(names)), dtype=np.bool_)
+    voting = np.zeros(n, dtype=np.bool_)
+    votes = np.ones(n)
     huber = settling = False
+    round_ = 0
     for round_ in range(ROUNDS):
         delta = HUBER_DELTA if huber else math.inf
-        votes = {unit: {} for unit in FACTOR_UNITS}
-        for group in rows.values():
-            # the scale comes from the samples the model reads clearly: the run on the profiled
-            # product (which the model predicts exactly), and runs clearly bound by one unit
-            logs, weights, read = [], [], []
-            for row in group:
-                s = row.s
-                # _terms's formula on the row's precomputed bases (the same floats; inlined: the fit's
-                # inner loop, 60,000 samples a round at 20,000 workloads)
-                terms = {u: base * factors[u][s.product] / factors[u][s.profiled] for u, base in row.bases}
-                if not huber:
-                    clear = _clear(s, terms, row.idle)
-                    if settling and row.clear != clear:
-                        row.flips += 1
-                    row.clear, row.bound = clear and row.flips < 2, _bound(terms)
-                read.append(terms)
-                if s.product == s.profiled or row.clear:
-                    logs.append(math.log(s.seconds / _modelled(s, terms, row.idle)))
-                    weights.append(s.runs)
-            if not logs:
-                continue
-            scale = math.exp(huber_location(logs, weights, delta=delta))
-            for row, terms in zip(group, read, strict=True):
-                s, unit = row.s, row.bound
-                if s.product == s.profiled or not row.clear:
-                    # the run on its own profiled product sets the scale, not a ratio; a run that no
-                    # unit clearly bounds could explain either factor
-                    continue
-                # the units model adds the other units' time; the roofline of a profile by throughputs does not
-                others = sum(t for u, t in terms.items() if u != unit) if s.shares else 0.0
-                busy = s.seconds / scale - row.idle - others
-                if busy <= 0 or s.product in fixed.get(unit, {}):
-                    continue
-                votes[unit].setdefault(s.product, []).append(
-                    (factors[unit][s.product] * busy / terms[unit], s)
-                )
-        before = {unit: dict(by) for unit, by in factors.items()}
-        for unit in FACTOR_UNITS:
-            here = factors[unit]
-            for product, cast in votes[unit].items():
-                here[product] = math.exp(
-                    huber_location([math.log(f) for f, _ in cast], [s.runs for _, s in cast], delta=delta)
-                )
-            here.update(fixed.get(unit, {}))
-            known[unit] |= set(votes[unit]) | _references(votes[unit], ran)
-            _anchor(here, set(votes[unit]), known[unit], ground[unit])
-        # measured after the anchor: a vote's move the anchor takes back is no move
-        moved = max(
-            (abs(math.log(f / before[u][p])) for u, by in factors.items() for p, f in by.items()), default=0.0
+        terms = _read_terms(rows, factors)
+        if not huber:
+            now = _clear_of(rows, terms, bound := _bound_of(terms))
+            if settling:
+                flips += now != clear
+            clear = now & (flips < 2)
+        # the scale comes from the samples the model reads clearly: the run on the profiled product
+        # (which the model predicts exactly), and runs clearly bound by one unit
+        reads = rows.own | clear
+        modelled = _modelled_of(rows, terms)
+        logs = np.log(rows.seconds[reads] / modelled[reads])
+        scales = np.exp(
+            huber_locations(logs, rows.runs[reads], rows.workload[reads], rows.workloads, delta=delta)
         )
+        scale = scales[rows.workload]
+        at = np.arange(n)
+        mine = terms[at, bound]
+        # the units model adds the other units' time; the roofline of a profile by throughputs does not
+        rest = terms.copy()
+        rest[at, bound] = 0.0
+        rest[~rows.units_model] = 0.0
+        others = rest[:, 0]
+        for u in range(1, units):
+            others = others + rest[:, u]
+        busy = rows.seconds / scale - rows.idle - others  # nan where the workload has no scale
+        # a run on its own profiled product sets the scale, not a ratio; a run no unit clearly bounds
+        # could explain either factor
+        voting = ~rows.own & clear & ~np.isnan(scale) & (busy > 0) & ~held[bound, rows.product]
+        votes = factors[bound, rows.product] * busy / np.where(voting, mine, 1.0)
+        group = bound * len(names) + rows.product
+        before = factors.copy()
+        located = huber_locations(
+            np.log(votes[voting]), rows.runs[voting], group[voting], units * len(names), delta=delta
+        ).reshape(units, len(names))
+        voted = ~np.isnan(located)
+        factors = np.where(voted, np.exp(located), factors)
+        factors = np.where(held, pinned, factors)
+        referenced = np.zeros((units, len(names)), dtype=np.bool_)
+        referenced[bound[voting & rows.reference], rows.profiled[voting & rows.reference]] = True
+        known |= voted | referenced
+        factors = _anchored(factors, voted, known, ground)
+        # measured after the anchor: a vote's move the anchor takes back is no move
+        moved = float(np.abs(np.log(factors / before)).max()) if factors.size else 0.0
         settling = settling or moved < SETTLING or round_ + 1 >= SETTLING_ROUNDS
         if moved < SETTLED or (not huber and round_ == ROUNDS // 2 - 1):
             if huber:
                 break
             huber = True
+    cast: Votes = {unit: {} for unit in FACTOR_UNITS}
+    for i in np.flatnonzero(voting).tolist():
+        cast[FACTOR_UNITS[bound[i]]].setdefault(names[rows.product[i]], []).append(
+            (float(votes[i]), rows.samples[i])
+        )
     measured = {
-        unit: set(votes[unit]) | _references(votes[unit], ran) | set(fixed.get(unit, {}))
-        for unit in FACTOR_UNITS
+        unit: {names[p] for p in np.flatnonzero(voted[u] | referenced[u] | held[u])}
+        for u, unit in enumerate(FACTOR_UNITS)
     }
-    return _Factors(factors, votes, measured, round_ + 1)
+    by_unit = {
+        unit: {p: float(factors[u, i]) for i, p in enumerate(names)} for u, unit in enumerate(FACTOR_UNITS)
+    }
+    return _Factors(by_unit, cast, measured, round_ + 1)
+
+
+def _anchored(
+    factors: NDArray[np.float64],
+    voted: NDArray[np.bool_],
+    known: NDArray[np.bool_],
+    ground: NDArray[np.bool_],
+) -> NDArray[np.float64]:
+    """``_anchor`` for every unit (a row of ``factors`` each): the known factors divided by one
+    geometric mean, that of the measured ground where the fit measured it, else of those voted on;
+    an unknown factor stays 1."""
+    on_ground = ground & known
+    by = np.where(on_ground.any(axis=1, keepdims=True), on_ground, voted)
+    count = by.sum(axis=1, keepdims=True)
+    logs = np.where(by, np.log(factors), 0.0).sum(axis=1, keepdims=True)
+    mean = np.exp(logs / np.maximum(count, 1))
+    return np.where(known, factors / mean, 1.0)
 
 
 def _refit_shares(group: Sequence[Sample], prior: Shares, catalog: Catalog, factors: _Factors) -> Shares:
