@@ -26,6 +26,7 @@ from kratos_admit.decisions.stores import StaticCalibrationStore, StaticNodeStor
 from kratos_admit.domain import vocabulary as v
 from kratos_admit.domain.config import Config
 from kratos_admit.domain.profile import Observation, ProfileGpu, TimeShares
+from kratos_admit.model import robust
 from kratos_admit.model.calibration import (
     NO_CALIBRATION,
     Calibration,
@@ -914,19 +915,27 @@ def test_the_group_wise_estimators_are_the_scalar_ones_on_each_group(
 ):
     """``huber_locations`` and ``weighted_medians`` (issue 59: the factors' fit over arrays) give, for
     each group, exactly what ``huber_location`` and ``weighted_median`` give on its values in order,
-    ties (repeated values, a running weight at half) included; nan for a group with none."""
+    ties (repeated values, a running weight at half) included; nan for a group with none. Both ways
+    of ``huber_locations``: the array steps (``SCALAR_BELOW`` 0) and the scalar function per group."""
     rows = sorted(rows, key=lambda r: r[0])
     count = 8
     groups = np.array([g for g, _, _ in rows], dtype=np.intp)
     values = np.array([x for _, x, _ in rows], dtype=np.float64)
     weights = np.array([float(w) for _, _, w in rows], dtype=np.float64)
-    located = huber_locations(values, weights, groups, count, delta=delta)
     medians = weighted_medians(values, weights, groups, count)
+    ways = {}
+    for below in (0, robust.SCALAR_BELOW):
+        was, robust.SCALAR_BELOW = robust.SCALAR_BELOW, below
+        try:
+            ways[below] = huber_locations(values, weights, groups, count, delta=delta)
+        finally:
+            robust.SCALAR_BELOW = was
     for k in range(count):
         mine = [(x, w) for g, x, w in rows if g == k]
         if not mine:
-            assert math.isnan(located[k]) and math.isnan(medians[k])
+            assert math.isnan(medians[k]) and all(math.isnan(located[k]) for located in ways.values())
             continue
         xs, ws = [x for x, _ in mine], [w for _, w in mine]
-        assert located[k] == huber_location(xs, ws, delta=delta)
         assert medians[k] == weighted_median(xs, ws)
+        for located in ways.values():
+            assert located[k] == huber_location(xs, ws, delta=delta)
