@@ -202,3 +202,15 @@ def test_the_factors_fit_over_arrays_gives_the_sample_by_sample_fits_calibration
     fitted = fit_calibration(by_throughputs_every(workloads, every), CATALOG)
     assert {p: (c.memory.factor, c.compute.factor) for p, c in fitted.products.items()} == factors
     assert hashlib.sha256(fitted.to_json().encode()).hexdigest()[:16] == digest
+
+
+def test_the_shares_refitted_together_are_those_refitted_one_by_one(monkeypatch: pytest.MonkeyPatch):
+    """Issue 59: from ``BATCH_FROM`` workloads their shares are re-fitted together over arrays (a
+    fit's first pass at 20,000 workloads, or a run that moves a published factor), the same floats as
+    one by one: here 300 workloads, a third of them by throughputs, both ways."""
+    samples = by_throughputs_every(300, 3)
+    together = fit_calibration(samples, CATALOG)
+    monkeypatch.setattr(calibration_fit, "BATCH_FROM", 10**9)
+    one_by_one = fit_calibration(samples, CATALOG)
+    assert len(together.workloads) == 300
+    assert together.to_json() == one_by_one.to_json()

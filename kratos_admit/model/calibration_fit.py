@@ -536,6 +536,172 @@ def _refit_shares(group: Sequence[Sample], prior: Shares, catalog: Catalog, fact
     return current[1]
 
 
+BATCH_FROM = 64  # workloads to re-fit: from this many, ``_refit_many`` steps them together over arrays
+
+
+def _refit_many(
+    items: Sequence[tuple[Sequence[Sample], Shares]], catalog: Catalog, factors: _Factors
+) -> list[Shares]:
+    """``_refit_shares`` of each (group, prior): workload by workload for a few, else together over
+    numpy arrays, workloads with the same units (and the same model of them) in one batch. A batch
+    makes each workload's floating-point operations in the scalar function's order (its rows' sums
+    in their order, the same elimination with partial pivoting), so each result is the same floats."""
+    if len(items) < BATCH_FROM:
+        return [_refit_shares(group, prior, catalog, factors) for group, prior in items]
+    found: list[Shares | None] = [None] * len(items)
+    batches: dict[tuple[tuple[Unit, ...], bool], list[int]] = {}
+    for i, (group, prior) in enumerate(items):
+        batches.setdefault((tuple(prior), bool(group[0].shares)), []).append(i)
+    for (units, units_model), members in batches.items():
+        for i, shares in zip(
+            members,
+            _refit_batch([items[i] for i in members], units, units_model, catalog, factors),
+            strict=True,
+        ):
+            found[i] = shares
+    return [s for s in found if s is not None]
+
+
+def _refit_batch(
+    items: Sequence[tuple[Sequence[Sample], Shares]],
+    units: tuple[Unit, ...],
+    units_model: bool,
+    catalog: Catalog,
+    factors: _Factors,
+) -> list[Shares]:
+    """``_refit_shares`` of workloads whose shares name the same ``units``, all at once."""
+    k = len(units)
+    known = {(p, unit) for unit, products in factors.measured.items() for p in products}
+    samples = [s for group, _ in items for s in group]
+    owner = np.array([w for w, (group, _) in enumerate(items) for _ in group], dtype=np.intp)
+    starts = np.cumsum([0] + [len(group) for group, _ in items[:-1]]).astype(np.intp)
+    ratio = np.array([[_ratios(catalog, s.product, s.profiled)[u] for u in units] for s in samples])
+    here = np.array([[factors.by_unit[u][s.product] for u in units] for s in samples])
+    there = np.array([[factors.by_unit[u][s.profiled] for u in units] for s in samples])
+    seconds = np.array([s.seconds for s in samples])
+    runs = np.array([float(s.runs) for s in samples])
+    own = np.array([s.product == s.profiled for s in samples], dtype=np.bool_)
+    # by sample and unit: whether the product's factor for that unit was measured (else a run there
+    # bound by it is left out, as nothing measured the figure it would be read with)
+    measured = np.array([[(s.product, u) in known for u in units] for s in samples], dtype=np.bool_)
+    prior = np.array([[p[u] for u in units] for _, p in items])
+    memory = units.index("memory") if "memory" in units else -1
+
+    def read(
+        shares: NDArray[np.float64],
+    ) -> tuple[NDArray[np.float64], NDArray[np.float64], NDArray[np.float64]]:
+        """Each sample's terms, idle share and modelled time under its workload's ``shares``."""
+        mine = shares[owner]
+        terms = mine * ratio * here / there
+        if units_model:
+            total = mine[:, 0]
+            for u in range(1, k):
+                total = total + mine[:, u]
+            idle = np.maximum(0.0, 1.0 - total)
+            summed = terms[:, 0]
+            for u in range(1, k):
+                summed = summed + terms[:, u]
+            return terms, idle, summed + idle
+        idle = 1 - mine.max(axis=1)
+        return terms, idle, terms.max(axis=1) + idle
+
+    def bound(values: NDArray[np.float64]) -> NDArray[np.intp]:
+        """``_bound``: the largest, memory first on a tie, else the first in the units' order."""
+        top = values.max(axis=1)
+        at = np.argmax(values, axis=1).astype(np.intp)
+        return at if memory < 0 else np.where(values[:, memory] == top, memory, at).astype(np.intp)
+
+    shares = prior.copy()
+    modelled = read(shares)[2]
+    scale = seconds[starts] / modelled[starts]
+    active = np.ones(len(items), dtype=np.bool_)
+    at_rows = np.arange(len(samples))
+    for step in range(2 * REFIT_STEPS):
+        if not active.any():
+            break
+        huber = step >= REFIT_STEPS
+        terms, _, modelled = read(shares)
+        kept = (own | measured[at_rows, bound(terms)]) & (modelled > 0) & active[owner]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            residual = np.log(seconds / (scale[owner] * modelled))
+            weight = runs * (
+                np.minimum(1.0, HUBER_DELTA / np.maximum(np.abs(residual), 1e-12)) if huber else 1.0
+            )
+            mine = shares[owner]
+            if units_model:
+                total = mine[:, 0]
+                for u in range(1, k):
+                    total = total + mine[:, u]
+                busy = (total < 1.0)[:, None]
+                grad = (terms - np.where(busy, mine, 0.0)) / modelled[:, None]
+            else:
+                top = bound(terms)
+                busiest = bound(mine)
+                cols = np.arange(k)[None, :]
+                grad = (
+                    np.where(cols == top[:, None], terms, 0.0) - np.where(cols == busiest[:, None], mine, 0.0)
+                ) / modelled[:, None]
+        g = np.concatenate([np.ones((len(samples), 1)), grad], axis=1)[kept]
+        w, r, who = weight[kept], residual[kept], owner[kept]
+        normal = np.zeros((len(items), k + 1, k + 1))
+        rhs = np.zeros((len(items), k + 1))
+        np.add.at(normal, who, (w[:, None] * g)[:, :, None] * g[:, None, :])
+        np.add.at(rhs, who, (w[:, None] * g) * r[:, None])
+        with np.errstate(divide="ignore"):
+            toward = np.log(prior / shares)
+        diagonal = np.arange(1, k + 1)
+        normal[:, diagonal, diagonal] += PRIOR_RUNS * 1.0 * 1.0
+        rhs[:, 1:] += PRIOR_RUNS * 1.0 * toward
+        everywhere = np.arange(k + 1)
+        normal[:, everywhere, everywhere] += 1e-9
+        solved, singular = _solve_many(normal, rhs)
+        moving = active & ~singular
+        steps = np.clip(solved, -MAX_STEP, MAX_STEP)
+        new_scale = np.where(moving, scale * np.exp(steps[:, 0]), scale)
+        new_shares = np.where(
+            moving[:, None],
+            np.minimum(MAX_SHARE, np.maximum(MIN_SHARE, shares * np.exp(steps[:, 1:]))),
+            shares,
+        )
+        with np.errstate(divide="ignore", invalid="ignore"):
+            moved = np.maximum(
+                np.abs(np.log(new_scale / scale)), np.abs(np.log(new_shares / shares)).max(axis=1)
+            )
+        moved = np.where(moving, moved, 0.0)
+        scale, shares = new_scale, new_shares
+        if huber:
+            active &= ~(moved < 1e-9)
+    return [{u: float(shares[w, i]) for i, u in enumerate(units)} for w in range(len(items))]
+
+
+def _solve_many(
+    a: NDArray[np.float64], b: NDArray[np.float64]
+) -> tuple[NDArray[np.float64], NDArray[np.bool_]]:
+    """``_solve`` of each system of a batch (its operations in the same order), and which were
+    singular (a pivot below 1e-12: their solutions are not read)."""
+    n = b.shape[1]
+    m = np.concatenate([a, b[:, :, None]], axis=2)
+    singular = np.zeros(len(b), dtype=np.bool_)
+    batch = np.arange(len(b))
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        for col in range(n):
+            pivot = col + np.argmax(np.abs(m[:, col:, col]), axis=1)
+            singular |= ~(np.abs(m[batch, pivot, col]) >= 1e-12)
+            upper, lower = m[batch, col].copy(), m[batch, pivot].copy()
+            m[batch, col], m[batch, pivot] = lower, upper
+            for r in range(col + 1, n):
+                f = m[:, r, col] / m[:, col, col]
+                for c in range(col, n + 1):
+                    m[:, r, c] = m[:, r, c] - f * m[:, col, c]
+        x = np.zeros((len(b), n))
+        for r in reversed(range(n)):
+            acc = np.zeros(len(b))
+            for c in range(r + 1, n):
+                acc = acc + m[:, r, c] * x[:, c]
+            x[:, r] = (m[:, r, n] - acc) / m[:, r, r]
+    return x, singular
+
+
 def _profiled_factor(
     group: Sequence[Sample], shares: Shares, unit: Unit, catalog: Catalog, factors: _Factors
 ) -> float | None:
@@ -625,18 +791,33 @@ def fit_calibration(
     seen_profiled: dict[tuple[object, ...], float | None] = {}
     memo.refits = 0
 
-    def refit(group: Sequence[Sample], workload_prior: Shares, at: _Factors) -> Shares:
-        key = _read_key(group, workload_prior, at)
-        found = memo.shares.get(key)
-        if found is None:
-            found = seen_shares.get(key) or _refit_shares(group, workload_prior, catalog, at)
-            memo.refits += 1
-        seen_shares[key] = found
+    def refit(names: Sequence[str], at: _Factors) -> dict[str, Shares]:
+        """The re-fitted shares of the workloads ``names``: from the memo where it holds them, the
+        rest re-fitted together (``_refit_many``)."""
+        keys = {w: _read_key(by_workload[w], prior[w], at) for w in names}
+        missing: dict[tuple[object, ...], str] = {}
+        for w, key in keys.items():
+            if key not in memo.shares and key not in seen_shares:
+                missing.setdefault(key, w)
+        fitted = dict(
+            zip(
+                missing,
+                _refit_many([(by_workload[w], prior[w]) for w in missing.values()], catalog, at),
+                strict=True,
+            )
+        )
+        found: dict[str, Shares] = {}
+        for w, key in keys.items():
+            shares = memo.shares.get(key)
+            if shares is None:
+                shares = seen_shares.get(key) or fitted[key]
+                memo.refits += 1
+            seen_shares[key] = found[w] = shares
         return found
 
     factors = _fit_factors(used, catalog, prior, {})
     published = factors.published()
-    shares = {w: refit(g, prior[w], published) for w, g in by_workload.items()}
+    shares = refit(list(by_workload), published)
     profile_votes: Votes = {unit: {} for unit in FACTOR_UNITS}
     for workload, group in by_workload.items():
         profiled = group[0].profiled
@@ -671,10 +852,7 @@ def fit_calibration(
             {u: factors.measured[u] | set(fixed[u]) for u in FACTOR_UNITS},
         )
         held_products = {p for by_product in fixed.values() for p in by_product}
-        shares = {
-            w: refit(g, prior[w], held) if g[0].profiled in held_products else shares[w]
-            for w, g in by_workload.items()
-        }
+        shares |= refit([w for w, g in by_workload.items() if g[0].profiled in held_products], held)
         reference = held
     memo.catalog = catalog
     memo.shares, memo.profiled = seen_shares, seen_profiled
