@@ -269,7 +269,8 @@ class _Factors:
 @dataclass
 class FitMemo:
     """What one fit leaves for the next (issue 59, incremental calibration): each workload's
-    re-fitted shares and profiled-product factors by everything they read (its samples, its prior,
+    re-fitted shares, the units that clearly bound its runs, and its profiled-product factors by
+    everything they read (its samples, its prior,
     the published factors and measured sets of its products), so a fit re-fits only the workloads
     whose samples changed or whose products' published factors moved. The products' factors are one
     alternating fit over all samples (any run on a product moves its factor; started elsewhere than
@@ -281,6 +282,7 @@ class FitMemo:
     catalog: Catalog | None = None
     shares: dict[tuple[object, ...], Shares] = dataclasses.field(default_factory=dict)
     profiled: dict[tuple[object, ...], float | None] = dataclasses.field(default_factory=dict)
+    bounds: dict[tuple[object, ...], frozenset[Unit]] = dataclasses.field(default_factory=dict)
     refits: int = 0  # workloads whose shares the last fit re-fitted (not found in the memo)
 
 
@@ -330,23 +332,36 @@ def _rows(used: Sequence[Sample], catalog: Catalog, shares: Mapping[str, Shares]
     # rows grouped by workload, each workload's in the order given: the sums of a group run as the
     # scalar fit's did over its lists
     ordered = sorted(used, key=lambda s: order[s.workload])
-    bases = np.zeros((len(ordered), len(FACTOR_UNITS)))
-    idle = np.zeros(len(ordered))
-    for i, s in enumerate(ordered):
-        read = shares[s.workload]
-        ratios = _ratios(catalog, s.product, s.profiled)
-        for unit, share in read.items():
-            bases[i, FACTOR_UNITS.index(unit)] = share * ratios[unit]
-        idle[i] = _idle(s, read)
     workload = np.array([order[s.workload] for s in ordered], dtype=np.intp)
+    product = np.array([index[s.product] for s in ordered], dtype=np.intp)
+    profiled = np.array([index[s.profiled] for s in ordered], dtype=np.intp)
+    # the bases are share x ratio, one product of two floats each: the workload's shares by unit (0
+    # for a unit it does not name) times the pair of products' figure ratios, both tabled once
+    column = {unit: u for u, unit in enumerate(FACTOR_UNITS)}
+    by_workload = np.zeros((len(order), len(FACTOR_UNITS)))
+    idle_of = np.zeros(len(order))
+    firsts: dict[str, Sample] = {}
+    for s in ordered:
+        firsts.setdefault(s.workload, s)
+    for name, w in order.items():
+        read = shares[name]
+        for unit, share in read.items():
+            by_workload[w, column[unit]] = share
+        idle_of[w] = _idle(firsts[name], read)  # one profile, one model: the same for all its samples
+    ratio = np.zeros((len(products), len(products), len(FACTOR_UNITS)))
+    for p, q in {(s.product, s.profiled) for s in ordered}:
+        ratios = _ratios(catalog, p, q)
+        ratio[index[p], index[q]] = [ratios[unit] for unit in FACTOR_UNITS]
+    bases = by_workload[workload] * ratio[product, profiled]
+    idle = idle_of[workload]
     ran = {(s.workload, s.product) for s in ordered}
     return _Rows(
         samples=ordered,
         products=products,
         workload=workload,
         workloads=len(order),
-        product=np.array([index[s.product] for s in ordered], dtype=np.intp),
-        profiled=np.array([index[s.profiled] for s in ordered], dtype=np.intp),
+        product=product,
+        profiled=profiled,
         bases=bases,
         idle=idle,
         seconds=np.array([s.seconds for s in ordered], dtype=np.float64),
@@ -786,15 +801,15 @@ def fit_calibration(
     warm = memo is not None and memo.catalog is catalog
     memo = memo if memo is not None else FitMemo()
     if not warm:
-        memo.shares, memo.profiled = {}, {}
+        memo.shares, memo.profiled, memo.bounds = {}, {}, {}
     seen_shares: dict[tuple[object, ...], Shares] = {}
     seen_profiled: dict[tuple[object, ...], float | None] = {}
+    seen_bounds: dict[tuple[object, ...], frozenset[Unit]] = {}
     memo.refits = 0
 
-    def refit(names: Sequence[str], at: _Factors) -> dict[str, Shares]:
-        """The re-fitted shares of the workloads ``names``: from the memo where it holds them, the
-        rest re-fitted together (``_refit_many``)."""
-        keys = {w: _read_key(by_workload[w], prior[w], at) for w in names}
+    def refit(keys: Mapping[str, tuple[object, ...]], at: _Factors) -> dict[str, Shares]:
+        """The re-fitted shares of the workloads ``keys`` names (each with its ``_read_key`` at
+        ``at``): from the memo where it holds them, the rest re-fitted together (``_refit_many``)."""
         missing: dict[tuple[object, ...], str] = {}
         for w, key in keys.items():
             if key not in memo.shares and key not in seen_shares:
@@ -817,15 +832,24 @@ def fit_calibration(
 
     factors = _fit_factors(used, catalog, prior, {})
     published = factors.published()
-    shares = refit(list(by_workload), published)
+    # each workload's read key at the published factors: the memo's key for its shares and its bounds
+    read_keys = {w: _read_key(g, prior[w], published) for w, g in by_workload.items()}
+    shares = refit(read_keys, published)
     profile_votes: Votes = {unit: {} for unit in FACTOR_UNITS}
     for workload, group in by_workload.items():
         profiled = group[0].profiled
+        if all(profiled in factors.measured[unit] for unit in FACTOR_UNITS):
+            continue  # no factor of its profiled product is left for its runs to say
         elsewhere = sum(s.runs for s in group if s.product != profiled)
-        for unit in sorted(_bounds(group, prior[workload], catalog, published)):
+        read = read_keys[workload]
+        bounds = memo.bounds.get(read, seen_bounds.get(read))
+        if bounds is None:
+            bounds = frozenset(_bounds(group, prior[workload], catalog, published))
+        seen_bounds[read] = bounds
+        for unit in sorted(bounds):
             if profiled in factors.measured[unit]:
                 continue
-            key = (unit, *_read_key(group, prior[workload], published))
+            key = (unit, *read)
             if key in memo.profiled or key in seen_profiled:
                 value = memo.profiled[key] if key in memo.profiled else seen_profiled[key]
             else:
@@ -852,28 +876,40 @@ def fit_calibration(
             {u: factors.measured[u] | set(fixed[u]) for u in FACTOR_UNITS},
         )
         held_products = {p for by_product in fixed.values() for p in by_product}
-        shares |= refit([w for w, g in by_workload.items() if g[0].profiled in held_products], held)
+        shares |= refit(
+            {
+                w: _read_key(g, prior[w], held)
+                for w, g in by_workload.items()
+                if g[0].profiled in held_products
+            },
+            held,
+        )
         reference = held
     memo.catalog = catalog
-    memo.shares, memo.profiled = seen_shares, seen_profiled
+    memo.shares, memo.profiled, memo.bounds = seen_shares, seen_profiled, seen_bounds
     names = {s.product for s in used} | {s.profiled for s in used}
     result: dict[str, ProductCalibration] = {}
+    # by product: its samples by workload; by unit and profiled product: the workloads whose votes
+    # (on any product) are ratios to it. Each read once, not once per product and unit
+    on: dict[str, dict[str, Sample]] = {}
+    for s in used:
+        on.setdefault(s.product, {})[s.workload] = s
+    ratios_to: dict[Unit, dict[str, set[str]]] = {unit: {} for unit in FACTOR_UNITS}
+    for unit in FACTOR_UNITS:
+        for voted in factors.votes[unit].values():
+            for _, s in voted:
+                ratios_to[unit].setdefault(s.profiled, set()).add(s.workload)
     for product in sorted(names):
         # a factor rests on the runs that voted for it here, and on this product's own runs of the
         # workloads profiled on it whose votes elsewhere are ratios to it. A factor step 3 held
         # rests on no run on its product: it never qualifies the product, it only reads the shares
         # of the workloads profiled there (docs/ranking.md "Re-fitted shares")
-        here = {s.workload: s for s in used if s.product == product}
+        here = on.get(product, {})
         support: dict[Unit, FactorSupport] = {}
         for unit in FACTOR_UNITS:
             mine = [s for _, s in factors.votes[unit].get(product, [])]
-            anchored = {
-                s.workload
-                for voted in factors.votes[unit].values()
-                for _, s in voted
-                if s.profiled == product and s.workload in here
-            }
-            runs = sum(s.runs for s in mine) + sum(here[w].runs for w in anchored)
+            anchored = {w for w in ratios_to[unit].get(product, set()) if w in here}
+            runs = sum(s.runs for s in mine) + sum(here[w].runs for w in sorted(anchored))
             support[unit] = FactorSupport(
                 round(factors.of(unit)[product], DIGITS), runs, len({s.workload for s in mine} | anchored)
             )
