@@ -184,6 +184,15 @@ def test_the_webhook_commands_do_not_import_the_controller():
     assert not {m for m in loaded if m.startswith("kratos_controller")}
 
 
+def test_the_webhook_commands_do_not_load_numpy():
+    """Only the calibration's fit reads numpy arrays (the controller and ``simulate``): the webhook,
+    which only reads the fit's result, keeps its resident set and its start without it (issue 59)."""
+    loaded = loaded_after_importing(
+        ["kratos_admit.cli.main", "kratos_admit.webhook.server", "kratos_admit.edge.cluster"]
+    )
+    assert "numpy" not in loaded and "kratos_admit.model.calibration_fit" not in loaded
+
+
 def tracked(path: Path) -> list[str]:
     """The entries git tracks directly under ``path`` (a clean checkout's ``ls``)."""
     out = subprocess.run(

@@ -21,7 +21,6 @@ from kratos_admit.cli.common import (
 from kratos_admit.domain.config import Config
 from kratos_admit.model.catalog import Catalog, load_catalog
 from kratos_admit.simulation.inputs import load_cluster, load_trace, load_truth
-from kratos_admit.simulation.replay import simulate
 from kratos_admit.simulation.report import ONE_SEED, format_results, format_spread, load_plotter, spread
 from kratos_admit.simulation.result import SimulationResult
 from kratos_admit.simulation.scheduling import SimNode
@@ -80,6 +79,10 @@ def add_simulate_command(commands: Any) -> None:
 
 
 def cmd_simulate(args: argparse.Namespace, stdout: TextIO, stderr: TextIO, stdin: TextIO) -> ExitStatus:
+    # the fit under the replay reads numpy arrays: imported by this command alone, so the webhook and
+    # the other commands, which never fit, do not load numpy
+    from kratos_admit.simulation.replay import simulate  # noqa: PLC0415
+
     for flag, value in (("--cluster", args.cluster), ("--trace", args.trace)):
         if value is None:
             raise UsageError(f"simulate needs {flag} FILE")
