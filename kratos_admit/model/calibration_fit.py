@@ -270,8 +270,8 @@ class _Factors:
 class FitMemo:
     """What one fit leaves for the next (issue 59, incremental calibration): each workload's
     re-fitted shares, the units that clearly bound its runs, and its profiled-product factors by
-    everything they read (its samples, its prior,
-    the published factors and measured sets of its products), so a fit re-fits only the workloads
+    everything they read (its samples, its prior, the published factors and measured sets of its
+    products), so a fit re-fits only the workloads
     whose samples changed or whose products' published factors moved. The products' factors are one
     alternating fit over all samples (any run on a product moves its factor; started elsewhere than
     the catalog's figures, an under-determined fit settles elsewhere: started from the last fit's
@@ -390,11 +390,22 @@ def _read_terms(rows: _Rows, factors: NDArray[np.float64]) -> NDArray[np.float64
     return rows.bases * factors[:, rows.product].T / factors[:, rows.profiled].T
 
 
-def _bound_of(terms: NDArray[np.float64]) -> NDArray[np.intp]:
-    """``_bound`` per row: the unit with the largest term, memory first on a tie."""
-    top = terms.max(axis=1)
-    first = np.argmax(terms, axis=1).astype(np.intp)
-    return np.where(terms[:, MEMORY] == top, MEMORY, first).astype(np.intp)
+def _row_sums(values: NDArray[np.float64]) -> NDArray[np.float64]:
+    """Each row's values added column by column, left to right: what ``sum`` over a dict of them in
+    that order gives, float for float (numpy's own sum may pair them otherwise)."""
+    total = values[:, 0]
+    for column in range(1, values.shape[1]):
+        total = total + values[:, column]
+    return total
+
+
+def _bound_of(terms: NDArray[np.float64], memory: int = MEMORY) -> NDArray[np.intp]:
+    """``_bound`` per row: the column with the largest term, ``memory``'s first on a tie (-1: no
+    memory column), else the first."""
+    first: NDArray[np.intp] = np.argmax(terms, axis=1).astype(np.intp)
+    if memory < 0:
+        return first
+    return np.where(terms[:, memory] == terms.max(axis=1), memory, first).astype(np.intp)
 
 
 def _clear_of(rows: _Rows, terms: NDArray[np.float64], bound: NDArray[np.intp]) -> NDArray[np.bool_]:
@@ -410,10 +421,7 @@ def _clear_of(rows: _Rows, terms: NDArray[np.float64], bound: NDArray[np.intp]) 
 
 def _modelled_of(rows: _Rows, terms: NDArray[np.float64]) -> NDArray[np.float64]:
     """``_modelled`` per row: the terms summed in unit order (or the larger, by throughputs), plus idle."""
-    total = np.zeros(len(terms))
-    for u in range(terms.shape[1]):
-        total = total + terms[:, u]
-    return np.where(rows.units_model, total, terms.max(axis=1)) + rows.idle
+    return np.where(rows.units_model, _row_sums(terms), terms.max(axis=1)) + rows.idle
 
 
 def _fit_factors(
@@ -478,9 +486,7 @@ def _fit_factors(
         rest = terms.copy()
         rest[at, bound] = 0.0
         rest[~rows.units_model] = 0.0
-        others = rest[:, 0]
-        for u in range(1, units):
-            others = others + rest[:, u]
+        others = _row_sums(rest)
         busy = rows.seconds / scale - rows.idle - others  # nan where the workload has no scale
         # a run on its own profiled product sets the scale, not a ratio; a run no unit clearly bounds
         # could explain either factor
@@ -615,32 +621,17 @@ def _refit_batch(
     prior = np.array([[p[u] for u in units] for _, p in items])
     memory = units.index("memory") if "memory" in units else -1
 
-    def read(
-        shares: NDArray[np.float64],
-    ) -> tuple[NDArray[np.float64], NDArray[np.float64], NDArray[np.float64]]:
-        """Each sample's terms, idle share and modelled time under its workload's ``shares``."""
+    def read(shares: NDArray[np.float64]) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+        """Each sample's terms and modelled time under its workload's ``shares`` (``_terms``,
+        ``_idle``, ``_modelled``)."""
         mine = shares[owner]
         terms = mine * ratio * here / there
         if units_model:
-            total = mine[:, 0]
-            for u in range(1, k):
-                total = total + mine[:, u]
-            idle = np.maximum(0.0, 1.0 - total)
-            summed = terms[:, 0]
-            for u in range(1, k):
-                summed = summed + terms[:, u]
-            return terms, idle, summed + idle
-        idle = 1 - mine.max(axis=1)
-        return terms, idle, terms.max(axis=1) + idle
-
-    def bound(values: NDArray[np.float64]) -> NDArray[np.intp]:
-        """``_bound``: the largest, memory first on a tie, else the first in the units' order."""
-        top = values.max(axis=1)
-        at = np.argmax(values, axis=1).astype(np.intp)
-        return at if memory < 0 else np.where(values[:, memory] == top, memory, at).astype(np.intp)
+            return terms, _row_sums(terms) + np.maximum(0.0, 1.0 - _row_sums(mine))
+        return terms, terms.max(axis=1) + (1 - mine.max(axis=1))
 
     shares = prior.copy()
-    modelled = read(shares)[2]
+    modelled = read(shares)[1]
     scale = seconds[starts] / modelled[starts]
     active = np.ones(len(items), dtype=np.bool_)
     at_rows = np.arange(len(samples))
@@ -648,8 +639,8 @@ def _refit_batch(
         if not active.any():
             break
         huber = step >= REFIT_STEPS
-        terms, _, modelled = read(shares)
-        kept = (own | measured[at_rows, bound(terms)]) & (modelled > 0) & active[owner]
+        terms, modelled = read(shares)
+        kept = (own | measured[at_rows, _bound_of(terms, memory)]) & (modelled > 0) & active[owner]
         with np.errstate(divide="ignore", invalid="ignore"):
             residual = np.log(seconds / (scale[owner] * modelled))
             weight = runs * (
@@ -657,14 +648,11 @@ def _refit_batch(
             )
             mine = shares[owner]
             if units_model:
-                total = mine[:, 0]
-                for u in range(1, k):
-                    total = total + mine[:, u]
-                busy = (total < 1.0)[:, None]
+                busy = (_row_sums(mine) < 1.0)[:, None]
                 grad = (terms - np.where(busy, mine, 0.0)) / modelled[:, None]
             else:
-                top = bound(terms)
-                busiest = bound(mine)
+                top = _bound_of(terms, memory)
+                busiest = _bound_of(mine, memory)
                 cols = np.arange(k)[None, :]
                 grad = (
                     np.where(cols == top[:, None], terms, 0.0) - np.where(cols == busiest[:, None], mine, 0.0)
