@@ -30,6 +30,7 @@ named after what it imitates (Kubernetes 1.28):
 | an events.k8s.io/v1 Event is created only with ``eventTime``, ``reportingController``, ``reportingInstance``, ``action``, ``reason`` (at most 128 characters), a ``note`` of at most 1 KiB and ``type`` Normal or Warning (422 otherwise) | ``pkg/apis/events/validation.ValidateEventCreate`` | series, related |
 | authentication by bearer token (``tokens``: token -> ``Identity``; none is ``system:anonymous``, an unknown one 401) and RBAC authorisation of every request against the Roles, ClusterRoles, RoleBindings and ClusterRoleBindings stored in the double: verb (``get``/``list``/``watch``, a ``fieldSelector=metadata.name=X`` list or watch naming X, ``create``, ``update``, ``patch``, ``delete``, ``deletecollection``), API group, resource and subresource, namespace, ``resourceNames``; ``system:masters`` may do anything; a refusal is 403 with the real Status body and message | ``staging/src/k8s.io/apiserver/pkg/endpoints/request/requestinfo.go``, ``plugin/pkg/auth/authorizer/rbac``, ``endpoints/handlers/responsewriters.forbiddenMessage`` | aggregation of ClusterRoles, non-resource URLs, impersonation, the default system roles |
 | a WorkloadProfile written through the API (create, update, patch, the status subresource) loses every field its CRD's schema does not name (``PRUNED``: the structural schema of ``webhook-config/crd-workloadprofiles.yaml``, the file the install applies), at any depth; ``additionalProperties`` keeps any key, its value pruned by that schema; ``x-kubernetes-preserve-unknown-fields`` keeps all below it | structural pruning, ``apiextensions-apiserver/pkg/apiserver/schema/pruning`` (a field the CRD lacks is dropped silently, never refused) | ``x-kubernetes-embedded-resource``, defaults; objects seeded with ``put()`` bypass it, as writes to etcd would |
+| ``metadata.managedFields``: the fields a write changes belong to its field manager (``fieldManager``, else the User-Agent up to its first ``/``), in one entry per manager, operation and subresource; a list is one field, and so is a WorkloadProfile map its CRD marks ``x-kubernetes-map-type: atomic`` | the API server's field manager (``apiserver/pkg/endpoints/handlers/fieldmanager``) over structured-merge-diff's field sets, where an atomic map is a leaf | taking fields from other managers, removed fields, the ``.`` entry a map's own presence adds |
 | ``run_jobs()`` / ``finish_pod()``: one Pod per unsuspended, unfinished Job, created through admission like the Job controller's, owned by the Job, ``startTime`` set; a finished Pod completes or fails its Job; a suspended Job's active Pods deleted, not counted ``failed``, ``active`` 0, ``Suspended`` True, ``startTime`` kept | ``pkg/controller/job`` in miniature (``manageJob`` on suspension; checked against kube-controller-manager 1.28.7: an Unschedulable Pod deleted so leaves ``status.failed`` unset) | parallelism, retries, indexes |
 """
 
@@ -431,7 +432,7 @@ class KubeDouble:
                 obj.pop("status", None)  # the status subresource: create ignores status
             if plural in PRUNED:
                 obj = _pruned(obj, PRUNED[plural])
-            _manage(obj, None, _manager(request), "Update", "")
+            _manage(obj, None, _manager(request), "Update", "", schema=PRUNED.get(plural))
             self._store(prefix, plural, key, obj, "ADDED")
             self.collect_garbage()
             return web.json_response(obj, status=201, headers=_warning_headers(warnings))
@@ -523,7 +524,7 @@ class KubeDouble:
             updated = _pruned(updated, PRUNED[plural])
         operation = "Apply" if request.content_type == "application/apply-patch+yaml" else "Update"
         updated["metadata"]["managedFields"] = copy.deepcopy(current["metadata"].get("managedFields") or [])
-        _manage(updated, current, _manager(request), operation, sub or "")
+        _manage(updated, current, _manager(request), operation, sub or "", schema=PRUNED.get(plural))
         self._store(prefix, plural, key, updated, "MODIFIED")
         self.collect_garbage()
         return web.json_response(self.objects[resource].get(key, updated), headers=_warning_headers(warnings))
@@ -1301,27 +1302,40 @@ def _manager(request: web.Request) -> str:
 _SERVER_SET = frozenset({"managedFields", "resourceVersion", "uid", "creationTimestamp", "generation"})
 
 
-def _changed(old: Any, new: Any) -> Obj | None:
+def _sub_schema(schema: Obj | None, key: str) -> Obj | None:
+    """The schema of ``key`` in an object of ``schema`` (its property, else ``additionalProperties``)."""
+    if schema is None:
+        return None
+    found = (schema.get("properties") or {}).get(key, schema.get("additionalProperties"))
+    return found if isinstance(found, dict) else None
+
+
+def _changed(old: Any, new: Any, schema: Obj | None = None) -> Obj | None:
     """The fields ``new`` sets differently from ``old``, as a FieldsV1 tree (``f:`` keys; a list
-    counts as one field). None when nothing changed."""
-    if isinstance(new, dict) and isinstance(old, dict | None):
+    counts as one field, and so does a map whose CRD schema says ``x-kubernetes-map-type: atomic``,
+    as structured-merge-diff's field sets do). None when nothing changed."""
+    atomic = schema is not None and schema.get("x-kubernetes-map-type") == "atomic"
+    if isinstance(new, dict) and isinstance(old, dict | None) and not atomic:
         tree: Obj = {}
         for key, value in new.items():
             if key in _SERVER_SET:
                 continue
-            sub = _changed((old or {}).get(key), value)
+            sub = _changed((old or {}).get(key), value, _sub_schema(schema, key))
             if sub is not None:
                 tree[f"f:{key}"] = sub
         return tree or None
     return None if old == new else {}
 
 
-def _manage(obj: Obj, old: Obj | None, manager: str, operation: str, subresource: str) -> None:
+def _manage(
+    obj: Obj, old: Obj | None, manager: str, operation: str, subresource: str, *, schema: Obj | None = None
+) -> None:
     """metadata.managedFields as the API server keeps it: the fields a write changed belong to its
-    manager (merged into its entry for that operation and subresource). Left out: taking fields away
-    from other managers, and removed fields."""
+    manager (merged into its entry for that operation and subresource); ``schema``, a CRD's, makes
+    its atomic maps one field each. Left out: taking fields away from other managers, and removed
+    fields."""
     changed = _changed({} if old is None else {k: v for k, v in old.items() if k != "metadata"},
-                       {k: v for k, v in obj.items() if k != "metadata"})  # fmt: skip
+                       {k: v for k, v in obj.items() if k != "metadata"}, schema)  # fmt: skip
     meta_changed = _changed((old or {}).get("metadata") or {}, {k: obj["metadata"].get(k) for k in ("labels", "annotations", "finalizers") if k in obj["metadata"]})  # fmt: skip
     if meta_changed:
         changed = {**(changed or {}), "f:metadata": meta_changed}
