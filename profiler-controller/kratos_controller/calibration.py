@@ -18,6 +18,7 @@ import dataclasses
 import datetime as dt
 import functools
 import logging
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -172,9 +173,11 @@ class CalibrationController:
             now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
             # pure, and minutes of CPU at tens of thousands of workloads the first time: in a thread,
             # so the event loop goes on answering /healthz, renewing the Lease and reconciling meanwhile
+            began = time.monotonic()
             fitted = await asyncio.to_thread(
                 fit_calibration, samples, shared.catalog, updated_at=now, memo=self.memo
             )
+            shared.metrics.calibration_fit.observe(time.monotonic() - began)
             self.current = self._dated(keep_unchanged_dates(fitted, written))
             self.fits += 1
         calibration = self.current

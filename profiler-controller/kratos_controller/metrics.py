@@ -7,7 +7,7 @@ import datetime as dt
 from collections.abc import Callable, Iterable, Mapping, Sized
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from kratos_admit.domain import vocabulary as v
 from kratos_admit.domain.raw import as_list, as_mapping
@@ -88,6 +88,13 @@ class ControllerMetrics:
             "Writes of the calibration ConfigMap, by why now: interval (calibrationWriteSeconds had "
             "passed, or the first write since start) or moved (a factor moved beyond its noise).",
             ["reason"],
+            registry=self.registry,
+        )
+        self.calibration_fit = Histogram(
+            "kratos_calibration_fit_seconds",
+            "Wall seconds of each refit of the calibration, in its thread: the first after a start fits "
+            "every workload, a later one what the changed profiles move. Its count is the refits made.",
+            buckets=(0.1, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0),
             registry=self.registry,
         )
         self.calibration_write_failures = Counter(
