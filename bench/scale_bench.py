@@ -281,10 +281,11 @@ async def empty(api: client.ApiClient) -> None:
     )
 
 
-def rss_mib(pid: int) -> float:
+def rss_mib(pid: int, field: str = "VmRSS") -> float:
+    """The process's resident set now, or (``VmHWM``) the most it ever held, between samples too."""
     with contextlib.suppress(FileNotFoundError, ProcessLookupError):
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
+            if line.startswith(f"{field}:"):
                 return int(line.split()[1]) / 1024
     return 0.0
 
@@ -360,7 +361,7 @@ async def measure(api: client.ApiClient, args: argparse.Namespace) -> dict[str, 
     with (work / "stderr").open("wb") as stderr:
         # run from elsewhere: from the checkout, ``-m`` would import the checkout's kratos_admit, not --python's
         process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=stderr, cwd=work)
-    peak, ready_s = 0.0, None
+    peak, ready_s, high_water = 0.0, None, 0.0
     try:
         async with aiohttp.ClientSession() as http:
             while ready_s is None and time.monotonic() - started < args.timeout:
@@ -423,6 +424,7 @@ async def measure(api: client.ApiClient, args: argparse.Namespace) -> dict[str, 
                 runs.append(await run_to_calibration(api, load_signing_key(work / "signing.key"), index))
                 peak = max(peak, rss_mib(process.pid))
             refused = await controller_metric(http, "kratos_calibration_write_failures_total")
+            high_water = rss_mib(process.pid, "VmHWM")
     finally:
         process.terminate()
         with contextlib.suppress(subprocess.TimeoutExpired):
@@ -434,7 +436,7 @@ async def measure(api: client.ApiClient, args: argparse.Namespace) -> dict[str, 
     found: dict[str, Any] = {
         "commit": commit(args.python), "process": args.process, "readySeconds": None if ready_s is None else round(ready_s, 1),
         "syncedSeconds": None if synced_s is None else round(synced_s, 1),
-        "peakMiB": round(peak, 1), "atReadyMiB": round(at_ready, 1), "settledMiB": round(settled, 1),
+        "peakMiB": round(peak, 1), "highWaterMiB": round(high_water, 1), "atReadyMiB": round(at_ready, 1), "settledMiB": round(settled, 1),
         "startListBytes": lists, "startListBytesTotal": sum(lists.values()),
         "startRequests": dict(sorted(listed.items())), "restRequestsPerMinute": per_minute,
         "restRequestsPerMinuteTotal": round(sum(rest.values()) * 60 / args.rest, 1),
