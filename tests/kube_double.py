@@ -260,6 +260,8 @@ class KubeDouble:
     down: bool = False  # answer every call with 503 and end watches
     # (method, path regex, status, reason, message), used once each
     failures: list[tuple[str, str, int, str, str]] = field(default_factory=list)
+    # (method, path regex, seconds): each such request is answered that much later (``slow``)
+    delays: list[tuple[str, str, float]] = field(default_factory=list)
     # set once when anything changes, then replaced: a watch waits on the one it saw before reading
     # the history, so no change is missed. Not an asyncio.Condition: on Python 3.11 wait_for()
     # around Condition.wait() can leave the lock held when its timeout races a notify, and every
@@ -331,6 +333,12 @@ class KubeDouble:
         Status reason and message (the real server's own words where a test gives them)."""
         self.failures.append((method, path_regex, status, reason, message or "injected failure"))
 
+    def slow(self, method: str, path_regex: str, seconds: float) -> None:
+        """Every ``method`` request to a path ``path_regex`` finds is answered ``seconds`` later: a
+        test knob, as ``fail`` is, for a loaded server's latency (a round of thousands of patches
+        takes minutes on a real one)."""
+        self.delays.append((method, path_regex, seconds))
+
     def calls(self, method: str, path_regex: str) -> list[Request]:
         return [r for r in self.requests if r.method == method and re.search(path_regex, r.path)]
 
@@ -375,6 +383,9 @@ class KubeDouble:
             if method == request.method and re.search(pattern, request.path):
                 del self.failures[i]
                 return _status(status, reason, message)
+        for method, pattern, seconds in self.delays:
+            if method == request.method and re.search(pattern, request.path):
+                await asyncio.sleep(seconds)
         if (
             request.method == "GET"
             and (found := _discovery(request.path, kueue=self.kueue_installed)) is not None

@@ -382,3 +382,53 @@ async def test_a_refused_calibration_write_is_an_event_and_a_metric_and_is_writt
             assert event["regarding"]["namespace"] == "kratos-system"
             assert "413" in event["note"] and "tried again in 0.2 s" in event["note"]
             assert set(factors(kube)) == set(PRODUCTS), "then written"
+
+
+async def test_a_runs_own_profile_gets_its_shares_before_the_round_under_way_ends():
+    """On the real server a run that moved a published factor re-fitted about 5,000 profiles' shares,
+    and their round of patches took about a minute; a run finished meanwhile got its own profile's
+    shares only after that round (71.8 s). A round writes first each profile whose own samples a fit
+    took in, at the latest fit, also a fit that ended while the round was under way."""
+    kube = KubeDouble()
+    kube.slow("PATCH", r"/workloadprofiles/[^/]+/status$", 0.1)  # 240 patches, 4 at a time: 6 s
+    workloads = sorted(SHAPES)
+    for i in range(240):
+        obj = observed_profile(workloads[i % len(workloads)])
+        obj["metadata"]["name"], obj["spec"]["workload"] = f"w{i:03d}-profile", f"w{i:03d}"
+        kube.put(*PROFILES, obj)
+    last = "w239-profile"  # listed last, so the round would write it last
+
+    def patched() -> list[str]:
+        return [r.path.split("/")[-2] for r in kube.calls("PATCH", r"/workloadprofiles/[^/]+/status$")]
+
+    async with api_server(kube) as server:
+        opted_in_cluster(kube, b"", *PRODUCTS)
+        async with controller_running(server, config=Config(calibration_write_seconds=0.5)):
+            await eventually(lambda: len(patched()) >= 8, timeout=30)  # the first round is under way
+            run = kube.get(*PROFILES, "team-a", last)
+            assert run is not None and last not in patched()
+            observation = run["status"]["observations"][1]  # one more run there, 2 % slower
+            seconds = float(observation["meanSeconds"])
+            observation["meanSeconds"] = (
+                f"{seconds * (observation['runs'] + 1.02) / (observation['runs'] + 1):.1f}"
+            )
+            observation["runs"] += 1
+            kube.put(*PROFILES, run)
+            at_run = len(patched())
+            await eventually(lambda: last in patched(), timeout=30)
+            written_at = patched().index(last)
+            await eventually(
+                lambda: all(p["status"].get("calibratedShares") for p in kube.items(*PROFILES)), timeout=60
+            )
+            total = len(patched())
+            profiles = [WorkloadProfile.model_validate(p) for p in kube.items(*PROFILES)]
+    assert total >= 240 and at_run < 240 / 2, (total, at_run)
+    assert written_at < 200, (
+        f"written {written_at}th of the round's {total} patches, the run came at {at_run}"
+    )
+    assert patched().count(last) == 1, "once, at the latest fit: the round does not write it again"
+    fitted = fit_calibration(samples_of(profiles, CATALOG, reference_product=A100), CATALOG)
+    stored = kube.get(*PROFILES, "team-a", last)
+    assert stored is not None
+    want = json.loads(fitted.to_json())["workloads"]["team-a/w239"]
+    assert stored["status"]["calibratedShares"] == want | {"updatedAt": ANY}
