@@ -14,6 +14,7 @@ Event on it), and is tried again (the write alone, never the fit) after ``calibr
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import dataclasses
 import datetime as dt
 import functools
@@ -37,6 +38,7 @@ from kratos_admit.model.calibration import (
     profile_shares,
 )
 from kratos_admit.model.calibration_fit import FitMemo, fit_calibration
+from kratos_admit.model.catalog import Catalog
 from kratos_controller.learning import (
     calibration_write_wait,
     current_calibration,
@@ -49,6 +51,29 @@ log = logging.getLogger("kratos.controller")
 Key = tuple[str, str]
 SHARES_WRITERS = 4  # profiles' calibratedShares patched at once (20,000 after a first fit)
 SHARES_PATIENCE = 10  # calibrationWriteSeconds the shares wait at most for the runs to be counted
+
+
+# the C library's malloc_trim, as the interpreter has it linked (glibc's; musl has none)
+MALLOC_TRIM: Callable[[int], int] | None = getattr(ctypes.CDLL(None), "malloc_trim", None)
+
+
+def release_freed_memory() -> None:
+    """Hand the C heap's free pages back to the kernel (glibc's ``malloc_trim``, as Dask's workers
+    do). A refit at 20,000 workloads frees tens of MiB in holes among the pages still in use, which
+    glibc keeps; each later refit then peaked higher (issue 59, the real server: 236 MiB at rest,
+    284 after one run, 328 after the next). Nothing where the C library has no ``malloc_trim``."""
+    if MALLOC_TRIM is not None:
+        MALLOC_TRIM(0)
+
+
+def _fit_and_release(
+    samples: list[Sample], catalog: Catalog, *, updated_at: str, memo: FitMemo
+) -> Calibration:
+    """``fit_calibration``, then what it freed handed back (``release_freed_memory``): in the fit's thread."""
+    try:
+        return fit_calibration(samples, catalog, updated_at=updated_at, memo=memo)
+    finally:
+        release_freed_memory()
 
 
 # what the controller keeps of one profile: its samples, its workload (namespace/workload, as the
@@ -181,7 +206,7 @@ class CalibrationController:
             # so the event loop goes on answering /healthz, renewing the Lease and reconciling meanwhile
             began = time.monotonic()
             fitted = await asyncio.to_thread(
-                fit_calibration, samples, shared.catalog, updated_at=now, memo=self.memo
+                _fit_and_release, samples, shared.catalog, updated_at=now, memo=self.memo
             )
             shared.metrics.calibration_fit.observe(time.monotonic() - began)
             self.current = self._dated(keep_unchanged_dates(fitted, written))
