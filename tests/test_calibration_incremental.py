@@ -8,7 +8,9 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import platform
 import random
+import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -222,3 +224,30 @@ def test_the_shares_refitted_together_are_those_refitted_one_by_one(monkeypatch:
     one_by_one = fit_calibration(samples, CATALOG)
     assert len(together.workloads) == 300
     assert together.to_json() == one_by_one.to_json()
+
+
+def test_the_controllers_fit_hands_back_what_it_freed_even_when_it_fails(monkeypatch: pytest.MonkeyPatch):
+    """The controller's refit runs in a thread and ends with glibc's malloc_trim(0): on the real
+    server each run's refit had left its holes resident (236 -> 284 -> 328 MiB over two runs)."""
+    from kratos_controller import calibration as controller
+
+    trimmed: list[int] = []
+    monkeypatch.setattr(controller, "MALLOC_TRIM", trimmed.append)
+    rng = random.Random(7)
+    samples = [
+        s
+        for i in range(30)
+        for s in profile_samples(
+            [observed(i, rng, products=PRODUCTS)], catalog=CATALOG, reference_product=A100
+        )
+    ]
+    fitted = controller._fit_and_release(samples, CATALOG, updated_at="2026-12-01T00:00:00Z", memo=FitMemo())
+    assert fitted.to_json() == fit_calibration(samples, CATALOG, updated_at="2026-12-01T00:00:00Z").to_json()
+    assert trimmed == [0]
+    with pytest.raises(AttributeError):
+        controller._fit_and_release([None], CATALOG, updated_at="", memo=FitMemo())  # type: ignore[list-item]
+    assert trimmed == [0, 0], "handed back when the fit fails too"
+    monkeypatch.undo()
+    if sys.platform == "linux" and platform.libc_ver()[0] == "glibc":
+        assert controller.MALLOC_TRIM is not None, "glibc has malloc_trim"
+        controller.release_freed_memory()
