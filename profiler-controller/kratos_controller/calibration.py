@@ -76,6 +76,12 @@ def _fit_and_release(
         release_freed_memory()
 
 
+def _shares_body(calibration: Calibration, workload: str) -> dict[str, Any] | None:
+    """What a profile's ``calibratedShares`` should hold after ``calibration`` (None: none)."""
+    fitted = calibration.workloads.get(workload)
+    return fitted.as_dict() if fitted is not None else None
+
+
 # what the controller keeps of one profile: its samples, its workload (namespace/workload, as the
 # calibration keys its shares) and the shares its status holds
 Held = tuple[tuple[Sample, ...], str, dict[str, Any] | None]
@@ -293,8 +299,7 @@ class CalibrationController:
                 del self.fresh[key]
                 wanted.pop(key, None)
                 held = self.held.get(key)
-                fitted = None if held is None else self.current.workloads.get(held[1])
-                body = fitted.as_dict() if fitted is not None else None
+                body = None if held is None else _shares_body(self.current, held[1])
                 if held is not None and body != held[2]:
                     yield key, body
                 continue
@@ -308,8 +313,7 @@ class CalibrationController:
         the workload no longer re-fitted)."""
         found: dict[Key, dict[str, Any] | None] = {}
         for profile_key, (_, workload, shares) in self.held.items():
-            fitted = calibration.workloads.get(workload)
-            wanted = fitted.as_dict() if fitted is not None else None
+            wanted = _shares_body(calibration, workload)
             if wanted != shares:
                 found[profile_key] = wanted
         return found
