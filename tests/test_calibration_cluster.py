@@ -368,13 +368,12 @@ async def test_a_refused_calibration_write_is_an_event_and_a_metric_and_is_writt
         async with controller_running(server, config=Config(calibration_write_seconds=0.2)) as running:
             await eventually(running.informer.synced.is_set)
             await eventually(lambda: calibration_configmap(kube))
-            calibration = running.calibration
             refused = running.metrics.registry.get_sample_value(
                 "kratos_calibration_write_failures_total", {"object": "configmap", "code": "413"}
             )
             assert refused == 2
-            assert calibration.fits == 1, "the retries write the fit made, they do not refit"
-            assert running.metrics.registry.get_sample_value("kratos_calibration_fit_seconds_count") == 1
+            fits = running.metrics.registry.get_sample_value("kratos_calibration_fit_seconds_count")
+            assert fits == 1, "the retries write the fit made, they do not refit"
             (event,) = events_of(kube, "CalibrationNotWritten")  # one Event, however many refusals
             assert event["type"] == "Warning"
             assert event["regarding"]["kind"] == "ConfigMap"

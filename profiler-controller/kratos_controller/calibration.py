@@ -108,7 +108,6 @@ class CalibrationController:
         # watch event follows, reads nothing; a refit, a refusal or a resync (``recheck``) reads it again
         self.settled = False
         self.synced = False
-        self.fits = 0
         self.written_at: float | None = None  # loop time of this controller's last ConfigMap write
         self.due: asyncio.TimerHandle | None = None  # a write put off (calibrationWriteSeconds) or refused
         self.shares_written_at: float | None = None  # loop time of its last round of shares writes
@@ -217,7 +216,6 @@ class CalibrationController:
             shared.metrics.calibration_fit.observe(time.monotonic() - began)
             self.current = self._dated(keep_unchanged_dates(fitted, written))
             self.fresh.update(dict.fromkeys(moved))
-            self.fits += 1
         calibration = self.current
         if self._shares_to_write(calibration):
             self.shares_queue.add(self.key)
