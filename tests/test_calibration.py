@@ -34,11 +34,11 @@ from kratos_admit.model.calibration import (
     FactorSupport,
     ProductCalibration,
     Sample,
-    moved_beyond_noise,
     parse_calibration,
     samples_of,
 )
 from kratos_admit.model.calibration_fit import fit_calibration
+from kratos_admit.model.calibration_writes import moved_beyond_noise
 from kratos_admit.model.catalog import Catalog
 from kratos_admit.model.robust import huber_location, huber_locations, weighted_median, weighted_medians
 from kratos_admit.simulation.inputs import load_cluster, load_trace

@@ -14,6 +14,7 @@ from unittest.mock import ANY
 
 from kubernetes_asyncio import client
 
+from kratos_admit.decisions.record import recorded_exploration
 from kratos_admit.domain import vocabulary as v
 from kratos_admit.domain.config import Config
 from kratos_admit.domain.profile import WorkloadProfile
@@ -431,3 +432,83 @@ async def test_a_runs_own_profile_gets_its_shares_before_the_round_under_way_end
     assert stored is not None
     want = json.loads(fitted.to_json())["workloads"]["team-a/w239"]
     assert stored["status"]["calibratedShares"] == want | {"updatedAt": ANY}
+
+
+def as_body(job: dict[str, Any]) -> Any:
+    """A Job as kubernetes_asyncio sends a dict body (its stubs name the model class)."""
+    return job
+
+
+def exploring_published(kube: KubeDouble) -> dict[str, Any]:
+    found = calibration_configmap(kube)
+    assert found is not None
+    published: dict[str, Any] = json.loads(found["data"][CONFIGMAP_KEY]).get("exploring", {})
+    return published
+
+
+async def test_the_exploring_jobs_under_way_are_published_and_the_next_job_explores_elsewhere(tmp_path: Path):
+    """Issue 58 (a cap that keeps work off a product also decides what is learned of it): the
+    controller counts the Jobs sent to explore a figure whose runs have not ended, from their signed
+    hints records, and publishes them with the factors; the webhook reads them, and the next exploring
+    Job of a workload goes to a figure no run is on its way to measure. A finished or deleted Job, and
+    a record the controller did not sign, count for nothing."""
+    kube = KubeDouble()
+    async with (
+        api_server(kube) as server,
+        webhook_serving(kube, server, tmp_path, explorationShare=1.0) as engine,
+    ):
+        opted_in_cluster(kube, (tmp_path / "certs" / "ca.crt").read_bytes(), *PRODUCTS)
+        for workload in ("stream", "spmv", "decode"):  # memory-bound runs everywhere: no FP32 measured
+            kube.put(*PROFILES, observed_profile(workload))
+        fresh = observed_profile("nbody")
+        del fresh["status"]["observations"], fresh["status"]["observedRuns"]
+        kube.put(*PROFILES, fresh)
+        api = api_for(server, "kubectl")
+        try:
+            async with controller_running(server, config=Config(calibration_write_seconds=0)) as running:
+                await eventually(running.informer.synced.is_set)
+                await eventually(lambda: calibration_configmap(kube))
+                await eventually(lambda: engine.profiles.get("team-a", "nbody"))
+                await eventually(lambda: engine.calibration.current() is not NO_CALIBRATION)
+                assert exploring_published(kube) == {}
+
+                await client.BatchV1Api(api).create_namespaced_job(
+                    "team-a", as_body(job_of("nbody-0", "nbody"))
+                )
+                first = recorded_exploration(kube.get(*JOBS, "team-a", "nbody-0") or {})
+                assert first is not None and first[1] == "fp32", first
+                await eventually(lambda: exploring_published(kube) == {first[0]: {"fp32": ["team-a/nbody"]}})
+                await eventually(lambda: engine.calibration.current().exploring_on(first[0], "fp32"))
+
+                await client.BatchV1Api(api).create_namespaced_job(
+                    "team-a", as_body(job_of("nbody-1", "nbody"))
+                )
+                second = recorded_exploration(kube.get(*JOBS, "team-a", "nbody-1") or {})
+                assert second is not None and second[0] != first[0], (first, second)
+                await eventually(
+                    lambda: (
+                        exploring_published(kube)
+                        == {first[0]: {"fp32": ["team-a/nbody"]}, second[0]: {"fp32": ["team-a/nbody"]}}
+                    )
+                )
+                stored = kube.get(*JOBS, "team-a", "nbody-1")
+                assert stored is not None
+                record = json.loads(stored["metadata"]["annotations"][v.HINTS_ANNOTATION])
+                assert "0 run(s) from 0 workload(s), fewer than 5" in record["exploreReason"], record
+
+                forged = job_of("forged", "nbody")
+                forged["metadata"]["annotations"] = {
+                    v.HINTS_ANNOTATION: json.dumps({"explore": PRODUCTS[3], "exploreFigure": "fp32"})
+                }
+                kube.put(*JOBS, forged)  # straight into the store: no webhook signed it
+                pods = await kube.run_jobs()
+                nbody_0 = next(p for p in pods if p.startswith("nbody-0-"))
+                kube.finish_pod(
+                    "team-a", nbody_0, node=NODE_OF[first[0]], seconds=seconds_on("nbody", first[0])
+                )
+                await eventually(lambda: exploring_published(kube) == {second[0]: {"fp32": ["team-a/nbody"]}})
+                kube.delete(*JOBS, "team-a", "nbody-1")
+                await eventually(lambda: exploring_published(kube) == {})
+                await eventually(lambda: engine.calibration.current().exploring == {})
+        finally:
+            await api.close()

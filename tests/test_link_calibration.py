@@ -20,11 +20,11 @@ from kratos_admit.domain.vocabulary import Unit
 from kratos_admit.model.calibration import (
     Calibration,
     FactorSupport,
-    moved_beyond_noise,
     parse_calibration,
     samples_of,
 )
 from kratos_admit.model.calibration_fit import fit_calibration
+from kratos_admit.model.calibration_writes import moved_beyond_noise
 from kratos_admit.model.observed import observed_times
 from kratos_admit.model.ranking import rank_gpu_products, reference_of
 from kratos_admit.model.telemetry import TelemetryRun, with_telemetry

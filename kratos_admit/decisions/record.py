@@ -11,6 +11,7 @@ from typing import Any
 from kratos_admit.decisions.acceptable import Cut
 from kratos_admit.domain import vocabulary as v
 from kratos_admit.domain.raw import as_list, as_mapping
+from kratos_admit.domain.vocabulary import Unit
 from kratos_admit.model.exploration import Exploration
 from kratos_admit.model.ranking import RankedProduct, RankingSource, Reference
 
@@ -62,6 +63,9 @@ def hints_record(
         record.update(cut.record())
     if explore is not None:
         record["explore"] = explore.product.product.product
+        record["exploreFigure"] = (
+            explore.figure
+        )  # what its run measures: the Jobs under way are counted by it
         record["exploreReason"] = explore.reason
     return json.dumps(record, separators=(",", ":"))
 
@@ -88,3 +92,20 @@ def recorded_gang_gpus(obj: Mapping[str, Any]) -> int | None:
     except ValueError:
         return None
     return found if isinstance(found, int) and not isinstance(found, bool) and found > 1 else None
+
+
+def recorded_exploration(obj: Mapping[str, Any]) -> tuple[str, Unit] | None:
+    """The product and the figure the hints record on an object's metadata says it was sent first to
+    measure (``explore``, ``exploreFigure``); None for a Job that does not explore, a record from
+    before ``exploreFigure`` was written, or no readable record."""
+    annotations = as_mapping(as_mapping(obj.get("metadata")).get("annotations"))
+    text = str(annotations.get(v.HINTS_ANNOTATION, ""))
+    if '"explore"' not in text:  # most records: no parse
+        return None
+    try:
+        record = as_mapping(json.loads(text))
+    except ValueError:
+        return None
+    product, figure = record.get("explore"), record.get("exploreFigure")
+    units: dict[object, Unit] = {"tensor": "tensor", "fp32": "fp32", "fp64": "fp64", "memory": "memory"}
+    return (product, units[figure]) if isinstance(product, str) and product and figure in units else None

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -207,9 +206,17 @@ class Calibration:
 
     products: Mapping[str, ProductCalibration] = field(default_factory=dict)
     workloads: Mapping[str, WorkloadShares] = field(default_factory=dict)
+    # the exploring Jobs under way (docs/ranking.md "Exploration"): product -> figure -> the workloads
+    # (namespace/workload) of its Jobs sent there to measure that figure that have not finished yet,
+    # one entry a Job; the controller counts them from its Jobs and publishes them with the factors
+    exploring: Mapping[str, Mapping[Unit, tuple[str, ...]]] = field(default_factory=dict)
 
     def get(self, product: str) -> ProductCalibration | None:
         return self.products.get(product)
+
+    def exploring_on(self, product: str, figure: Unit) -> tuple[str, ...]:
+        """The workloads of the Jobs under way that explore ``product``'s ``figure``, one a Job."""
+        return self.exploring.get(product, {}).get(figure, ())
 
     def shares_of(self, namespace: str, workload: str) -> WorkloadShares | None:
         """The workload's re-fitted shares, or None while it has run on fewer than two products."""
@@ -249,7 +256,43 @@ class Calibration:
         }
         if self.workloads:
             document["workloads"] = {name: w.as_dict() for name, w in sorted(self.workloads.items())}
+        if self.exploring:
+            document["exploring"] = exploring_document(self.exploring)
         return json.dumps(document, indent=2, sort_keys=True)
+
+
+def exploring_document(
+    exploring: Mapping[str, Mapping[Unit, tuple[str, ...]]],
+) -> dict[str, dict[str, list[str]]]:
+    """``Calibration.exploring`` as calibration.json holds it: product -> figure -> workloads, sorted."""
+    return {
+        product: {figure: sorted(workloads) for figure, workloads in sorted(figures.items()) if workloads}
+        for product, figures in sorted(exploring.items())
+        if any(figures.values())
+    }
+
+
+def under_way(entries: Iterable[tuple[str, Unit, str]]) -> dict[str, dict[Unit, tuple[str, ...]]]:
+    """``Calibration.exploring`` from the exploring Jobs under way, each (product, figure, workload)."""
+    found: dict[str, dict[Unit, list[str]]] = {}
+    for product, figure, workload in entries:
+        found.setdefault(product, {}).setdefault(figure, []).append(workload)
+    return {p: {f: tuple(sorted(w)) for f, w in figures.items()} for p, figures in found.items()}
+
+
+def _exploring(raw: Any) -> dict[str, dict[Unit, tuple[str, ...]]]:
+    known = {str(u): u for u in FACTOR_UNITS}
+    found: dict[str, dict[Unit, tuple[str, ...]]] = {}
+    for product, figures in dict(raw).items():
+        for figure, workloads in dict(figures).items():
+            if figure not in known:
+                raise ValueError(
+                    f"exploring.{product}: {figure!r} is not a figure (tensor, fp32, fp64, memory)"
+                )
+            if not isinstance(workloads, list) or not all(isinstance(w, str) for w in workloads):
+                raise ValueError(f"exploring.{product}.{figure}: not a list of workloads")
+            found.setdefault(str(product), {})[known[figure]] = tuple(workloads)
+    return found
 
 
 NO_CALIBRATION = Calibration()
@@ -368,6 +411,7 @@ def parse_calibration(text: str) -> Calibration:
         workloads = {
             str(name): _workload(str(name), dict(w)) for name, w in dict(data.get("workloads", {})).items()
         }
+        exploring = _exploring(data.get("exploring", {}))
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise CalibrationError(
             f"{CONFIGMAP_KEY}: not a KRATOS calibration ({type(exc).__name__}: {exc})"
@@ -382,7 +426,7 @@ def parse_calibration(text: str) -> Calibration:
             raise CalibrationError(
                 f"{CONFIGMAP_KEY}: workloads.{name}: shares must be in (0, 100] and figures positive"
             )
-    return Calibration(products, workloads)
+    return Calibration(products, workloads, exploring)
 
 
 def samples_of(
@@ -441,55 +485,3 @@ def samples_of(
                 )
             )
     return found
-
-
-def keep_unchanged_dates(new: Calibration, old: Calibration) -> Calibration:
-    """``new`` with each product's (and workload's) ``updatedAt`` kept from ``old`` where its fit did
-    not change."""
-    products = {}
-    for name, p in new.products.items():
-        before = old.get(name)
-        products[name] = (
-            dataclasses.replace(p, updated_at=before.updated_at)
-            if before is not None and before.same_fit(p)
-            else p
-        )
-    workloads = {}
-    for name, w in new.workloads.items():
-        was = old.workloads.get(name)
-        workloads[name] = (
-            dataclasses.replace(w, updated_at=was.updated_at) if was is not None and was.same_fit(w) else w
-        )
-    return Calibration(products, workloads)
-
-
-def factor_noise(support: FactorSupport) -> float:
-    """How far a factor moves (in log) from noise alone: the ordinary spread of runs (about
-    ``HUBER_DELTA``) over the square root of the runs behind it."""
-    return HUBER_DELTA / math.sqrt(max(1, support.runs))
-
-
-def moved_beyond_noise(new: Calibration, old: Calibration, min_runs: int) -> bool:
-    """Whether ``new`` changes what the ranking uses by more than noise: a factor that starts or
-    stops qualifying, or a qualified factor that moved by more than its own noise (the larger of
-    its old and new noise). Counts, dates and re-fitted shares alone wait for the next write."""
-    for name, p in new.products.items():
-        before = old.get(name) or ProductCalibration(name, FactorSupport(), FactorSupport())
-        pairs = [(p.support(u), before.support(u)) for u in FACTOR_UNITS]
-        for now, was in [*pairs, *((p.link(k), before.link(k)) for k in LINK_KINDS)]:
-            if now.qualifies(min_runs) != was.qualifies(min_runs):
-                return True
-            if now.qualifies(min_runs) and abs(math.log(now.factor / was.factor)) > max(
-                factor_noise(now), factor_noise(was)
-            ):
-                return True
-    return any(
-        any(p.support(u).qualifies(min_runs) for u in FACTOR_UNITS)
-        or any(p.link(k).qualifies(min_runs) for k in LINK_KINDS)
-        for n, p in old.products.items()
-        if n not in new.products
-    )
-
-
-def same_calibration(a: Calibration, b: Calibration) -> bool:
-    return a.to_json() == b.to_json()

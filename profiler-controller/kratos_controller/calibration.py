@@ -27,6 +27,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 from kratos_admit.domain import vocabulary as v
 from kratos_admit.domain.raw import as_mapping, string_map
+from kratos_admit.domain.vocabulary import Unit
 from kratos_admit.edge.kube import Informer, Sweep
 from kratos_admit.model.calibration import (
     CONFIGMAP_NAME,
@@ -34,14 +35,16 @@ from kratos_admit.model.calibration import (
     Calibration,
     Sample,
     WorkloadShares,
-    keep_unchanged_dates,
     profile_shares,
+    under_way,
 )
 from kratos_admit.model.calibration_fit import FitMemo, fit_calibration
+from kratos_admit.model.calibration_writes import keep_unchanged_dates
 from kratos_admit.model.catalog import Catalog
 from kratos_controller.learning import (
     calibration_write_wait,
     current_calibration,
+    exploring_job,
     profile_samples,
     published_calibration,
 )
@@ -117,6 +120,11 @@ class CalibrationController:
         # finished fit took in: a round of shares writes these first (``_round``)
         self.moved: set[Key] = set()
         self.fresh: dict[Key, None] = {}
+        # the exploring Jobs under way, by Job (product, figure, namespace/workload), from the manager's
+        # Job informer: published with the factors, so the webhook spreads the next exploring Jobs over
+        # the figures no run is on its way to measure (docs/ranking.md "Exploration")
+        self.exploring: dict[Key, tuple[str, Unit, str]] = {}
+        self.exploring_changed = False
         self.queue: WorkQueue[tuple[str, str]] = WorkQueue(
             self.reconcile,
             backoff=reconcile_backoff,
@@ -149,6 +157,31 @@ class CalibrationController:
 
     async def run(self) -> None:
         await asyncio.gather(self.informer.run(), self.queue.run(), self.shares_queue.run())
+
+    # --- the exploring Jobs under way, from the manager's Job informer ---------------------------------
+
+    def job_seen(self, job: Obj) -> None:
+        """A Job listed or watched: counted while it explores (its signed hints record names the product
+        and the figure) and has not finished."""
+        namespace, name, labels, _ = meta_of(job)
+        found = exploring_job(job, signing_key=self.shared.signing_key)
+        entry = (*found, f"{namespace}/{labels.get(v.WORKLOAD_LABEL, '')}") if found is not None else None
+        if self.exploring.get((namespace, name)) == entry:
+            return
+        if entry is None:
+            del self.exploring[(namespace, name)]
+        else:
+            self.exploring[(namespace, name)] = entry
+        self._exploring_moved()
+
+    def job_gone(self, key: Key) -> None:
+        if self.exploring.pop(key, None) is not None:
+            self._exploring_moved()
+
+    def _exploring_moved(self) -> None:
+        self.exploring_changed = True
+        if self.synced:
+            self.request()
 
     # --- the profiles' watch: each profile's samples, read once per change -----------------------------
 
@@ -196,7 +229,7 @@ class CalibrationController:
         """Refit when a profile's samples changed since the last fit; write the ConfigMap when it
         differs, at most once per ``calibrationWriteSeconds`` unless a factor moved beyond its noise (a
         write put off is made when the interval is up); hand the shares to ``write_shares``."""
-        if not self.synced or (self.settled and not self.changed):
+        if not self.synced or (self.settled and not self.changed and not self.exploring_changed):
             return  # before the first list ends (it asks again), or nothing to read or write
         namespace = key[0]
         shared, config = self.shared, self.shared.config
@@ -219,7 +252,10 @@ class CalibrationController:
         calibration = self.current
         if self._shares_to_write(calibration):
             self.shares_queue.add(self.key)
-        data = published_calibration(calibration)
+        self.exploring_changed = False
+        data = published_calibration(
+            dataclasses.replace(calibration, exploring=under_way(self.exploring.values()))
+        )
         self.settled = configmap is not None and string_map(configmap.get("data")) == data
         if self.settled:
             return

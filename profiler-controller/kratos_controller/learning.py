@@ -13,7 +13,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from kratos_admit.decisions.record import recorded_gang_gpus
+from kratos_admit.decisions.record import recorded_exploration, recorded_gang_gpus
 from kratos_admit.domain import vocabulary as v
 from kratos_admit.domain.profile import (
     MAX_COUNTED_RUNS,
@@ -25,6 +25,7 @@ from kratos_admit.domain.profile import (
 from kratos_admit.domain.quantity import parse_positive_integer
 from kratos_admit.domain.raw import as_list, as_mapping, string_map
 from kratos_admit.domain.signing import signature_valid, signed_role
+from kratos_admit.domain.vocabulary import Unit
 from kratos_admit.model.calibration import (
     CONFIGMAP_KEY,
     CONFIGMAP_NAME,
@@ -32,13 +33,12 @@ from kratos_admit.model.calibration import (
     Calibration,
     CalibrationError,
     Sample,
-    keep_unchanged_dates,
-    moved_beyond_noise,
+    exploring_document,
     parse_calibration,
-    same_calibration,
     samples_of,
 )
 from kratos_admit.model.calibration_fit import fit_calibration
+from kratos_admit.model.calibration_writes import keep_unchanged_dates, moved_beyond_noise, same_calibration
 from kratos_admit.model.catalog import Catalog
 from kratos_admit.model.links import link_activity
 from kratos_admit.model.telemetry import PodTelemetry, TelemetryRun, with_telemetry
@@ -66,6 +66,17 @@ def observed_job(job: Mapping[str, Any], *, signing_key: bytes) -> bool:
     return v.HINTS_ANNOTATION in string_map(meta.get("annotations")) and signature_valid(
         meta, namespace=namespace, key=signing_key
     )
+
+
+def exploring_job(job: Mapping[str, Any], *, signing_key: bytes) -> tuple[str, Unit] | None:
+    """The product and figure an unfinished Job KRATOS sent first to explore measures (its signed hints
+    record's ``explore`` and ``exploreFigure``); None for any other Job, a finished one included."""
+    meta = as_mapping(job.get("metadata"))
+    found = recorded_exploration(job)
+    if found is None or finished(job) is not None:
+        return None
+    namespace = str(meta.get("namespace", "default"))
+    return found if signature_valid(meta, namespace=namespace, key=signing_key) else None
 
 
 def runs_of(pods: Iterable[Mapping[str, Any]], products: Mapping[str, str]) -> list[Run]:
@@ -175,10 +186,15 @@ def current_calibration(configmap: Mapping[str, Any] | None) -> Calibration:
 
 def published_calibration(calibration: Calibration) -> dict[str, str]:
     """The ConfigMap's data: the products' factors alone, compact (issue 59: with every workload's
-    shares, pretty-printed, it passed 1 MiB at 2,898 workloads). A workload's shares (``as_dict``)
-    go to its profile's ``status.calibratedShares``."""
-    products = {name: p.as_dict() for name, p in sorted(calibration.products.items())}
-    return {CONFIGMAP_KEY: json.dumps({"products": products}, sort_keys=True, separators=(",", ":"))}
+    shares, pretty-printed, it passed 1 MiB at 2,898 workloads), and the exploring Jobs under way (a
+    few: one Job in twenty explores, and only while a figure is unknown). A workload's shares
+    (``as_dict``) go to its profile's ``status.calibratedShares``."""
+    document: dict[str, Any] = {
+        "products": {name: p.as_dict() for name, p in sorted(calibration.products.items())}
+    }
+    if calibration.exploring:  # the exploring Jobs under way, for the next Jobs' choice
+        document["exploring"] = exploring_document(calibration.exploring)
+    return {CONFIGMAP_KEY: json.dumps(document, sort_keys=True, separators=(",", ":"))}
 
 
 def calibration_write_wait(

@@ -157,21 +157,33 @@ class Manager:
             list_all,
             name=f"kratos-{kind.lower()}s",
             label_selector=v.WORKLOAD_LABEL,
-            fold=Sweep(lambda obj: self._cached(cache, obj, kind), cache.keys, cache.__delitem__),
+            fold=Sweep(
+                lambda obj: self._cached(cache, obj, kind),
+                cache.keys,
+                lambda key: self._gone(cache, key, kind),
+            ),
             on_event=lambda event, obj: self._event(cache, event, obj, kind),
             watch_timeout=watch_timeout,
         )
 
     def _dispatch(self, obj: Obj, kind: Kind) -> None:
+        if kind == "Job":
+            self.calibration.job_seen(obj)  # the exploring Jobs under way, published with the factors
         for controller in self.controllers:
             controller.watch(obj, kind)
 
     def _event(self, cache: Cache, event: str, obj: Obj, kind: Kind) -> None:
         if event == "DELETED":
             namespace, name, _, _ = meta_of(obj)
-            cache.pop((namespace, name), None)
+            self._gone(cache, (namespace, name), kind)
             return
         self._cached(cache, obj, kind)
+
+    def _gone(self, cache: Cache, key: tuple[str, str], kind: Kind) -> None:
+        """An object deleted (its watch event, or missing from a relist)."""
+        cache.pop(key, None)
+        if kind == "Job":
+            self.calibration.job_gone(key)
 
     def _cached(self, cache: Cache, obj: Obj, kind: Kind) -> tuple[str, str]:
         """``obj`` stored (without managedFields) and told to every controller; its key. A relist's

@@ -36,6 +36,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from kratos_admit.domain import vocabulary as v
 from kratos_admit.domain.config import Config
+from kratos_admit.model.calibration import CONFIGMAP_KEY, CONFIGMAP_NAME
 from kratos_admit.model.exploration import exploring
 from tests.builders import make_job, make_pod
 from tests.e2e.real_cluster import (
@@ -235,6 +236,38 @@ async def test_a_hinted_job_is_placed_by_the_real_scheduler_on_the_best_gpu(krat
     [pod] = await until(lambda: [p for p in items(namespace, "pods") if p["spec"].get("nodeName")],
                         what="the Job's Pod bound")  # fmt: skip
     assert pod["spec"]["nodeName"] == "e2e-a100-0"
+
+
+def published_exploring() -> dict[str, Any]:
+    """The exploring Jobs under way as the controller published them in its calibration ConfigMap."""
+    found = get("kratos-system", "configmap", CONFIGMAP_NAME) or {}
+    text = (found.get("data") or {}).get(CONFIGMAP_KEY, "{}")
+    published: dict[str, Any] = json.loads(text).get("exploring", {})
+    return published
+
+
+async def test_an_exploring_job_under_way_is_published_with_the_calibration_until_it_is_gone(
+    kratos, namespace
+):
+    """Issue 58 (stop 68): the controller, under its own ServiceAccount, counts an exploring Job that
+    has not finished from its signed hints record and writes it into the calibration ConfigMap beside
+    the factors, for the webhook's next choice; the Job deleted, the entry goes."""
+    ready_profile("mc", namespace, bound="compute", metrics=COMPUTE_METRICS)
+    name = next(
+        f"mc-{k}" for k in range(1000) if exploring(f"{namespace}/mc-{k}", Config().exploration_share)
+    )
+    create(namespace, job(name, "mc"))
+    stored = get(namespace, "job", name)
+    assert stored is not None
+    record = json.loads(stored["metadata"]["annotations"][v.HINTS_ANNOTATION])
+    assert record["exploreFigure"] == "fp32" and record["explore"] in (A100, L40S, "NVIDIA-L4"), record
+    product = record["explore"]
+    # calibrationWriteSeconds (30 s) apart from the controller's last write
+    await until(lambda: f"{namespace}/mc" in published_exploring().get(product, {}).get("fp32", []),
+                timeout=90, what="the exploring Job in the calibration ConfigMap")  # fmt: skip
+    kubectl("delete", "job", name, "-n", namespace, "--wait=false")
+    await until(lambda: f"{namespace}/mc" not in published_exploring().get(product, {}).get("fp32", []),
+                timeout=90, what="the deleted Job gone from the calibration ConfigMap")  # fmt: skip
 
 
 def gang(name: str, workload: str, pods: int) -> dict[str, Any]:
