@@ -20,10 +20,18 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from kratos_admit.admission.review import review_document
 from kratos_admit.decisions.hints import ranking_of
+from kratos_admit.decisions.record import recorded_exploration
 from kratos_admit.domain import vocabulary as v
 from kratos_admit.domain.config import Config
 from kratos_admit.domain.profile import WorkloadProfile
-from kratos_admit.model.calibration import Calibration, FactorSupport, ProductCalibration, samples_of
+from kratos_admit.model.calibration import (
+    Calibration,
+    CalibrationError,
+    FactorSupport,
+    ProductCalibration,
+    parse_calibration,
+    samples_of,
+)
 from kratos_admit.model.calibration_fit import fit_calibration
 from kratos_admit.model.exploration import REACH, exploration, exploring
 from kratos_admit.simulation.knowledge import Learned, SimulatedProfiles
@@ -89,14 +97,66 @@ def test_a_compute_bound_job_explores_the_best_ranked_product_whose_fp32_is_unkn
 def test_exploration_stops_once_the_figure_is_known_and_moves_to_the_next():
     ranked = ranking_of(compute_bound(), MIXED, config=make_ctx().config, catalog=CATALOG)
     second, third = ranked[1].product.product, ranked[2].product.product
-    few = Calibration({second: known(second, compute_runs=3)})
+    few = Calibration({second: known(second, compute_runs=3), third: known(third, compute_runs=1)})
     assert set(explored_names(1.0, calibration=few, count=20)) == {second}, "3 runs: too few to trust"
-    one_workload = Calibration({second: known(second, compute_runs=9, workloads=1)})
+    one_workload = Calibration(
+        {second: known(second, compute_runs=9, workloads=1), third: known(third, compute_runs=1)}
+    )
     assert set(explored_names(1.0, calibration=one_workload, count=20)) == {second}, "one workload: too few"
     done = Calibration({second: known(second, compute_runs=5)})
     assert set(explored_names(1.0, calibration=done, count=20)) == {third}
     every = Calibration({p: known(p, compute_runs=6) for p in MIXED})
     assert explored_names(1.0, calibration=every, count=20) == []
+
+
+def test_a_figure_no_run_has_reached_is_explored_before_a_better_ranked_one_that_has_a_few():
+    """DESIGN: the best-ranked product whose figure has no observations yet. Where every unknown
+    figure has some, the best-ranked of them."""
+    ranked = ranking_of(compute_bound(), MIXED, config=make_ctx().config, catalog=CATALOG)
+    second, third = ranked[1].product.product, ranked[2].product.product
+    few = Calibration({second: known(second, compute_runs=3)})
+    assert set(explored_names(1.0, calibration=few, count=20)) == {third}, "none on the third: it first"
+
+
+def test_the_exploring_jobs_under_way_count_as_the_runs_they_will_make():
+    """Issue 58: the Jobs sent to explore a figure whose runs have not ended count toward its
+    ``minCalibrationRuns`` (each a run, of its workload); once they would make it known, the next
+    Jobs explore the next product, not a sixth and seventh run of the same figure."""
+    ranked = ranking_of(compute_bound(), MIXED, config=make_ctx().config, catalog=CATALOG)
+    second, third = ranked[1].product.product, ranked[2].product.product
+    runs = {second: known(second, compute_runs=3), third: known(third, compute_runs=1)}
+    one_more = Calibration(runs, exploring={second: {"fp32": ("team-a/nbody",)}})
+    assert set(explored_names(1.0, calibration=one_more, count=20)) == {second}, "3 + 1 < 5: still unknown"
+    enough = Calibration(runs, exploring={second: {"fp32": ("team-a/nbody", "team-a/md-sim")}})
+    assert set(explored_names(1.0, calibration=enough, count=20)) == {third}, "3 + 2: on its way to known"
+    other_figure = Calibration(runs, exploring={second: {"memory": ("team-a/a", "team-a/b", "team-a/c")}})
+    assert set(explored_names(1.0, calibration=other_figure, count=20)) == {second}, "another figure's runs"
+    # a figure with no run yet but one on its way is not 'no observations': the next unreached one goes first
+    first_under_way = Calibration(exploring={second: {"fp32": ("team-a/nbody",)}})
+    assert set(explored_names(1.0, calibration=first_under_way, count=20)) == {third}
+    found = exploration(ranked, compute_bound(), key="team-a/nbody-1", share=1.0, calibration=one_more,
+                        min_calibration_runs=5, catalog=CATALOG)  # fmt: skip
+    assert found is not None
+    assert found.reason == (
+        f"the FP32 figure of {second} rests on 3 run(s) from 2 workload(s) and 1 exploring Job(s) under way, "
+        "fewer than 5 from 2 (explorationShare 1)"
+    )
+
+
+def test_the_exploring_jobs_under_way_go_to_the_calibration_file_and_back():
+    found = Calibration(
+        exploring={A10: {"fp32": ("team-a/nbody", "team-b/md-sim")}, T4: {"memory": ("x/y",)}}
+    )
+    text = found.to_json()
+    assert json.loads(text)["exploring"] == {
+        A10: {"fp32": ["team-a/nbody", "team-b/md-sim"]}, T4: {"memory": ["x/y"]}
+    }  # fmt: skip
+    assert parse_calibration(text).exploring == found.exploring
+    assert parse_calibration('{"products": {}}').exploring == {}, "a calibration from before: none under way"
+    with pytest.raises(CalibrationError, match=r"exploring\.NVIDIA-A10: 'latency' is not a figure"):
+        parse_calibration(json.dumps({"products": {}, "exploring": {A10: {"latency": ["a/b"]}}}))
+    with pytest.raises(CalibrationError, match=r"exploring\.NVIDIA-A10\.fp32: not a list of workloads"):
+        parse_calibration(json.dumps({"products": {}, "exploring": {A10: {"fp32": "a/b"}}}))
 
 
 def test_latency_bound_and_balanced_workloads_do_not_explore():
@@ -138,6 +198,15 @@ def test_an_exploring_job_says_so_in_its_hints_record_and_prefers_the_explored_p
     record = record_of(job)
     assert record["explore"] == record["ranked"][0]["product"] != H100
     assert "FP32 figure of" in record["exploreReason"] and "explorationShare 1" in record["exploreReason"]
+    assert record["exploreFigure"] == "fp32", "what the controller counts the Jobs under way by"
+    assert recorded_exploration(job) == (record["explore"], "fp32")
+    assert (
+        recorded_exploration(hinted(make_job("nbody-8").label(v.WORKLOAD_LABEL, "nbody").obj(), 0.0)) is None
+    )
+    before = json.loads(job["metadata"]["annotations"][v.HINTS_ANNOTATION])
+    del before["exploreFigure"]
+    job["metadata"]["annotations"][v.HINTS_ANNOTATION] = json.dumps(before)
+    assert recorded_exploration(job) is None, "a record from before exploreFigure: not counted"
     weights = preferred_products(job)
     assert weights[0][0] == 100 and all(w < 100 for w, _ in weights[1:]), weights
 

@@ -18,6 +18,7 @@ from kratos_admit.domain.vocabulary import Unit
 from kratos_admit.model.calibration import (
     DOMINANT,
     Calibration,
+    FactorSupport,
 )
 from kratos_admit.model.catalog import Catalog, GpuProduct, mig_profile_of
 from kratos_admit.model.ranking import (
@@ -78,17 +79,20 @@ def exploration(
     allowed: frozenset[str] | None = None,
     catalog: Catalog | None = None,
 ) -> Exploration | None:
-    """For ``share`` of a workload's Jobs: the best-ranked product after the first choice (which the
-    other Jobs measure) whose figure for the workload's bound type has too few observations to trust
-    (fewer than ``minCalibrationRuns`` runs from two workloads, telemetry runs counted as any other). Only
-    among the ranked products (present in the cluster, within the Job's GPU minimums), never a MIG
-    slice (its figures are a share of the whole GPU's), and within ``allowed`` (the product labels a
-    Job's own required affinity or nodeSelector admits) when it names any."""
+    """For ``share`` of a workload's Jobs: a product after the first choice (which the other Jobs
+    measure) whose figure for the workload's bound type has too few observations to trust (fewer
+    than ``minCalibrationRuns`` runs from two workloads, telemetry runs counted as any other), counting
+    the exploring Jobs under way there (``calibration.exploring``) as runs to come: the best-ranked
+    one with no run and none under way, else the best-ranked one. Only among the ranked products
+    (present in the cluster, within the Job's GPU minimums), never a MIG slice (its figures are a
+    share of the whole GPU's), and within ``allowed`` (the product labels a Job's own required
+    affinity or nodeSelector admits) when it names any."""
     figure = explored_figure(profile)
     if figure is None or not ranked or not exploring(key, share):
         return None
     shares = profile_shares(profile)
     profiled = catalog.placement(profile.status.gpu.product or "") if catalog and profile.status else None
+    unknown: list[tuple[RankedProduct, FactorSupport, tuple[str, ...]]] = []
     for candidate in ranked[1:]:  # the first choice is measured by the Jobs that are not exploring
         if candidate.relative_time > REACH * ranked[0].relative_time:
             break  # this and every further product is beyond the workload's reach: no run is worth it
@@ -103,18 +107,30 @@ def exploration(
         if allowed is not None and not set(candidate.labels) & allowed:
             continue
         known = calibration.get(candidate.product.product)
-        support = known.support(figure) if known is not None else None
-        if support is not None and support.qualifies(min_calibration_runs):
-            continue
-        runs = support.runs if support is not None else 0
-        workloads = support.workloads if support is not None else 0
-        return Exploration(
-            candidate,
-            figure,
-            f"the {_FIGURE_NAME[figure]} figure of {candidate.product.product} rests on {runs} run(s) from "
-            f"{workloads} workload(s), fewer than {min_calibration_runs} from 2 (explorationShare {share:g})",
-        )
-    return None
+        support = known.support(figure) if known is not None else FactorSupport()
+        under_way = calibration.exploring_on(candidate.product.product, figure)
+        if _will_qualify(support, under_way, min_calibration_runs):
+            continue  # known, or the Jobs under way will make it so: another Job would measure nothing new
+        unknown.append((candidate, support, under_way))
+    if not unknown:
+        return None
+    # a figure no run has reached and none is on its way to first: Jobs spread over the unknown
+    # figures rather than queue for the best-ranked one while its first runs are still under way
+    candidate, support, under_way = next((u for u in unknown if not u[1].runs and not u[2]), unknown[0])
+    return Exploration(
+        candidate,
+        figure,
+        f"the {_FIGURE_NAME[figure]} figure of {candidate.product.product} rests on {support.runs} run(s) "
+        f"from {support.workloads} workload(s)"
+        + (f" and {len(under_way)} exploring Job(s) under way" if under_way else "")
+        + f", fewer than {min_calibration_runs} from 2 (explorationShare {share:g})",
+    )
+
+
+def _will_qualify(support: FactorSupport, under_way: Sequence[str], min_runs: int) -> bool:
+    """Whether a figure's runs, with those of the exploring Jobs under way (each a run, its workload
+    perhaps a new one), reach ``minCalibrationRuns`` from two workloads."""
+    return support.runs + len(under_way) >= min_runs and support.workloads + len(set(under_way)) >= 2
 
 
 # a product whose predicted time is more than this many times the first choice's is beyond the

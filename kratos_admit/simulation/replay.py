@@ -50,17 +50,15 @@ from typing import Any
 from kratos_admit.admission.engine import AdmissionEngine, build_engine
 from kratos_admit.admission.review import review_document
 from kratos_admit.decisions.holds import release_hold
-from kratos_admit.decisions.stores import StaticCalibrationStore, StaticNodeStore, most_gpus
+from kratos_admit.decisions.stores import StaticNodeStore, most_gpus
 from kratos_admit.domain import vocabulary as v
 from kratos_admit.domain.config import Config
 from kratos_admit.domain.profile import ProfileStatus, WorkloadProfile, with_runs
 from kratos_admit.domain.raw import as_mapping
 from kratos_admit.domain.signing import DEVELOPMENT_KEY
-from kratos_admit.model.calibration import samples_of
-from kratos_admit.model.calibration_fit import FitMemo, fit_calibration
 from kratos_admit.model.catalog import Catalog
 from kratos_admit.model.telemetry import measuring_product
-from kratos_admit.simulation.knowledge import Learned, SimulatedProfiles
+from kratos_admit.simulation.knowledge import Learned, SimulatedCalibration, SimulatedProfiles
 from kratos_admit.simulation.result import SimulationResult, simulation_result
 from kratos_admit.simulation.scheduling import ClusterState, PodRequest, SimNode, schedule
 from kratos_admit.simulation.trace import (
@@ -141,8 +139,7 @@ class PolicyRun:
         }
         self.products = frozenset(n.product for n in nodes if n.product)
         self.profiles = SimulatedProfiles()
-        self.calibration = StaticCalibrationStore()
-        self.fit_memo = FitMemo()  # each refit re-fits what the counted run moved, as the controller's
+        self.calibration = SimulatedCalibration()
         self.engine: AdmissionEngine = build_engine(
             self.config,
             signing_key=DEVELOPMENT_KEY,
@@ -190,6 +187,7 @@ class PolicyRun:
         elif as_mapping(obj.get("spec")).get("suspend") is True:
             self.held.setdefault(job.workload, []).append((job, obj))
         else:
+            self.calibration.started(job.name, job.workload, obj)
             self._enqueue(job, now, _pod_spec(obj))
 
     def _enqueue(
@@ -346,6 +344,7 @@ class PolicyRun:
             self._profiled(job, node, now)
             return
         self.finished[job.name] = now
+        self.calibration.ended(job.name)
         if self.policy in LEARNING:
             self._observe(job, node, seconds)
 
@@ -406,6 +405,7 @@ class PolicyRun:
                 calibration=self.calibration.current(),
                 product_gpus=self.engine.nodes.product_gpus(),
             )
+            self.calibration.started(follower.name, follower.workload, released)
             self._enqueue(follower, now, _pod_spec(released))
 
     def _observe(self, job: TraceJob, node: SimNode, seconds: float) -> None:
@@ -417,10 +417,7 @@ class PolicyRun:
         if updated is None:
             return
         self.profiles.put(job.workload, updated)
-        samples = samples_of(
-            self.profiles.index.profiles(), self.catalog, reference_product=self.config.reference_product
-        )
-        self.calibration.calibration = fit_calibration(samples, self.catalog, memo=self.fit_memo)
+        self.calibration.refit(self.profiles.index.profiles(), self.catalog, self.config.reference_product)
 
     # --- the loop --------------------------------------------------------------------------------
 

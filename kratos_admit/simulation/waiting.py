@@ -28,14 +28,13 @@ from typing import Protocol
 
 from kratos_admit.decisions.escape import escape_product, finish_time
 from kratos_admit.decisions.hints import ranking_of
-from kratos_admit.decisions.stores import StaticCalibrationStore
 from kratos_admit.domain import vocabulary as v
 from kratos_admit.domain.config import Config
 from kratos_admit.domain.profile import WorkloadProfile
 from kratos_admit.domain.raw import as_list, as_mapping
 from kratos_admit.model.calibration import Calibration
 from kratos_admit.model.catalog import Catalog
-from kratos_admit.simulation.knowledge import SimulatedProfiles
+from kratos_admit.simulation.knowledge import SimulatedCalibration, SimulatedProfiles
 from kratos_admit.simulation.scheduling import ClusterState, PodRequest, SimNode, feasible, schedule
 from kratos_admit.simulation.trace import ESCAPING, NAMESPACE, Policy, TraceJob
 
@@ -167,7 +166,7 @@ class Run(Protocol):
     now: float
     products: frozenset[str]
     profiles: SimulatedProfiles
-    calibration: StaticCalibrationStore
+    calibration: SimulatedCalibration
     config: Config
     catalog: Catalog
     state: ClusterState
