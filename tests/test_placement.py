@@ -245,7 +245,7 @@ def test_a_runner_summary_is_ranked_as_the_profile_the_controller_would_write(tm
     )
     rows, footer = table.split("\n\n")
     assert [line.split()[0] for line in rows.splitlines()[1:]] == [H100, L40S]
-    assert footer.startswith("maxSlowdown 6: every product is within 6x of the best"), footer
+    assert footer.startswith("maxSlowdown 5: every product is within 5x of the best"), footer
 
 
 def test_a_summary_without_time_shares_is_ranked_from_its_throughputs(tmp_path: Path):

@@ -33,7 +33,7 @@ from kratos_admit.domain.manifests import ManifestError, parse_yaml, yaml_proble
 from kratos_admit.domain.quantity import parse_quantity
 
 StoreSource = Literal["cluster", "files"]
-MAX_SLOWDOWN_DEFAULT = 6.0  # bench/wait_or_run_slow.py; docs/placement.md "Wait or run slow"
+MAX_SLOWDOWN_DEFAULT = 5.0  # bench/wait_or_run_slow.py; docs/placement.md "Wait or run slow"
 ENV_PREFIX = "KRATOS_"
 # KRATOS_* variables that are read by something else and name no setting (docs/reference.md "Configuration").
 NOT_SETTINGS: frozenset[str] = frozenset(
