@@ -27,6 +27,7 @@ from kratos_admit.model.calibration import (
 )
 from kratos_admit.model.calibration_fit import FitMemo, fit_calibration
 from kratos_admit.model.catalog import Catalog
+from kratos_admit.simulation import calibration as simulated_calibration
 from kratos_admit.simulation import replay
 from kratos_admit.simulation.inputs import load_cluster, load_trace
 from kratos_controller.learning import profile_samples, published_calibration
@@ -52,7 +53,7 @@ def test_on_the_example_trace_each_incremental_refit_equals_a_fit_from_nothing(
         compared.append(memo.refits)
         return full
 
-    monkeypatch.setattr(replay, "fit_calibration", both)
+    monkeypatch.setattr(simulated_calibration, "fit_calibration", both)
     cluster = load_cluster(EXAMPLES / "simulation" / "cluster.yaml", CATALOG)
     trace = load_trace(EXAMPLES / "simulation" / "trace.yaml", CATALOG)
     replay.simulate(

@@ -58,7 +58,8 @@ from kratos_admit.domain.raw import as_mapping
 from kratos_admit.domain.signing import DEVELOPMENT_KEY
 from kratos_admit.model.catalog import Catalog
 from kratos_admit.model.telemetry import measuring_product
-from kratos_admit.simulation.knowledge import Learned, SimulatedCalibration, SimulatedProfiles
+from kratos_admit.simulation.calibration import SimulatedCalibration
+from kratos_admit.simulation.knowledge import Learned, SimulatedProfiles
 from kratos_admit.simulation.result import SimulationResult, simulation_result
 from kratos_admit.simulation.scheduling import ClusterState, PodRequest, SimNode, schedule
 from kratos_admit.simulation.trace import (

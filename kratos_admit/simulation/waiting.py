@@ -34,7 +34,8 @@ from kratos_admit.domain.profile import WorkloadProfile
 from kratos_admit.domain.raw import as_list, as_mapping
 from kratos_admit.model.calibration import Calibration
 from kratos_admit.model.catalog import Catalog
-from kratos_admit.simulation.knowledge import SimulatedCalibration, SimulatedProfiles
+from kratos_admit.simulation.calibration import SimulatedCalibration
+from kratos_admit.simulation.knowledge import SimulatedProfiles
 from kratos_admit.simulation.scheduling import ClusterState, PodRequest, SimNode, feasible, schedule
 from kratos_admit.simulation.trace import ESCAPING, NAMESPACE, Policy, TraceJob
 
