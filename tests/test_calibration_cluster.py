@@ -434,11 +434,6 @@ async def test_a_runs_own_profile_gets_its_shares_before_the_round_under_way_end
     assert stored["status"]["calibratedShares"] == want | {"updatedAt": ANY}
 
 
-def as_body(job: dict[str, Any]) -> Any:
-    """A Job as kubernetes_asyncio sends a dict body (its stubs name the model class)."""
-    return job
-
-
 def exploring_published(kube: KubeDouble) -> dict[str, Any]:
     found = calibration_configmap(kube)
     assert found is not None
@@ -472,17 +467,15 @@ async def test_the_exploring_jobs_under_way_are_published_and_the_next_job_explo
                 await eventually(lambda: engine.calibration.current() is not NO_CALIBRATION)
                 assert exploring_published(kube) == {}
 
-                await client.BatchV1Api(api).create_namespaced_job(
-                    "team-a", as_body(job_of("nbody-0", "nbody"))
-                )
+                body: Any = job_of("nbody-0", "nbody")
+                await client.BatchV1Api(api).create_namespaced_job("team-a", body)
                 first = recorded_exploration(kube.get(*JOBS, "team-a", "nbody-0") or {})
                 assert first is not None and first[1] == "fp32", first
                 await eventually(lambda: exploring_published(kube) == {first[0]: {"fp32": ["team-a/nbody"]}})
                 await eventually(lambda: engine.calibration.current().exploring_on(first[0], "fp32"))
 
-                await client.BatchV1Api(api).create_namespaced_job(
-                    "team-a", as_body(job_of("nbody-1", "nbody"))
-                )
+                body = job_of("nbody-1", "nbody")
+                await client.BatchV1Api(api).create_namespaced_job("team-a", body)
                 second = recorded_exploration(kube.get(*JOBS, "team-a", "nbody-1") or {})
                 assert second is not None and second[0] != first[0], (first, second)
                 await eventually(

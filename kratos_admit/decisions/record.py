@@ -12,6 +12,7 @@ from kratos_admit.decisions.acceptable import Cut
 from kratos_admit.domain import vocabulary as v
 from kratos_admit.domain.raw import as_list, as_mapping
 from kratos_admit.domain.vocabulary import Unit
+from kratos_admit.model.calibration import FIGURES
 from kratos_admit.model.exploration import Exploration
 from kratos_admit.model.ranking import RankedProduct, RankingSource, Reference
 
@@ -63,9 +64,8 @@ def hints_record(
         record.update(cut.record())
     if explore is not None:
         record["explore"] = explore.product.product.product
-        record["exploreFigure"] = (
-            explore.figure
-        )  # what its run measures: the Jobs under way are counted by it
+        # what its run measures: the controller counts the exploring Jobs under way by it
+        record["exploreFigure"] = explore.figure
         record["exploreReason"] = explore.reason
     return json.dumps(record, separators=(",", ":"))
 
@@ -107,5 +107,5 @@ def recorded_exploration(obj: Mapping[str, Any]) -> tuple[str, Unit] | None:
     except ValueError:
         return None
     product, figure = record.get("explore"), record.get("exploreFigure")
-    units: dict[object, Unit] = {"tensor": "tensor", "fp32": "fp32", "fp64": "fp64", "memory": "memory"}
-    return (product, units[figure]) if isinstance(product, str) and product and figure in units else None
+    unit = FIGURES.get(figure) if isinstance(figure, str) else None
+    return (product, unit) if isinstance(product, str) and product and unit is not None else None

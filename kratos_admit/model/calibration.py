@@ -29,6 +29,8 @@ DOMINANT = 2.0
 PRIOR_RUNS = 1.0
 # the units a product's figure scales, each with a factor of its own (latency time scales with none)
 FACTOR_UNITS: tuple[Unit, ...] = ("tensor", "fp32", "fp64", "memory")
+# each factor's unit by its name in calibration.json and the hints record (``exploreFigure``)
+FIGURES: dict[str, Unit] = {str(u): u for u in FACTOR_UNITS}
 # each unit's catalog figure: the GpuProduct field a calibrated figure replaces
 MEASURED_FIELD: dict[Unit, str] = {
     "tensor": "measured_tensor_tflops",
@@ -281,17 +283,16 @@ def under_way(entries: Iterable[tuple[str, Unit, str]]) -> dict[str, dict[Unit, 
 
 
 def _exploring(raw: Any) -> dict[str, dict[Unit, tuple[str, ...]]]:
-    known = {str(u): u for u in FACTOR_UNITS}
     found: dict[str, dict[Unit, tuple[str, ...]]] = {}
     for product, figures in dict(raw).items():
         for figure, workloads in dict(figures).items():
-            if figure not in known:
+            if figure not in FIGURES:
                 raise ValueError(
                     f"exploring.{product}: {figure!r} is not a figure (tensor, fp32, fp64, memory)"
                 )
             if not isinstance(workloads, list) or not all(isinstance(w, str) for w in workloads):
                 raise ValueError(f"exploring.{product}.{figure}: not a list of workloads")
-            found.setdefault(str(product), {})[known[figure]] = tuple(workloads)
+            found.setdefault(str(product), {})[FIGURES[figure]] = tuple(workloads)
     return found
 
 
